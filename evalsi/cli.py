@@ -1,0 +1,199 @@
+"""The `evalsi` command: serve, validate, read traces. Thin: each command calls into the packages."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.tree import Tree
+
+from evalsi import __version__
+from evalsi.collector.config import Config, ConfigError, load_config
+from evalsi.collector.query import QueryError, TraceReader, open_reader
+from evalsi.exporters.clickhouse.backend import StoreError
+
+app = typer.Typer(help="evalsi: an OpenTelemetry collector that turns GenAI traces into evaluations.",
+                  no_args_is_help=True, add_completion=False)  # fmt: skip
+traces_app = typer.Typer(help="Read stored traces.", no_args_is_help=True)
+app.add_typer(traces_app, name="traces")
+
+# piped output gets a wide console so ids are never cut
+out = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True)
+
+ConfigOpt = Annotated[Path | None, typer.Option("-c", "--config", help="Config file (YAML); defaults serve a laptop.")]
+ApiOpt = Annotated[
+    str | None, typer.Option("--api", help="Read through this collector API (e.g. http://127.0.0.1:8080).")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def _config(path: Path | None) -> Config:
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        raise _fail(str(e)) from None
+
+
+@app.command()
+def serve(config: ConfigOpt = None) -> None:
+    """Run the collector until SIGTERM or Ctrl-C, then drain every buffer to the store."""
+    from evalsi.collector.logs import configure
+    from evalsi.collector.service import Service, StartError
+
+    cfg = _config(config)
+    logs = cfg.service.telemetry.logs
+    configure(logs.level, logs.encoding)
+    try:
+        asyncio.run(Service(cfg).run())
+    except (StartError, StoreError, OSError) as e:
+        raise _fail(f"cannot start: {e}") from None
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
+def validate(config: Annotated[Path, typer.Option("-c", "--config", help="Config file to check.")]) -> None:
+    """Check a config file without starting anything; print OK or every error."""
+    try:
+        load_config(config)
+    except ConfigError as e:
+        err.print(str(e), highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    out.print(f"OK: {config}")
+
+
+@app.command()
+def version() -> None:
+    """Print the evalsi version."""
+    out.print(f"evalsi {__version__}")
+
+
+def _reader(config: Path | None, api: str | None) -> TraceReader:
+    try:
+        return open_reader(_config(config), api)
+    except (QueryError, StoreError) as e:
+        raise _fail(str(e)) from None
+
+
+def _read(reader: TraceReader, fn: str, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return getattr(reader, fn)(*args, **kwargs)
+    except QueryError as e:
+        raise _fail(str(e)) from None
+    except Exception as e:  # a store error from the engine: say where, not a traceback
+        raise _fail(f"reading from the {reader.where} failed: {e}") from None
+    finally:
+        reader.close()
+
+
+def _time(ns: int) -> str:
+    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:,.1f} ms"
+
+
+@traces_app.command("list")
+def traces_list(
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many traces, newest first.")] = 20,
+    service: Annotated[str | None, typer.Option("--service", help="Only traces of this service.")] = None,
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+    api: ApiOpt = None,
+) -> None:
+    """List recent traces, newest first."""
+    reader = _reader(config, api)
+    rows = _read(reader, "list_traces", limit=limit, service=service)
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    if not rows:
+        out.print("no traces yet")
+        return
+    table = Table(box=None, header_style="bold")
+    for col in (
+        "TRACE ID",
+        "START (UTC)",
+        "SERVICE",
+        "ROOT",
+        "SPANS",
+        "ERRORS",
+        "LLM",
+        "TOKENS IN/OUT",
+        "DURATION",
+    ):
+        table.add_column(col, no_wrap=col != "ROOT")
+    for r in rows:
+        table.add_row(
+            r["trace_id"], _time(r["start_time_unix_nano"]), r["service_name"], r["root_name"],
+            str(r["span_count"]), str(r["error_count"] or ""), str(r["llm_calls"] or ""),
+            f"{r['input_tokens']}/{r['output_tokens']}", _ms(r["duration_ns"]),
+        )  # fmt: skip
+    out.print(table)
+
+
+def _label(s: dict[str, Any]) -> str:
+    parts = [f"[bold]{s['name']}[/]", f"[cyan]{s['step_type']}[/]"]
+    if s.get("model"):
+        parts.append(s["model"])
+    if s.get("tool_name"):
+        parts.append(f"tool={s['tool_name']}")
+    if s.get("input_tokens") is not None or s.get("output_tokens") is not None:
+        parts.append(f"tokens {s.get('input_tokens') or 0}/{s.get('output_tokens') or 0}")
+    parts.append(_ms(s["duration_ns"]))
+    if s["status_code"] == "ERROR":
+        parts.append(f"[red]ERROR {s['status_message']}[/]")
+    if not s.get("content_captured") and s["step_type"] != "other":
+        parts.append("[dim](no content)[/]")
+    return "  ".join(parts)
+
+
+@traces_app.command("show")
+def traces_show(
+    trace_id: Annotated[str, typer.Argument(help="32-hex trace id.")],
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+    api: ApiOpt = None,
+) -> None:
+    """Show one trace: its spans as a tree, or every canonical field with --json."""
+    trace_id = trace_id.strip().lower()
+    if len(trace_id) != 32 or any(ch not in "0123456789abcdef" for ch in trace_id):
+        raise _fail(f"invalid trace id {trace_id!r}: expected 32 hex digits")
+    reader = _reader(config, api)
+    spans = _read(reader, "get_trace", trace_id)
+    if not spans:
+        raise _fail(f"trace {trace_id} not found in the {reader.where}")
+    if as_json:
+        sys.stdout.write(json.dumps({"trace_id": trace_id, "spans": spans}, indent=2, ensure_ascii=False) + "\n")
+        return
+    ids = {s["span_id"] for s in spans}
+    children: dict[str, list[dict[str, Any]]] = {}
+    for s in spans:
+        parent = s["parent_span_id"] if s["parent_span_id"] in ids else ""
+        children.setdefault(parent, []).append(s)
+    tree = Tree(f"trace [bold]{trace_id}[/]  {len(spans)} spans  {spans[0]['service_name']}")
+
+    def add(node: Tree, parent: str) -> None:
+        for s in children.get(parent, []):
+            add(node.add(_label(s)), s["span_id"])
+
+    add(tree, "")
+    out.print(tree)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,53 @@
+"""The collector's HTTP API: liveness, readiness, and the trace queries `evalsi traces` reads through."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Query
+
+from evalsi.exporters.clickhouse.store import TraceStore
+
+TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
+
+
+def build_api(store: TraceStore | None, status: Callable[[], dict[str, Any]]) -> FastAPI:
+    app = FastAPI(title="evalsi", docs_url="/docs", redoc_url=None)
+
+    def need_store() -> TraceStore:
+        if store is None:
+            raise HTTPException(404, "no clickhouse exporter in this collector's pipelines: nothing to query")
+        return store
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> dict[str, Any]:
+        if store is not None and not await asyncio.to_thread(store.ping):
+            raise HTTPException(503, f"the {store.description} does not answer")
+        return {"status": "ready"}
+
+    @app.get("/api/v1/status")
+    async def service_status() -> dict[str, Any]:
+        return status()
+
+    @app.get("/api/v1/traces")
+    async def list_traces(limit: int = Query(20, ge=1, le=10_000), service: str | None = None) -> dict[str, Any]:
+        s = need_store()
+        return {"traces": await asyncio.to_thread(s.list_traces, limit=limit, service=service)}
+
+    @app.get("/api/v1/traces/{trace_id}")
+    async def get_trace(trace_id: str) -> dict[str, Any]:
+        if not TRACE_ID.match(trace_id):
+            raise HTTPException(400, f"invalid trace id {trace_id!r}: expected 32 hex digits")
+        spans = await asyncio.to_thread(need_store().get_trace, trace_id)
+        if not spans:
+            raise HTTPException(404, f"trace {trace_id} not found")
+        return {"trace_id": trace_id.lower(), "spans": spans}
+
+    return app

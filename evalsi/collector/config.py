@@ -1,0 +1,219 @@
+"""The collector config: YAML, `env:` values, every component validated, every error naming its key path."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from evalsi.component import REGISTRY, ComponentConfig, Kind, load_builtin_components
+
+SIGNALS = ("traces",)  # pipeline types this version runs; `traces/name` is allowed as in otelcol
+
+
+class ConfigError(Exception):
+    """Every problem found in a config, each as `key.path: what is wrong`."""
+
+    def __init__(self, errors: list[str], source: str = "") -> None:
+        self.errors = errors
+        self.source = source
+        head = f"invalid config {source}" if source else "invalid config"
+        super().__init__(head + ":\n" + "\n".join(f"  {e}" for e in errors))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PipelineConfig(_Strict):
+    receivers: list[str] = Field(default_factory=list)
+    processors: list[str] = Field(default_factory=list)
+    exporters: list[str] = Field(default_factory=list)
+
+
+class ApiConfig(_Strict):
+    endpoint: str = "127.0.0.1:8080"
+
+
+class MetricsConfig(_Strict):
+    address: str = "127.0.0.1:8888"
+    level: Literal["none", "basic", "normal", "detailed"] = "normal"
+
+
+class LogsConfig(_Strict):
+    level: Literal["debug", "info", "warn", "error"] = "info"
+    encoding: Literal["console", "json"] = "console"
+
+
+class TelemetryConfig(_Strict):
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    logs: LogsConfig = Field(default_factory=LogsConfig)
+
+
+class ServiceConfig(_Strict):
+    pipelines: dict[str, PipelineConfig] = Field(default_factory=dict)
+    api: ApiConfig = Field(default_factory=ApiConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+
+
+class _Document(_Strict):
+    receivers: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
+    processors: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
+    exporters: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
+    service: ServiceConfig = Field(default_factory=ServiceConfig)
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated config: the service section and each component's typed config by id."""
+
+    service: ServiceConfig
+    components: dict[tuple[Kind, str], ComponentConfig] = field(default_factory=dict)
+    source: str = ""
+
+    def component(self, kind: Kind, component_id: str) -> ComponentConfig:
+        return self.components[(kind, component_id)]
+
+    def of_type(self, kind: Kind, type_name: str) -> list[tuple[str, ComponentConfig]]:
+        return [(cid, c) for (k, cid), c in self.components.items() if k == kind and type_of(cid) == type_name]
+
+
+DEFAULT_CONFIG: dict[str, Any] = {
+    "receivers": {"otlp": {}},
+    "processors": {"normalize": {}},
+    "exporters": {"clickhouse": {}},
+    "service": {
+        "pipelines": {
+            "traces": {"receivers": ["otlp"], "processors": ["normalize"], "exporters": ["clickhouse"]},
+        },
+    },
+}
+
+_ENV_REF = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_ENV_WHOLE = re.compile(r"env:([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def type_of(component_id: str) -> str:
+    return component_id.split("/", 1)[0]
+
+
+def _path(parts: tuple[Any, ...] | list[Any]) -> str:
+    return ".".join(str(p) for p in parts)
+
+
+def resolve_env(node: Any, path: tuple[Any, ...], errors: list[str]) -> Any:
+    """Replace `env:VAR` values and `${env:VAR}` / `${VAR:-default}` references from the environment."""
+    if isinstance(node, dict):
+        return {k: resolve_env(v, (*path, k), errors) for k, v in node.items()}
+    if isinstance(node, list):
+        return [resolve_env(v, (*path, i), errors) for i, v in enumerate(node)]
+    if not isinstance(node, str):
+        return node
+    whole = _ENV_WHOLE.fullmatch(node)
+    if whole:
+        name = whole.group(1)
+        if name not in os.environ:
+            errors.append(f"{_path(path)}: environment variable {name} is not set")
+            return None
+        return os.environ[name]
+
+    def substitute(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        errors.append(f"{_path(path)}: environment variable {name} is not set")
+        return ""
+
+    return _ENV_REF.sub(substitute, node)
+
+
+def _pydantic_errors(e: ValidationError, prefix: tuple[Any, ...]) -> list[str]:
+    out = []
+    for err in e.errors():
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        out.append(f"{_path((*prefix, *err['loc']))}: {msg}")
+    return out
+
+
+def parse_config(raw: Any, source: str = "") -> Config:
+    """Validate a config document (already parsed from YAML); raise ConfigError listing every problem."""
+    load_builtin_components()
+    errors: list[str] = []
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(["(top level): must be a mapping with receivers, processors, exporters, service"], source)
+    raw = resolve_env(raw, (), errors)
+    try:
+        doc = _Document.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(errors + _pydantic_errors(e, ()), source) from None
+
+    components: dict[tuple[Kind, str], ComponentConfig] = {}
+    sections: list[tuple[Kind, str, dict[str, dict[str, Any] | None]]] = [
+        ("receiver", "receivers", doc.receivers),
+        ("processor", "processors", doc.processors),
+        ("exporter", "exporters", doc.exporters),
+    ]
+    for kind, section, entries in sections:
+        for cid, body in entries.items():
+            factory = REGISTRY.get((kind, type_of(cid)))
+            if factory is None:
+                known = sorted(t for (k, t) in REGISTRY if k == kind)
+                errors.append(f"{section}.{cid}: unknown {kind} type {type_of(cid)!r} (known: {', '.join(known)})")
+                continue
+            try:
+                components[(kind, cid)] = factory.config.model_validate(body or {})
+            except ValidationError as e:
+                errors.extend(_pydantic_errors(e, (section, cid)))
+
+    if not doc.service.pipelines:
+        errors.append("service.pipelines: at least one pipeline is required")
+    for name, pipe in doc.service.pipelines.items():
+        where = f"service.pipelines.{name}"
+        if type_of(name) not in SIGNALS:
+            errors.append(f"{where}: unsupported pipeline type {type_of(name)!r} (supported: {', '.join(SIGNALS)})")
+        if not pipe.receivers:
+            errors.append(f"{where}.receivers: at least one receiver is required")
+        if not pipe.exporters:
+            errors.append(f"{where}.exporters: at least one exporter is required")
+        for kind, section, ids in (
+            ("receiver", "receivers", pipe.receivers),
+            ("processor", "processors", pipe.processors),
+            ("exporter", "exporters", pipe.exporters),
+        ):
+            seen: set[str] = set()
+            for i, cid in enumerate(ids):
+                if cid in seen:
+                    errors.append(f"{where}.{section}.{i}: {cid!r} is listed twice")
+                seen.add(cid)
+                if cid not in getattr(doc, section):
+                    errors.append(f"{where}.{section}.{i}: {kind} {cid!r} is not defined in {section}")
+    if errors:
+        raise ConfigError(errors, source)
+    return Config(service=doc.service, components=components, source=source)
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Load a YAML config file, or the laptop defaults when `path` is None."""
+    if path is None:
+        return parse_config(DEFAULT_CONFIG, "(defaults)")
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError([f"cannot read {p}: {e.strerror}"], str(p)) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError([f"not valid YAML: {e}"], str(p)) from None
+    return parse_config(raw, str(p))

@@ -1,0 +1,167 @@
+"""The service: builds the component graph from config, starts it, and on stop drains it in pipeline order."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+from prometheus_client import make_asgi_app
+
+from evalsi import __version__
+from evalsi.collector.api import build_api
+from evalsi.collector.config import Config, type_of
+from evalsi.component import REGISTRY, Consumer, Kind, Settings
+from evalsi.exporters.clickhouse.store import TraceStore
+from evalsi.serving import AsgiServer
+from evalsi.span import SpanBatch
+from evalsi.telemetry import SelfMetrics
+
+log = logging.getLogger("evalsi.service")
+
+
+class StartError(Exception):
+    """The service could not start; the message says why and what to do."""
+
+
+class FanOut:
+    """Hands one batch to several consumers. Each after the first gets its own copy, since processors mutate spans."""
+
+    def __init__(self, consumers: list[Consumer]) -> None:
+        self.consumers = consumers
+
+    async def consume(self, batch: SpanBatch) -> None:
+        first, *rest = self.consumers
+        for consumer in rest:
+            await consumer.consume(SpanBatch([copy.deepcopy(s) for s in batch.spans]))
+        await first.consume(batch)
+
+
+def _fan(consumers: list[Consumer]) -> Consumer:
+    return consumers[0] if len(consumers) == 1 else FanOut(consumers)
+
+
+class Service:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.metrics = SelfMetrics()
+        self.receivers: dict[str, Any] = {}
+        self.processors: list[tuple[str, Any]] = []  # in pipeline order, one instance per pipeline
+        self.exporters: dict[str, Any] = {}
+        self.api: AsgiServer | None = None
+        self.telemetry: AsgiServer | None = None
+        self._started: list[tuple[str, Any]] = []
+        self._stop = asyncio.Event()
+        self._build()
+
+    def _settings(self, kind: Kind, cid: str) -> Settings:
+        return Settings(id=cid, metrics=self.metrics, logger=logging.getLogger(f"evalsi.{kind}.{cid}"))
+
+    def _create(self, kind: Kind, cid: str, *args: Any) -> Any:
+        factory = REGISTRY[(kind, type_of(cid))]
+        return factory.cls(self.config.component(kind, cid), self._settings(kind, cid), *args)
+
+    def _build(self) -> None:
+        heads: dict[str, list[Consumer]] = {}
+        for name, pipe in self.config.service.pipelines.items():
+            for eid in pipe.exporters:
+                if eid not in self.exporters:
+                    self.exporters[eid] = self._create("exporter", eid)
+            consumer = _fan([self.exporters[eid] for eid in pipe.exporters])
+            chain = []
+            for pid in reversed(pipe.processors):
+                consumer = self._create("processor", pid, consumer)
+                chain.append((f"{name}/{pid}", consumer))
+            self.processors.extend(reversed(chain))
+            for rid in pipe.receivers:
+                heads.setdefault(rid, []).append(consumer)
+        for rid, consumers in heads.items():
+            self.receivers[rid] = self._create("receiver", rid, _fan(consumers))
+
+    @property
+    def store(self) -> TraceStore | None:
+        for exp in self.exporters.values():
+            store = getattr(exp, "store", None)
+            if isinstance(store, TraceStore):
+                return store
+        return None
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "receivers": {rid: getattr(r, "endpoints", {}) for rid, r in self.receivers.items()},
+            "api": self.api.endpoint if self.api else None,
+            "metrics": self.telemetry.endpoint if self.telemetry else None,
+            "store": self.store.description if self.store else None,
+        }
+
+    async def start(self) -> None:
+        """Exporters first (the store opens), then processors, then receivers, as the Collector does."""
+        try:
+            for eid, exp in self.exporters.items():
+                await self._start_one(f"exporters.{eid}", exp)
+            for pid, proc in self.processors:
+                await self._start_one(f"processors.{pid}", proc)
+            telemetry = self.config.service.telemetry.metrics
+            if telemetry.level != "none":
+                self.telemetry = AsgiServer(make_asgi_app(self.metrics.registry), telemetry.address)
+                await self.telemetry.start()
+            self.api = AsgiServer(build_api(self.store, self.status), self.config.service.api.endpoint)
+            await self.api.start()
+            for rid, rec in self.receivers.items():
+                await self._start_one(f"receivers.{rid}", rec)
+        except BaseException:
+            await self.shutdown()
+            raise
+        log.info("ready", extra=self.status())
+
+    async def _start_one(self, where: str, component: Any) -> None:
+        try:
+            await component.start()
+        except Exception as e:
+            raise StartError(f"{where}: {e}") from e
+        self._started.append((where, component))
+
+    async def shutdown(self) -> None:
+        """Receivers stop taking data, then each stage drains into the next, then the servers stop."""
+        t0 = time.monotonic()
+        started = dict(self._started)
+        for where, comp in self._started:
+            if where.startswith("receivers."):
+                await comp.shutdown()
+        for where, comp in self._started:
+            if where.startswith("processors."):
+                await comp.shutdown()
+        for where, comp in self._started:
+            if where.startswith("exporters."):
+                await comp.shutdown()
+        self._started.clear()
+        for server in (self.api, self.telemetry):
+            if server is not None:
+                await server.stop()
+        self.api = self.telemetry = None
+        if started:
+            log.info("stopped", extra={"drain_s": round(time.monotonic() - t0, 3)})
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Start, serve until SIGTERM/SIGINT (or `stop()`), then drain and stop."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._stop.set)
+            except (NotImplementedError, RuntimeError):  # not the main thread
+                pass
+        await self.start()
+        try:
+            await self._stop.wait()
+            log.info("stopping: draining buffers to the exporters")
+        finally:
+            await self.shutdown()

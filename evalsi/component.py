@@ -1,0 +1,104 @@
+"""The component model: the consumer interface components meet through, and the registry of component types."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
+
+from evalsi.span import SpanBatch
+from evalsi.telemetry import SelfMetrics
+
+Kind = Literal["receiver", "processor", "exporter"]
+
+
+class ComponentConfig(BaseModel):
+    """Base of every component's typed config: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Refused(Exception):
+    """A consumer refuses a batch; nothing of it was taken.
+
+    `retryable` work is answered 429 (queue full) or 503 (`unavailable`, e.g. shutting down)
+    with `retry_after` seconds; the sender keeps the data and tries again.
+    """
+
+    def __init__(self, message: str, *, retry_after: float = 1.0, unavailable: bool = False) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.unavailable = unavailable
+
+
+@runtime_checkable
+class Consumer(Protocol):
+    async def consume(self, batch: SpanBatch) -> None:
+        """Take the batch or raise `Refused`. Returning means the batch is owned downstream."""
+        ...
+
+
+class Component(Protocol):
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None:
+        """Stop taking work and hand on or flush everything held."""
+        ...
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the service gives every component besides its config."""
+
+    id: str  # "type" or "type/name", as written in the config
+    metrics: SelfMetrics
+    logger: logging.Logger
+
+
+@dataclass(frozen=True)
+class Factory:
+    kind: Kind
+    type: str
+    config: type[ComponentConfig]
+    cls: Callable[..., Any]
+
+
+REGISTRY: dict[tuple[Kind, str], Factory] = {}
+
+T = TypeVar("T")
+
+
+def _register(kind: Kind, type_name: str, config: type[ComponentConfig]) -> Callable[[T], T]:
+    def decorate(cls: T) -> T:
+        key = (kind, type_name)
+        if key in REGISTRY and REGISTRY[key].cls is not cls:
+            raise ValueError(f"{kind} type {type_name!r} is registered twice")
+        REGISTRY[key] = Factory(kind, type_name, config, cls)  # type: ignore[arg-type]
+        return cls
+
+    return decorate
+
+
+def receiver(type_name: str, *, config: type[ComponentConfig]) -> Callable[[T], T]:
+    """Register a receiver: `cls(config, settings, next: Consumer)`."""
+    return _register("receiver", type_name, config)
+
+
+def processor(type_name: str, *, config: type[ComponentConfig]) -> Callable[[T], T]:
+    """Register a processor: `cls(config, settings, next: Consumer)`; it is itself a Consumer."""
+    return _register("processor", type_name, config)
+
+
+def exporter(type_name: str, *, config: type[ComponentConfig]) -> Callable[[T], T]:
+    """Register an exporter: `cls(config, settings)`; it is a Consumer at the end of a pipeline."""
+    return _register("exporter", type_name, config)
+
+
+def load_builtin_components() -> None:
+    """Import the built-in component modules so their registry lines run."""
+    import evalsi.exporters
+    import evalsi.processors
+    import evalsi.receivers  # noqa: F401

@@ -1,0 +1,3 @@
+"""Exporters: where spans and scores leave the pipeline (stores, OTLP, Prometheus)."""
+
+from evalsi.exporters import clickhouse  # noqa: F401

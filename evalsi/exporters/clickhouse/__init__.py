@@ -1,0 +1,157 @@
+"""The `clickhouse` exporter: queues spans, writes them to ClickHouse (embedded chDB or a server) in large batches."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+from pydantic import Field, field_validator
+
+from evalsi.component import ComponentConfig, Refused, Settings, exporter
+from evalsi.duration import Duration
+from evalsi.exporters.clickhouse.backend import StoreError, open_backend
+from evalsi.exporters.clickhouse.store import TraceStore
+from evalsi.span import Span, SpanBatch
+
+
+class RetryConfig(ComponentConfig):
+    enabled: bool = True
+    initial_interval: Duration = 1.0
+    max_interval: Duration = 30.0
+    max_elapsed_time: Duration = 300.0
+
+
+class ClickHouseConfig(ComponentConfig):
+    endpoint: str = "chdb://.evalsi/store"
+    database: str = "default"
+    username: str = "default"
+    password: str = ""
+    traces_table_name: str = "otel_traces"
+    ttl_days: int = Field(default=0, ge=0)
+    create_schema: bool = True
+    timeout: Duration = 10.0
+    # chDB pays ~60 ms per INSERT whatever its size: batch by size and by time
+    flush_interval: Duration = 1.0
+    batch_size: int = Field(default=20_000, gt=0)
+    queue_size: int = Field(default=500_000, gt=0)
+    retry_on_failure: RetryConfig = RetryConfig()
+
+    @field_validator("endpoint")
+    @classmethod
+    def _scheme(cls, v: str) -> str:
+        if not v.startswith(("chdb://", "http://", "https://")) or v.endswith("://"):
+            raise ValueError(f"unsupported endpoint {v!r}: use chdb://PATH (embedded) or http(s)://host:8123")
+        return v
+
+    @field_validator("traces_table_name")
+    @classmethod
+    def _identifier(cls, v: str) -> str:
+        if not v.replace("_", "").isalnum():
+            raise ValueError(f"invalid table name {v!r}: letters, digits and _ only")
+        return v
+
+
+@exporter("clickhouse", config=ClickHouseConfig)
+class ClickHouseExporter:
+    def __init__(self, config: ClickHouseConfig, settings: Settings) -> None:
+        self._config = config
+        self._log = settings.logger
+        m = settings.metrics
+        self._sent = m.exporter_sent_spans.labels(settings.id)
+        self._failed = m.exporter_send_failed_spans.labels(settings.id)
+        self._queue_gauge = m.exporter_queue_size.labels(settings.id)
+        m.exporter_queue_capacity.labels(settings.id).set(config.queue_size)
+        self._pending: list[Span] = []
+        self._held = 0  # pending plus the batch being written
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        self.store: TraceStore | None = None
+
+    async def start(self) -> None:
+        c = self._config
+        backend = await asyncio.to_thread(
+            open_backend, c.endpoint, database=c.database, username=c.username, password=c.password,
+            timeout=c.timeout,
+        )  # fmt: skip
+        self.store = TraceStore(backend, table=c.traces_table_name, ttl_days=c.ttl_days)
+        if c.create_schema:
+            try:
+                await asyncio.to_thread(self.store.create_schema)
+            except Exception as e:
+                backend.close()
+                raise StoreError(f"cannot create the tables in the {backend.description}: {e}") from None
+        self._log.info("store open", extra={"store": backend.description})
+        self._task = asyncio.create_task(self._flush_loop())
+
+    async def consume(self, batch: SpanBatch) -> None:
+        n = len(batch)
+        if self._stopping:
+            raise Refused("the collector is shutting down", unavailable=True, retry_after=5)
+        if self._held + n > self._config.queue_size:
+            raise Refused(
+                f"store queue is full ({self._held} spans waiting for the store); retry later",
+                retry_after=max(1.0, self._config.flush_interval),
+            )
+        self._pending.extend(batch.spans)
+        self._held += n
+        self._queue_gauge.set(self._held)
+        if len(self._pending) >= self._config.batch_size:
+            self._wake.set()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            if not self._stopping:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=self._config.flush_interval)
+                except TimeoutError:
+                    pass
+            self._wake.clear()
+            while self._pending:
+                size = self._config.batch_size
+                chunk, self._pending = self._pending[:size], self._pending[size:]
+                await self._write(chunk)
+                self._held -= len(chunk)
+                self._queue_gauge.set(self._held)
+            if self._stopping:
+                return
+
+    async def _write(self, chunk: list[Span]) -> None:
+        assert self.store is not None
+        retry = self._config.retry_on_failure
+        started = time.monotonic()
+        delay = retry.initial_interval
+        while True:
+            try:
+                await asyncio.to_thread(self.store.write, chunk)
+                self._sent.inc(len(chunk))
+                return
+            except Exception as e:
+                elapsed = time.monotonic() - started
+                if not retry.enabled or elapsed + delay > retry.max_elapsed_time:
+                    self._failed.inc(len(chunk))
+                    self._log.error(
+                        "dropping spans the store would not take",
+                        extra={"spans": len(chunk), "error": str(e), "store": self.store.description},
+                    )
+                    return
+                self._log.warning(
+                    "store write failed; retrying", extra={"error": str(e), "retry_in_s": round(delay, 2)}
+                )
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 1.5, retry.max_interval)
+
+    async def flush(self) -> None:
+        """Write everything queued so far, then return (tests and `force_flush` use it)."""
+        while self._held:
+            self._wake.set()
+            await asyncio.sleep(0.01)
+
+    async def shutdown(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)

@@ -1,0 +1,171 @@
+"""The two ways to reach ClickHouse: the embedded engine (chDB, one process per data directory) and a server."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+
+from evalsi.exporters.clickhouse.schema import insert_sql
+
+
+class StoreError(Exception):
+    """The store cannot be opened or used; the message says what to do."""
+
+
+class StoreLocked(StoreError):
+    pass
+
+
+class Backend(Protocol):
+    description: str
+
+    def command(self, sql: str) -> None: ...
+
+    def query(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]: ...
+
+    def insert(self, table: str, data: pa.Table) -> None: ...
+
+    def ping(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+def _lock_holder(path: Path) -> int | None:
+    """The pid holding ClickHouse's `status` lock on `path`, None when free. ClickHouse takes it with flock."""
+    status = path / "status"
+    if not status.exists():
+        return None
+    fd = os.open(status, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            text = status.read_text(errors="replace")
+            for line in text.splitlines():
+                if line.startswith("PID:"):
+                    return int(line.split(":", 1)[1].strip() or 0)
+            return 0
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+class ChdbBackend:
+    """The ClickHouse engine in-process. Calls are serialized: one session, used by the flush thread and readers."""
+
+    def __init__(self, path: str, *, create: bool = True) -> None:
+        self.path = Path(path)
+        self.description = f"embedded store at {self.path}"
+        if not create and not self.path.exists():
+            raise StoreError(f"no store at {self.path}: nothing has been stored yet (start `evalsi serve` first)")
+        holder = _lock_holder(self.path) if self.path.exists() else None
+        if holder is not None:
+            who = f" (pid {holder})" if holder else ""
+            raise StoreLocked(
+                f"store at {self.path} is locked by another evalsi process{who}; "
+                "stop it, or read through its API with --api URL"
+            )
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot create the store directory {self.path}: {e.strerror}") from None
+        from chdb import session  # imported here: loading the engine costs ~1 s
+
+        try:
+            self._session = session.Session(str(self.path))
+        except Exception as e:  # chDB reports every open failure as a RuntimeError
+            raise StoreError(f"cannot open the embedded store at {self.path}: {e}") from None
+        self._lock = threading.Lock()
+
+    def command(self, sql: str) -> None:
+        with self._lock:
+            self._session.query(sql)
+
+    def query(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        sql = sql + "\nSETTINGS output_format_json_quote_64bit_integers = 0"
+        with self._lock:
+            result = self._session.query(sql, "JSONEachRow", params=params or {})
+        text = result.bytes() if hasattr(result, "bytes") else bytes(result)
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def insert(self, table: str, data: pa.Table) -> None:
+        batch = data  # noqa: F841 - chDB's Python() table function finds the table by this local name
+        with self._lock:
+            self._session.query(insert_sql(table, "Python(batch)"))
+
+    def ping(self) -> bool:
+        try:
+            with self._lock:
+                self._session.query("SELECT 1")
+            return True
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        with self._lock:
+            self._session.close()
+
+
+class ServerBackend:
+    """A ClickHouse server over HTTP(S), through clickhouse-connect."""
+
+    def __init__(self, url: str, *, database: str, username: str, password: str, timeout: float) -> None:
+        import clickhouse_connect
+
+        u = urlparse(url)
+        self.description = f"ClickHouse server at {u.scheme}://{u.hostname}:{u.port or 8123}"
+        try:
+            self._client = clickhouse_connect.get_client(
+                host=u.hostname or "localhost",
+                port=u.port or (8443 if u.scheme == "https" else 8123),
+                username=unquote(u.username) if u.username else username,
+                password=unquote(u.password) if u.password else password,
+                database=database,
+                secure=u.scheme == "https",
+                connect_timeout=timeout,
+                send_receive_timeout=timeout,
+            )
+        except Exception as e:
+            raise StoreError(f"cannot reach the {self.description}: {e}") from None
+        self._lock = threading.Lock()
+
+    def command(self, sql: str) -> None:
+        with self._lock:
+            self._client.command(sql)
+
+    def query(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._client.query(sql, parameters=params or {}).named_results())
+
+    def insert(self, table: str, data: pa.Table) -> None:
+        with self._lock:
+            self._client.insert_arrow(table, data)
+
+    def ping(self) -> bool:
+        with self._lock:
+            return bool(self._client.ping())
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def open_backend(
+    endpoint: str, *, database: str = "default", username: str = "default", password: str = "",
+    timeout: float = 10.0, create: bool = True,
+) -> Backend:  # fmt: skip
+    if endpoint.startswith("chdb://"):
+        return ChdbBackend(endpoint.removeprefix("chdb://"), create=create)
+    if endpoint.startswith(("http://", "https://")):
+        return ServerBackend(endpoint, database=database, username=username, password=password, timeout=timeout)
+    raise StoreError(f"unsupported store endpoint {endpoint!r}: use chdb://PATH or http(s)://host:8123")

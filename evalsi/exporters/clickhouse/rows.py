@@ -1,0 +1,166 @@
+"""Spans to store columns (an Arrow table) and stored rows back to the canonical shape."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pyarrow as pa
+
+from evalsi.exporters.clickhouse.schema import TRACES_SCHEMA
+from evalsi.span import Span
+
+_COMPACT = (",", ":")
+
+
+def attribute_string(value: Any) -> str:
+    """An attribute value as the OTel ClickHouse exporter stores it (pcommon `AsString`)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if value is None:
+        return ""
+    return json.dumps(value, separators=_COMPACT, ensure_ascii=False, default=str)
+
+
+def string_map(attrs: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(k, v if isinstance(v, str) else attribute_string(v)) for k, v in attrs.items()]
+
+
+def _content(messages: list[dict[str, Any]] | None) -> str:
+    return "" if messages is None else json.dumps(messages, separators=_COMPACT, ensure_ascii=False, default=str)
+
+
+_STATUS = {"UNSET": "STATUS_CODE_UNSET", "OK": "STATUS_CODE_OK", "ERROR": "STATUS_CODE_ERROR"}
+_STATUS_BACK = {v: k for k, v in _STATUS.items()}
+
+
+def to_arrow(spans: list[Span]) -> pa.Table:
+    """Column-wise build: one Python list per column, converted by Arrow in C."""
+    cols: list[list[Any]] = [[] for _ in TRACES_SCHEMA]
+    (ts, tid, sid, psid, tstate, name, kind, service, rattrs, scope, scope_v, sattrs, dur, status, status_msg,
+     ev_ts, ev_name, ev_attrs, ln_tid, ln_sid, ln_state, ln_attrs, step, model, provider, in_tok, out_tok,
+     tool, session, inp, out, captured, convention) = cols  # fmt: skip
+    resource_cache: dict[int, list[tuple[str, str]]] = {}
+    for s in spans:
+        ts.append(s.start_time_unix_nano)
+        tid.append(s.trace_id)
+        sid.append(s.span_id)
+        psid.append(s.parent_span_id)
+        tstate.append(s.trace_state)
+        name.append(s.name)
+        kind.append("SPAN_KIND_" + s.kind)
+        service.append(s.service_name)
+        # spans of one OTLP resource share its dict: convert it once
+        key = id(s.resource_attributes)
+        r = resource_cache.get(key)
+        if r is None:
+            r = resource_cache[key] = string_map(s.resource_attributes)
+        rattrs.append(r)
+        scope.append(s.scope_name)
+        scope_v.append(s.scope_version)
+        sattrs.append(string_map(s.attributes))
+        dur.append(s.duration_ns)
+        status.append(_STATUS.get(s.status_code, "STATUS_CODE_UNSET"))
+        status_msg.append(s.status_message)
+        if s.events:
+            ev_ts.append([e.time_unix_nano for e in s.events])
+            ev_name.append([e.name for e in s.events])
+            ev_attrs.append([string_map(e.attributes) for e in s.events])
+        else:
+            ev_ts.append([])
+            ev_name.append([])
+            ev_attrs.append([])
+        if s.links:
+            ln_tid.append([ln.trace_id for ln in s.links])
+            ln_sid.append([ln.span_id for ln in s.links])
+            ln_state.append([ln.trace_state for ln in s.links])
+            ln_attrs.append([string_map(ln.attributes) for ln in s.links])
+        else:
+            ln_tid.append([])
+            ln_sid.append([])
+            ln_state.append([])
+            ln_attrs.append([])
+        step.append(s.step_type)
+        model.append(s.model or "")
+        provider.append(s.provider or "")
+        in_tok.append(s.input_tokens if s.input_tokens is None or s.input_tokens >= 0 else None)
+        out_tok.append(s.output_tokens if s.output_tokens is None or s.output_tokens >= 0 else None)
+        tool.append(s.tool_name or "")
+        session.append(s.session_id or "")
+        inp.append(_content(s.input))
+        out.append(_content(s.output))
+        captured.append(s.content_captured)
+        convention.append(s.convention)
+    arrays = [pa.array(c, type=f.type) for c, f in zip(cols, TRACES_SCHEMA, strict=True)]
+    return pa.Table.from_arrays(arrays, schema=TRACES_SCHEMA)
+
+
+def _pairs(value: Any) -> dict[str, str]:
+    # a Map comes back as a dict (JSON) or as a list of pairs (Arrow)
+    if isinstance(value, dict):
+        return value
+    return dict(value or [])
+
+
+def _json_or_none(text: str) -> Any:
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def canonical_from_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A stored row of `trace_spans_sql` in the canonical shape (attribute values come back as strings)."""
+    events = [
+        {"time_unix_nano": int(t), "name": n, "attributes": _pairs(a)}
+        for t, n, a in zip(row["EventTimes"], row["EventNames"], row["EventAttributes"], strict=False)
+    ]
+    links = [
+        {"trace_id": t, "span_id": s, "trace_state": st, "attributes": _pairs(a)}
+        for t, s, st, a in zip(
+            row["LinkTraceIds"],
+            row["LinkSpanIds"],
+            row["LinkTraceStates"],
+            row["LinkAttributes"],
+            strict=False,
+        )
+    ]
+    return {
+        "trace_id": row["TraceId"],
+        "span_id": row["SpanId"],
+        "parent_span_id": row["ParentSpanId"],
+        "name": row["SpanName"],
+        "kind": row["SpanKind"].removeprefix("SPAN_KIND_"),
+        "service_name": row["ServiceName"],
+        "start_time_unix_nano": int(row["StartNs"]),
+        "duration_ns": int(row["Duration"]),
+        "status_code": _STATUS_BACK.get(row["StatusCode"], "UNSET"),
+        "status_message": row["StatusMessage"],
+        "step_type": row["StepType"],
+        "model": row["Model"] or None,
+        "provider": row["Provider"] or None,
+        "input_tokens": None if row["InputTokens"] is None else int(row["InputTokens"]),
+        "output_tokens": None if row["OutputTokens"] is None else int(row["OutputTokens"]),
+        "tool_name": row["ToolName"] or None,
+        "session_id": row["SessionId"] or None,
+        "input": _json_or_none(row["Input"]),
+        "output": _json_or_none(row["Output"]),
+        "content_captured": bool(row["ContentCaptured"]),
+        "convention": row["Convention"],
+        "attributes": _pairs(row["SpanAttributes"]),
+        "resource_attributes": _pairs(row["ResourceAttributes"]),
+        "trace_state": row["TraceState"],
+        "scope_name": row["ScopeName"],
+        "scope_version": row["ScopeVersion"],
+        "events": events,
+        "links": links,
+    }

@@ -1,0 +1,184 @@
+"""The store's SQL, one text for embedded chDB and a ClickHouse server: the tables and the queries that read them.
+
+`otel_traces` keeps the OpenTelemetry Collector ClickHouse exporter's columns and types unchanged (so Grafana's
+ClickHouse data source shows our traces as it shows theirs); the canonical GenAI columns sit beside them.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+_MAP = "Map(LowCardinality(String), String)"
+
+
+def traces_ddl(table: str, ttl_days: int) -> list[str]:
+    ttl = f"TTL toDateTime(Timestamp) + toIntervalDay({ttl_days})" if ttl_days > 0 else ""
+    ttl_start = f"TTL toDateTime(Start) + toIntervalDay({ttl_days})" if ttl_days > 0 else ""
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {table} (
+    Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),
+    TraceId String CODEC(ZSTD(1)),
+    SpanId String CODEC(ZSTD(1)),
+    ParentSpanId String CODEC(ZSTD(1)),
+    TraceState String CODEC(ZSTD(1)),
+    SpanName LowCardinality(String) CODEC(ZSTD(1)),
+    SpanKind LowCardinality(String) CODEC(ZSTD(1)),
+    ServiceName LowCardinality(String) CODEC(ZSTD(1)),
+    ResourceAttributes {_MAP} CODEC(ZSTD(1)),
+    ScopeName String CODEC(ZSTD(1)),
+    ScopeVersion String CODEC(ZSTD(1)),
+    SpanAttributes {_MAP} CODEC(ZSTD(1)),
+    Duration UInt64 CODEC(ZSTD(1)),
+    StatusCode LowCardinality(String) CODEC(ZSTD(1)),
+    StatusMessage String CODEC(ZSTD(1)),
+    Events Nested (
+        Timestamp DateTime64(9),
+        Name LowCardinality(String),
+        Attributes {_MAP}
+    ) CODEC(ZSTD(1)),
+    Links Nested (
+        TraceId String,
+        SpanId String,
+        TraceState String,
+        Attributes {_MAP}
+    ) CODEC(ZSTD(1)),
+    StepType LowCardinality(String) CODEC(ZSTD(1)),
+    Model LowCardinality(String) CODEC(ZSTD(1)),
+    Provider LowCardinality(String) CODEC(ZSTD(1)),
+    InputTokens Nullable(UInt64) CODEC(ZSTD(1)),
+    OutputTokens Nullable(UInt64) CODEC(ZSTD(1)),
+    ToolName LowCardinality(String) CODEC(ZSTD(1)),
+    SessionId String CODEC(ZSTD(1)),
+    Input String CODEC(ZSTD(3)),
+    Output String CODEC(ZSTD(3)),
+    ContentCaptured Bool CODEC(ZSTD(1)),
+    Convention LowCardinality(String) CODEC(ZSTD(1)),
+    INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1,
+    INDEX idx_res_attr_key mapKeys(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_res_attr_value mapValues(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_span_attr_key mapKeys(SpanAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_span_attr_value mapValues(SpanAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_duration Duration TYPE minmax GRANULARITY 1,
+    INDEX idx_session_id SessionId TYPE bloom_filter(0.01) GRANULARITY 1
+) ENGINE = MergeTree()
+PARTITION BY toDate(Timestamp)
+ORDER BY (ServiceName, SpanName, Timestamp)
+{ttl}
+SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1""",
+        f"""CREATE TABLE IF NOT EXISTS {table}_trace_id_ts (
+    TraceId String CODEC(ZSTD(1)),
+    Start DateTime64(9) CODEC(Delta, ZSTD(1)),
+    End DateTime64(9) CODEC(Delta, ZSTD(1)),
+    INDEX idx_trace_id TraceId TYPE bloom_filter(0.01) GRANULARITY 1
+) ENGINE = MergeTree()
+PARTITION BY toDate(Start)
+ORDER BY (Start)
+{ttl_start}
+SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1""",
+        f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {table}_trace_id_ts_mv
+TO {table}_trace_id_ts
+AS SELECT
+    TraceId,
+    min(Timestamp) AS Start,
+    max(Timestamp) AS End
+FROM {table}
+WHERE TraceId != ''
+GROUP BY TraceId""",
+    ]
+
+
+STRING_MAP = pa.map_(pa.string(), pa.string())
+TIMESTAMP = pa.timestamp("ns")
+
+# Column order and Arrow types of an insert into the traces table (nested columns flattened as ClickHouse does).
+TRACES_COLUMNS: list[tuple[str, pa.DataType]] = [
+    ("Timestamp", TIMESTAMP),
+    ("TraceId", pa.string()),
+    ("SpanId", pa.string()),
+    ("ParentSpanId", pa.string()),
+    ("TraceState", pa.string()),
+    ("SpanName", pa.string()),
+    ("SpanKind", pa.string()),
+    ("ServiceName", pa.string()),
+    ("ResourceAttributes", STRING_MAP),
+    ("ScopeName", pa.string()),
+    ("ScopeVersion", pa.string()),
+    ("SpanAttributes", STRING_MAP),
+    ("Duration", pa.uint64()),
+    ("StatusCode", pa.string()),
+    ("StatusMessage", pa.string()),
+    ("Events.Timestamp", pa.list_(TIMESTAMP)),
+    ("Events.Name", pa.list_(pa.string())),
+    ("Events.Attributes", pa.list_(STRING_MAP)),
+    ("Links.TraceId", pa.list_(pa.string())),
+    ("Links.SpanId", pa.list_(pa.string())),
+    ("Links.TraceState", pa.list_(pa.string())),
+    ("Links.Attributes", pa.list_(STRING_MAP)),
+    ("StepType", pa.string()),
+    ("Model", pa.string()),
+    ("Provider", pa.string()),
+    ("InputTokens", pa.uint64()),
+    ("OutputTokens", pa.uint64()),
+    ("ToolName", pa.string()),
+    ("SessionId", pa.string()),
+    ("Input", pa.string()),
+    ("Output", pa.string()),
+    ("ContentCaptured", pa.bool_()),
+    ("Convention", pa.string()),
+]
+TRACES_SCHEMA = pa.schema(TRACES_COLUMNS)
+
+
+def insert_sql(table: str, source: str) -> str:
+    cols = ", ".join(f"`{name}`" for name, _ in TRACES_COLUMNS)
+    return f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {source}"
+
+
+def list_traces_sql(table: str, with_service: bool) -> str:
+    """One row per trace, newest first. Parameters: {limit:UInt32}, optionally {service:String}."""
+    where = "WHERE ServiceName = {service:String}" if with_service else ""
+    return f"""
+SELECT
+    TraceId AS trace_id,
+    toUnixTimestamp64Nano(min(Timestamp)) AS start_time_unix_nano,
+    toInt64(max(toUnixTimestamp64Nano(Timestamp) + Duration)) - toInt64(min(toUnixTimestamp64Nano(Timestamp)))
+        AS duration_ns,
+    count() AS span_count,
+    countIf(StatusCode = 'STATUS_CODE_ERROR') AS error_count,
+    argMinIf(SpanName, Timestamp, ParentSpanId = '') AS root_name,
+    argMin(SpanName, Timestamp) AS first_name,
+    argMinIf(ServiceName, Timestamp, ParentSpanId = '') AS root_service,
+    argMin(ServiceName, Timestamp) AS first_service,
+    countIf(StepType = 'llm') AS llm_calls,
+    sum(ifNull(InputTokens, 0)) AS input_tokens,
+    sum(ifNull(OutputTokens, 0)) AS output_tokens
+FROM {table}
+{where}
+GROUP BY TraceId
+ORDER BY start_time_unix_nano DESC
+LIMIT {{limit:UInt32}}
+"""
+
+
+def trace_spans_sql(table: str) -> str:
+    """Every span of one trace, in start order; the trace_id_ts table narrows the time range as Grafana does.
+    Parameter: {trace_id:String}."""
+    return f"""
+WITH
+    (SELECT min(Start) FROM {table}_trace_id_ts WHERE TraceId = {{trace_id:String}}) AS t_start,
+    (SELECT max(End) FROM {table}_trace_id_ts WHERE TraceId = {{trace_id:String}}) AS t_end
+SELECT
+    TraceId, SpanId, ParentSpanId, TraceState, SpanName, SpanKind, ServiceName,
+    toUnixTimestamp64Nano(Timestamp) AS StartNs, Duration, StatusCode, StatusMessage,
+    ScopeName, ScopeVersion, SpanAttributes, ResourceAttributes,
+    arrayMap(t -> toUnixTimestamp64Nano(t), `Events.Timestamp`) AS EventTimes, `Events.Name` AS EventNames,
+    `Events.Attributes` AS EventAttributes,
+    `Links.TraceId` AS LinkTraceIds, `Links.SpanId` AS LinkSpanIds, `Links.TraceState` AS LinkTraceStates,
+    `Links.Attributes` AS LinkAttributes,
+    StepType, Model, Provider, InputTokens, OutputTokens, ToolName, SessionId, Input, Output,
+    ContentCaptured, Convention
+FROM {table}
+WHERE TraceId = {{trace_id:String}}
+  AND Timestamp >= t_start AND Timestamp <= t_end
+ORDER BY Timestamp, SpanId
+"""

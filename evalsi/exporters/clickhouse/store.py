@@ -1,0 +1,67 @@
+"""The trace store: creates the schema, writes span batches, and answers the trace queries the API and CLI make."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evalsi.exporters.clickhouse.backend import Backend
+from evalsi.exporters.clickhouse.rows import canonical_from_row, to_arrow
+from evalsi.exporters.clickhouse.schema import list_traces_sql, trace_spans_sql, traces_ddl
+from evalsi.span import Span
+
+
+class TraceStore:
+    def __init__(self, backend: Backend, *, table: str = "otel_traces", ttl_days: int = 0) -> None:
+        self.backend = backend
+        self.table = table
+        self.ttl_days = ttl_days
+
+    @property
+    def description(self) -> str:
+        return self.backend.description
+
+    def create_schema(self) -> None:
+        for statement in traces_ddl(self.table, self.ttl_days):
+            self.backend.command(statement)
+
+    def write(self, spans: list[Span]) -> None:
+        if spans:
+            self.backend.insert(self.table, to_arrow(spans))
+
+    def list_traces(self, *, limit: int = 20, service: str | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit}
+        if service:
+            params["service"] = service
+        rows = self.backend.query(list_traces_sql(self.table, bool(service)), params)
+        out = []
+        for r in rows:
+            out.append(
+                {
+                    "trace_id": r["trace_id"],
+                    "root_name": r["root_name"] or r["first_name"],
+                    "service_name": r["root_service"] or r["first_service"],
+                    "start_time_unix_nano": int(r["start_time_unix_nano"]),
+                    "duration_ns": max(0, int(r["duration_ns"])),
+                    "span_count": int(r["span_count"]),
+                    "error_count": int(r["error_count"]),
+                    "llm_calls": int(r["llm_calls"]),
+                    "input_tokens": int(r["input_tokens"]),
+                    "output_tokens": int(r["output_tokens"]),
+                }
+            )
+        return out
+
+    def get_trace(self, trace_id: str) -> list[dict[str, Any]]:
+        """The trace's spans in the canonical shape, in start order; empty when unknown."""
+        rows = self.backend.query(trace_spans_sql(self.table), {"trace_id": trace_id.lower()})
+        return [canonical_from_row(r) for r in rows]
+
+    def span_count(self) -> int:
+        rows = self.backend.query(f"SELECT count() AS n FROM {self.table}")
+        return int(rows[0]["n"]) if rows else 0
+
+    def ping(self) -> bool:
+        return self.backend.ping()
+
+    def close(self) -> None:
+        self.backend.close()

@@ -1,0 +1,359 @@
+"""The canonical message list (the OTel GenAI semconv message schema) and its converters from the forms seen
+in the wild: `gen_ai.*.messages`, per-message events (span events or log records), prompt/completion events.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from evalsi.span import SpanEvent
+
+Message = dict[str, Any]
+Part = dict[str, Any]
+
+# Per-message events (semconv 1.28-1.36; openai-v2 still emits them as log records): name -> default role.
+# `gen_ai.choice` is the only output event; its role comes from its `message`.
+MESSAGE_EVENT_ROLES: dict[str, str] = {
+    "gen_ai.system.message": "system",
+    "gen_ai.user.message": "user",
+    "gen_ai.assistant.message": "assistant",
+    "gen_ai.tool.message": "tool",
+    "gen_ai.choice": "assistant",
+}
+CHOICE_EVENT = "gen_ai.choice"
+
+# The even older span events, each holding a whole OpenAI-style message list as a JSON string.
+PROMPT_EVENT = "gen_ai.content.prompt"
+COMPLETION_EVENT = "gen_ai.content.completion"
+PROMPT_EVENT_ATTRIBUTE = "gen_ai.prompt"
+COMPLETION_EVENT_ATTRIBUTE = "gen_ai.completion"
+
+CONTENT_EVENTS = frozenset((*MESSAGE_EVENT_ROLES, PROMPT_EVENT, COMPLETION_EVENT))
+
+# Some emitters (Semantic Kernel for .NET) put the event body as JSON into one span-event attribute.
+EVENT_BODY_ATTRIBUTE = "gen_ai.event.content"
+
+_MALFORMED = object()
+
+
+def _loads(text: str) -> Any:
+    """`json.loads`, or `_MALFORMED`: content from the wire must never stop the pipeline."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return _MALFORMED
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (ValueError, TypeError, RecursionError):
+        return str(value)
+
+
+def _text_part(value: Any) -> Part:
+    return {"type": "text", "content": _as_text(value)}
+
+
+def tool_arguments(value: Any) -> Any:
+    """Tool-call arguments, parsed when they arrive as a JSON string; otherwise (or if malformed) as given."""
+    if isinstance(value, str):
+        parsed = _loads(value)
+        return value if parsed is _MALFORMED else parsed
+    return value
+
+
+# --- (a) gen_ai.input.messages / gen_ai.output.messages / gen_ai.system_instructions --------------
+
+
+def _semconv_part(part: Any) -> Part:
+    if not isinstance(part, dict):
+        return _text_part(part)
+    kind = part.get("type")
+    if kind == "text" or (kind is None and "content" in part):
+        content = part.get("content")
+        return {"type": "text", "content": "" if content is None else _as_text(content)}
+    if kind == "tool_call":
+        return {
+            "type": "tool_call",
+            "id": part.get("id"),
+            "name": _as_text(part.get("name") or ""),
+            "arguments": tool_arguments(part.get("arguments")),
+        }
+    if kind == "tool_call_response":
+        return {"type": "tool_call_response", "id": part.get("id"), "response": part.get("response")}
+    # reasoning, blob, uri, file, server tool calls, vendor types: kept as sent
+    return dict(part)
+
+
+def _semconv_message(message: Any, default_role: str) -> Message:
+    if not isinstance(message, dict):
+        return {"role": default_role, "parts": [_text_part(message)]}
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        role = default_role
+    parts = message.get("parts")
+    if parts is None and ("content" in message or "tool_calls" in message):
+        # an OpenAI-style message where a semconv one was expected
+        return chat_message(role, message)
+    if isinstance(parts, list):
+        canonical: Message = {"role": role, "parts": [_semconv_part(p) for p in parts]}
+    elif parts is None:
+        canonical = {"role": role, "parts": []}
+    else:
+        canonical = {"role": role, "parts": [_semconv_part(parts)]}
+    finish_reason = message.get("finish_reason")
+    if finish_reason is not None:
+        canonical["finish_reason"] = _as_text(finish_reason)
+    return canonical
+
+
+def semconv_messages(value: Any, default_role: str) -> list[Message] | None:
+    """Canonical messages from a `gen_ai.input.messages` / `gen_ai.output.messages` value.
+
+    `value` is the attribute as received: a JSON string or an already-structured list. Malformed JSON,
+    or JSON that is not a message list, becomes one `default_role` message holding the raw text.
+    None or an empty list give None (nothing captured).
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if not value:
+            return None
+        parsed = _loads(value)
+        if parsed is _MALFORMED:
+            return [{"role": default_role, "parts": [_text_part(value)]}]
+        value = parsed
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list):
+        return [{"role": default_role, "parts": [_text_part(value)]}]
+    if not value:
+        return None
+    return [_semconv_message(m, default_role) for m in value]
+
+
+def system_message(value: Any) -> Message | None:
+    """The leading system message from `gen_ai.system_instructions` (a JSON list of parts, or plain text)."""
+    if value is None or value == "" or value == []:
+        return None
+    if isinstance(value, str):
+        parsed = _loads(value)
+        # a plain instruction string is not JSON; neither is it a JSON string literal worth unwrapping
+        value = [value] if parsed is _MALFORMED or isinstance(parsed, str) else parsed
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list):
+        value = [value]
+    if not value:
+        return None
+    return {"role": "system", "parts": [_semconv_part(p) for p in value]}
+
+
+# --- OpenAI-style messages: the body of per-message events and of gen_ai.prompt / gen_ai.completion ---
+
+
+def _content_parts(content: Any) -> list[Part]:
+    if content is None or content == "":
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "content": content}]
+    if isinstance(content, list):
+        parts: list[Part] = []
+        for item in content:
+            if isinstance(item, dict):
+                if item.get("type") == "text" and "text" in item:
+                    # the OpenAI content-part form {"type": "text", "text": ...}
+                    parts.append({"type": "text", "content": _as_text(item["text"])})
+                elif "type" in item:
+                    parts.append(_semconv_part(item))
+                else:
+                    parts.append(_text_part(item))
+            elif item is not None:
+                parts.append(_text_part(item))
+        return parts
+    if isinstance(content, dict) and "type" in content:
+        return [_semconv_part(content)]
+    return [_text_part(content)]
+
+
+def _tool_call_part(call: Any) -> Part:
+    if not isinstance(call, dict):
+        return _text_part(call)
+    function = call.get("function")
+    if isinstance(function, str):
+        function = _loads(function)
+    if not isinstance(function, dict):
+        # the flat form {"id", "name", "arguments"}
+        function = call
+    return {
+        "type": "tool_call",
+        "id": call.get("id"),
+        "name": _as_text(function.get("name") or ""),
+        "arguments": tool_arguments(function.get("arguments")),
+    }
+
+
+def chat_message(role: str, body: Mapping[str, Any]) -> Message:
+    """A canonical message from an OpenAI-style dict (`content`, `tool_calls`, `id`/`tool_call_id`)."""
+    body_role = body.get("role")
+    if isinstance(body_role, str) and body_role:
+        role = body_role
+    content = body.get("content")
+    if role == "tool":
+        call_id = body.get("id")
+        if call_id is None:
+            call_id = body.get("tool_call_id")
+        parts: list[Part] = [{"type": "tool_call_response", "id": call_id, "response": content}]
+    else:
+        parts = _content_parts(content)
+        tool_calls = body.get("tool_calls")
+        if isinstance(tool_calls, str):
+            parsed = _loads(tool_calls)
+            tool_calls = [tool_calls] if parsed is _MALFORMED else parsed
+        if isinstance(tool_calls, dict):
+            tool_calls = [tool_calls]
+        if isinstance(tool_calls, list):
+            parts.extend(_tool_call_part(c) for c in tool_calls)
+    message: Message = {"role": role, "parts": parts}
+    finish_reason = body.get("finish_reason")
+    if finish_reason is not None:
+        message["finish_reason"] = _as_text(finish_reason)
+    return message
+
+
+# --- (b) per-message events -----------------------------------------------------------------------
+
+
+def _event_body(body: Any) -> Mapping[str, Any]:
+    if not isinstance(body, Mapping):
+        return {"content": body}
+    packed = body.get(EVENT_BODY_ATTRIBUTE)
+    if isinstance(packed, str):
+        unpacked = _loads(packed)
+        if isinstance(unpacked, dict):
+            return unpacked
+    return body
+
+
+def message_from_event(name: str, body: Any) -> Message | None:
+    """The canonical message of one per-message event, or None if `name` is not one.
+
+    `body` is a plain dict: a span event's attributes or an OTLP log record's body converted
+    to a dict (the log-record path uses this too). A non-dict body is taken as the content.
+    """
+    role = MESSAGE_EVENT_ROLES.get(name)
+    if role is None:
+        return None
+    body = _event_body(body)
+    if name == CHOICE_EVENT:
+        message = body.get("message")
+        if isinstance(message, str):
+            parsed = _loads(message)
+            message = parsed if isinstance(parsed, dict) else {"content": message}
+        if not isinstance(message, Mapping):
+            # content at the top level, as some emitters do
+            message = body
+        canonical = chat_message(role, message)
+        finish_reason = body.get("finish_reason")
+        if finish_reason is not None:
+            canonical["finish_reason"] = _as_text(finish_reason)
+        return canonical
+    return chat_message(role, body)
+
+
+def _choice_index(body: Any) -> int:
+    index = body.get("index") if isinstance(body, Mapping) else None
+    return index if isinstance(index, int) and not isinstance(index, bool) else 0
+
+
+def messages_from_events(
+    events: Iterable[tuple[str, Any]],
+) -> tuple[list[Message] | None, list[Message] | None]:
+    """(input, output) canonical messages from `(event name, body dict)` pairs, in event order.
+
+    Choices become the output, ordered by their `index`; other names are ignored.
+    """
+    inputs: list[Message] = []
+    choices: list[tuple[int, Message]] = []
+    for name, raw in events:
+        body = _event_body(raw)
+        message = message_from_event(name, body)
+        if message is None:
+            continue
+        if name == CHOICE_EVENT:
+            choices.append((_choice_index(body), message))
+        else:
+            inputs.append(message)
+    if len(choices) > 1:
+        choices.sort(key=lambda c: c[0])
+    return (inputs or None), ([m for _, m in choices] or None)
+
+
+# --- (c) gen_ai.content.prompt / gen_ai.content.completion span events ----------------------------
+
+
+def chat_messages(value: Any, default_role: str) -> list[Message] | None:
+    """Canonical messages from an OpenAI-style message list: a JSON string (as `gen_ai.prompt`) or a list."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        parsed = _loads(value)
+        if parsed is _MALFORMED or isinstance(parsed, str):
+            return [{"role": default_role, "parts": [_text_part(value)]}]
+        value = parsed
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list):
+        return [{"role": default_role, "parts": [_text_part(value)]}]
+    messages: list[Message] = []
+    for item in value:
+        if isinstance(item, Mapping):
+            if "parts" in item:
+                messages.append(_semconv_message(item, default_role))
+            elif isinstance(item.get("message"), Mapping):
+                # a completion given as a list of choices
+                message = chat_message(default_role, item["message"])
+                if item.get("finish_reason") is not None:
+                    message["finish_reason"] = _as_text(item["finish_reason"])
+                messages.append(message)
+            else:
+                messages.append(chat_message(default_role, item))
+        elif item is not None:
+            messages.append({"role": default_role, "parts": [_text_part(item)]})
+    return messages or None
+
+
+# --- span events: (b) and (c) together ------------------------------------------------------------
+
+
+def messages_from_span_events(
+    events: Iterable[SpanEvent],
+) -> tuple[list[Message] | None, list[Message] | None]:
+    """(input, output) from a span's content events: per-message, prompt/completion, or both."""
+    per_message: list[tuple[str, Any]] = []
+    prompt: list[Message] | None = None
+    completion: list[Message] | None = None
+    for event in events:
+        name = event.name
+        if name in MESSAGE_EVENT_ROLES:
+            per_message.append((name, event.attributes))
+        elif name == PROMPT_EVENT:
+            found = chat_messages(event.attributes.get(PROMPT_EVENT_ATTRIBUTE), "user")
+            if found:
+                prompt = (prompt or []) + found
+        elif name == COMPLETION_EVENT:
+            found = chat_messages(event.attributes.get(COMPLETION_EVENT_ATTRIBUTE), "assistant")
+            if found:
+                completion = (completion or []) + found
+    if per_message:
+        inputs, outputs = messages_from_events(per_message)
+        if inputs:
+            prompt = (prompt or []) + inputs
+        if outputs:
+            completion = (completion or []) + outputs
+    return prompt, completion

@@ -1,0 +1,3 @@
+"""Receivers: where spans enter the pipeline."""
+
+from evalsi.receivers import otlp  # noqa: F401

@@ -1,0 +1,194 @@
+"""Decoding OTLP trace requests (protobuf and OTLP/JSON) into span batches, rejecting invalid spans one by one."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from evalsi.span import SPAN_KINDS, STATUS_CODES, Span, SpanBatch, SpanEvent, SpanLink
+
+_ZERO_TRACE = bytes(16)
+_ZERO_SPAN = bytes(8)
+
+
+class DecodeFailed(ValueError):
+    """The request body is not an OTLP message at all (answered 400 / INVALID_ARGUMENT)."""
+
+
+@dataclass(slots=True)
+class Decoded:
+    batch: SpanBatch
+    rejected: int = 0
+    message: str = ""
+
+
+def any_value(v: AnyValue) -> Any:
+    """An OTLP AnyValue as a plain Python value (str, bool, int, float, bytes, list, dict or None)."""
+    which = v.WhichOneof("value")
+    if which == "string_value":
+        return v.string_value
+    if which == "int_value":
+        return v.int_value
+    if which == "bool_value":
+        return v.bool_value
+    if which == "double_value":
+        return v.double_value
+    if which == "array_value":
+        return [any_value(x) for x in v.array_value.values]
+    if which == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in v.kvlist_value.values}
+    if which == "bytes_value":
+        return v.bytes_value
+    return None
+
+
+def attributes(kvs: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in kvs:
+        v = kv.value
+        which = v.WhichOneof("value")
+        # the common scalar cases inline: this loop is the hottest code of ingest
+        if which == "string_value":
+            out[kv.key] = v.string_value
+        elif which == "int_value":
+            out[kv.key] = v.int_value
+        else:
+            out[kv.key] = any_value(v)
+    return out
+
+
+def _check_ids(trace_id: bytes, span_id: bytes, parent: bytes) -> str:
+    if len(trace_id) != 16:
+        return f"trace id must be 16 bytes, got {len(trace_id)}"
+    if trace_id == _ZERO_TRACE:
+        return "trace id is all zeros"
+    if len(span_id) != 8:
+        return f"span id must be 8 bytes, got {len(span_id)}"
+    if span_id == _ZERO_SPAN:
+        return "span id is all zeros"
+    if parent and len(parent) != 8:
+        return f"parent span id must be empty or 8 bytes, got {len(parent)}"
+    return ""
+
+
+def spans_from_request(req: ExportTraceServiceRequest) -> Decoded:
+    spans: list[Span] = []
+    rejected = 0
+    first_error = ""
+    n_kinds = len(SPAN_KINDS)
+    for rs in req.resource_spans:
+        resource_attributes = attributes(rs.resource.attributes)
+        service = resource_attributes.get("service.name", "")
+        service_name = service if isinstance(service, str) else str(service)
+        for ss in rs.scope_spans:
+            scope_name = ss.scope.name
+            scope_version = ss.scope.version
+            for s in ss.spans:
+                trace_id = s.trace_id
+                span_id = s.span_id
+                parent = s.parent_span_id
+                problem = _check_ids(trace_id, span_id, parent)
+                if problem:
+                    rejected += 1
+                    if not first_error:
+                        first_error = f"span {s.name!r}: {problem}"
+                    continue
+                events = (
+                    [SpanEvent(e.time_unix_nano, e.name, attributes(e.attributes)) for e in s.events]
+                    if s.events
+                    else []
+                )
+                links = (
+                    [
+                        SpanLink(ln.trace_id.hex(), ln.span_id.hex(), ln.trace_state, attributes(ln.attributes))
+                        for ln in s.links
+                    ]
+                    if s.links
+                    else []
+                )
+                kind = s.kind
+                code = s.status.code
+                spans.append(
+                    Span(
+                        trace_id=trace_id.hex(),
+                        span_id=span_id.hex(),
+                        parent_span_id=parent.hex(),
+                        name=s.name,
+                        kind=SPAN_KINDS[kind] if 0 <= kind < n_kinds else "UNSPECIFIED",
+                        start_time_unix_nano=s.start_time_unix_nano,
+                        end_time_unix_nano=s.end_time_unix_nano,
+                        status_code=STATUS_CODES[code] if 0 <= code < 3 else "UNSET",
+                        status_message=s.status.message,
+                        trace_state=s.trace_state,
+                        service_name=service_name,
+                        scope_name=scope_name,
+                        scope_version=scope_version,
+                        attributes=attributes(s.attributes),
+                        resource_attributes=resource_attributes,
+                        events=events,
+                        links=links,
+                        flags=s.flags,
+                    )
+                )
+    message = ""
+    if rejected:
+        message = f"{rejected} span(s) rejected; first: {first_error}"
+    return Decoded(SpanBatch(spans), rejected, message)
+
+
+def decode_traces_protobuf(body: bytes) -> Decoded:
+    req = ExportTraceServiceRequest()
+    try:
+        req.ParseFromString(body)
+    except DecodeError as e:
+        raise DecodeFailed(f"body is not a valid OTLP ExportTraceServiceRequest protobuf: {e}") from None
+    return spans_from_request(req)
+
+
+def _hex_to_b64(value: Any) -> Any:
+    """OTLP/JSON carries ids as hex; protobuf JSON expects base64. A bad id becomes empty bytes,
+    which span validation then rejects (so one bad id never fails the whole request)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        raw = bytes.fromhex(value)
+    except ValueError:
+        raw = b"\xff"  # an odd length no valid id has: rejected per span, not per request
+    return base64.b64encode(raw).decode()
+
+
+_ID_KEYS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
+
+
+def _fix_ids(obj: dict[str, Any]) -> None:
+    for key in _ID_KEYS:
+        if key in obj:
+            obj[key] = _hex_to_b64(obj[key])
+
+
+def decode_traces_json(body: bytes) -> Decoded:
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DecodeFailed(f"body is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise DecodeFailed("body must be a JSON object (an OTLP ExportTraceServiceRequest)")
+    try:
+        for rs in doc.get("resourceSpans", doc.get("resource_spans")) or []:
+            for ss in rs.get("scopeSpans", rs.get("scope_spans")) or []:
+                for s in ss.get("spans") or []:
+                    _fix_ids(s)
+                    for link in s.get("links") or []:
+                        _fix_ids(link)
+        req = json_format.ParseDict(doc, ExportTraceServiceRequest(), ignore_unknown_fields=True)
+    except (json_format.ParseError, AttributeError, TypeError, binascii.Error) as e:
+        raise DecodeFailed(f"body is not a valid OTLP/JSON ExportTraceServiceRequest: {e}") from None
+    return spans_from_request(req)

@@ -1,0 +1,100 @@
+"""OTLP/HTTP: `POST /v1/traces` in protobuf or JSON, gzip or zstd, answered per the OTLP spec."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Awaitable, Callable
+
+import zstandard
+from fastapi import FastAPI, Request, Response
+
+from evalsi.component import Refused
+from evalsi.receivers.otlp.decode import Decoded, DecodeFailed, decode_traces_json, decode_traces_protobuf
+from evalsi.receivers.otlp.status import HTTP_TO_CODE, JSON, PROTOBUF, encode, export_response, status_message
+
+Export = Callable[[Decoded, str], Awaitable[None]]
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _media_type(content_type: str) -> str:
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """Inflate with a bound on the output, so a small bomb cannot take the memory."""
+    if encoding in ("", "identity"):
+        return body
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        wbits = 16 + zlib.MAX_WBITS if encoding != "deflate" else zlib.MAX_WBITS
+        d = zlib.decompressobj(wbits)
+        out = d.decompress(body, limit + 1)
+        if len(out) > limit:
+            raise _TooLarge
+        if not d.eof:
+            raise ValueError("truncated compressed body")
+        return out
+    if encoding == "zstd":
+        reader = zstandard.ZstdDecompressor().stream_reader(body)
+        out = reader.read(limit + 1)
+        if len(out) > limit:
+            raise _TooLarge
+        return out
+    raise LookupError(encoding)
+
+
+def build_app(export: Export, *, path: str, max_body: int) -> FastAPI:
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+
+    def error(status: int, message: str, media: str, *, retry_after: float | None = None) -> Response:
+        body = encode(status_message(HTTP_TO_CODE[status], message, retry_after), media)
+        headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
+        return Response(body, status_code=status, media_type=media, headers=headers)
+
+    @app.post(path)
+    async def traces(request: Request) -> Response:
+        media = _media_type(request.headers.get("content-type", ""))
+        if media not in (PROTOBUF, JSON):
+            return error(
+                415,
+                f"unsupported content type {media or '(none)'!r}; send {PROTOBUF} or {JSON}",
+                JSON,
+            )
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > max_body:
+            return error(413, f"request body of {declared} bytes exceeds the limit of {max_body} bytes", media)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body:
+                return error(413, f"request body exceeds the limit of {max_body} bytes", media)
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        encoding = request.headers.get("content-encoding", "").strip().lower()
+        try:
+            body = _decompress(body, encoding, max_body)
+        except _TooLarge:
+            return error(413, f"decompressed body exceeds the limit of {max_body} bytes", media)
+        except LookupError:
+            return error(400, f"unsupported content encoding {encoding!r}; use gzip, zstd or none", media)
+        except (zlib.error, zstandard.ZstdError, ValueError) as e:
+            return error(400, f"body is not valid {encoding}: {e}", media)
+        try:
+            decoded = decode_traces_json(body) if media == JSON else decode_traces_protobuf(body)
+        except DecodeFailed as e:
+            return error(400, str(e), media)
+        try:
+            await export(decoded, "http")
+        except Refused as r:
+            return error(503 if r.unavailable else 429, str(r), media, retry_after=r.retry_after)
+        return Response(encode(export_response(decoded.rejected, decoded.message), media), media_type=media)
+
+    @app.api_route(path, methods=["GET", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
+    async def wrong_method(request: Request) -> Response:
+        resp = error(405, f"method {request.method} not allowed on {path}; use POST", JSON)
+        resp.headers["Allow"] = "POST"
+        return resp
+
+    return app

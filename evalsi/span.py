@@ -1,0 +1,123 @@
+"""The span as it moves through the pipeline: OTLP fields, raw attributes and the canonical GenAI fields."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+# OTLP enum values, spelled as the canonical shape shows them (`span.kind == "CLIENT"`).
+SPAN_KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
+STATUS_CODES = ("UNSET", "OK", "ERROR")
+
+STEP_TYPES = ("llm", "tool", "agent", "retriever", "embedding", "chain", "other")
+
+
+@dataclass(slots=True)
+class SpanEvent:
+    time_unix_nano: int
+    name: str
+    attributes: dict[str, Any]
+
+
+@dataclass(slots=True)
+class SpanLink:
+    trace_id: str
+    span_id: str
+    trace_state: str
+    attributes: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Span:
+    """One span. Ids are lowercase hex; attribute values keep their OTLP types.
+
+    `resource_attributes` is shared by every span of one OTLP resource: treat it as read-only.
+    The fields from `step_type` on are the canonical GenAI shape that mappers fill.
+    """
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    name: str
+    kind: str
+    start_time_unix_nano: int
+    end_time_unix_nano: int
+    status_code: str = "UNSET"
+    status_message: str = ""
+    trace_state: str = ""
+    service_name: str = ""
+    scope_name: str = ""
+    scope_version: str = ""
+    attributes: dict[str, Any] = field(default_factory=dict)
+    resource_attributes: dict[str, Any] = field(default_factory=dict)
+    events: list[SpanEvent] = field(default_factory=list)
+    links: list[SpanLink] = field(default_factory=list)
+    flags: int = 0
+    # canonical GenAI fields
+    step_type: str = "other"
+    model: str | None = None
+    provider: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    tool_name: str | None = None
+    session_id: str | None = None
+    input: list[dict[str, Any]] | None = None
+    output: list[dict[str, Any]] | None = None
+    content_captured: bool = False
+    convention: str = ""
+
+    @property
+    def duration_ns(self) -> int:
+        return max(0, self.end_time_unix_nano - self.start_time_unix_nano)
+
+    def canonical(self) -> dict[str, Any]:
+        """The canonical shape as JSON-ready data (what `evalsi traces show --json` prints)."""
+        return {
+            "trace_id": self.trace_id,
+            "span_id": self.span_id,
+            "parent_span_id": self.parent_span_id,
+            "name": self.name,
+            "kind": self.kind,
+            "service_name": self.service_name,
+            "start_time_unix_nano": self.start_time_unix_nano,
+            "duration_ns": self.duration_ns,
+            "status_code": self.status_code,
+            "status_message": self.status_message,
+            "step_type": self.step_type,
+            "model": self.model,
+            "provider": self.provider,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "tool_name": self.tool_name,
+            "session_id": self.session_id,
+            "input": self.input,
+            "output": self.output,
+            "content_captured": self.content_captured,
+            "convention": self.convention,
+            "attributes": self.attributes,
+            "resource_attributes": self.resource_attributes,
+        }
+
+
+@dataclass(slots=True)
+class SpanBatch:
+    """The unit that moves between components: spans from one or more OTLP requests."""
+
+    spans: list[Span] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def __iter__(self) -> Iterator[Span]:
+        return iter(self.spans)
+
+    def shard(self, n: int) -> list[SpanBatch]:
+        """Split by trace id into `n` batches so one trace always lands in the same shard."""
+        if n <= 1:
+            return [self]
+        shards: list[list[Span]] = [[] for _ in range(n)]
+        for span in self.spans:
+            # the low 64 bits of a W3C trace id are random, so a modulo spreads evenly
+            shards[int(span.trace_id[16:], 16) % n].append(span)
+        return [SpanBatch(s) for s in shards]

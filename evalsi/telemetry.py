@@ -1,0 +1,58 @@
+"""The collector's own metrics, named like the OpenTelemetry Collector's `otelcol_*` self-telemetry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
+
+# `*_created` series add nothing a dashboard uses
+disable_created_metrics()
+
+
+class SelfMetrics:
+    """One registry per service, so tests and several services in one process never collide."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.receiver_accepted_spans = Counter(
+            "otelcol_receiver_accepted_spans",
+            "Spans successfully pushed into the pipeline.",
+            ["receiver", "transport"],
+            registry=r,
+        )
+        self.receiver_refused_spans = Counter(
+            "otelcol_receiver_refused_spans",
+            "Spans that could not be pushed into the pipeline (invalid, or refused by it).",
+            ["receiver", "transport"],
+            registry=r,
+        )
+        self.exporter_sent_spans = Counter(
+            "otelcol_exporter_sent_spans",
+            "Spans successfully sent to the destination.",
+            ["exporter"],
+            registry=r,
+        )
+        self.exporter_send_failed_spans = Counter(
+            "otelcol_exporter_send_failed_spans",
+            "Spans the exporter failed to send and gave up on.",
+            ["exporter"],
+            registry=r,
+        )
+        self.exporter_queue_size = Gauge(
+            "otelcol_exporter_queue_size",
+            "Spans currently held in the exporter's queue.",
+            ["exporter"],
+            registry=r,
+        )
+        self.exporter_queue_capacity = Gauge(
+            "otelcol_exporter_queue_capacity",
+            "Capacity of the exporter's queue, in spans.",
+            ["exporter"],
+            registry=r,
+        )
+        self.processor_incoming_spans = Counter(
+            "otelcol_processor_incoming_items",
+            "Spans that entered the processor.",
+            ["processor"],
+            registry=r,
+        )
