@@ -1,0 +1,5 @@
+"""`python -m evalsi` runs the CLI."""
+
+from evalsi.cli import app
+
+app()

@@ -1,0 +1,122 @@
+"""A real `evalsi serve` process for tests: started on port 0 with JSON logs, driven through its API and CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+if not FIXTURES.exists():  # a checkout beside ../shared, or EVALSI_FIXTURES pointing at it
+    FIXTURES = Path(os.environ.get("EVALSI_FIXTURES", "shared/fixtures")).resolve()
+
+EVALSI = [sys.executable, "-m", "evalsi"]
+
+
+def serve_config(store: Path) -> dict[str, Any]:
+    """A config for tests: every endpoint on port 0, JSON logs, a short flush interval."""
+    return {
+        "receivers": {
+            "otlp": {"protocols": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}}}
+        },
+        "processors": {"normalize": {}},
+        "exporters": {"clickhouse": {"endpoint": f"chdb://{store}", "flush_interval": "100ms"}},
+        "service": {
+            "pipelines": {"traces": {"receivers": ["otlp"], "processors": ["normalize"], "exporters": ["clickhouse"]}},
+            "api": {"endpoint": "127.0.0.1:0"},
+            "telemetry": {"metrics": {"address": "127.0.0.1:0"}, "logs": {"encoding": "json"}},
+        },
+    }
+
+
+@dataclass
+class Collector:
+    """A running `evalsi serve` and where it listens."""
+
+    proc: subprocess.Popen[str]
+    config_path: Path
+    log_path: Path
+    ready: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def http(self) -> str:
+        return "http://" + self.ready["receivers"]["otlp"]["http"]
+
+    @property
+    def grpc(self) -> str:
+        return self.ready["receivers"]["otlp"]["grpc"]
+
+    @property
+    def api(self) -> str:
+        return "http://" + self.ready["api"]
+
+    @property
+    def metrics(self) -> str:
+        return "http://" + self.ready["metrics"] + "/metrics"
+
+    def logs(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def cli(self, *args: str, api: bool = True, check: bool = True) -> subprocess.CompletedProcess[str]:
+        extra = ["--api", self.api] if api else ["-c", str(self.config_path)]
+        res = subprocess.run([*EVALSI, *args, *extra], capture_output=True, text=True, timeout=120)
+        if check and res.returncode != 0:
+            raise AssertionError(f"evalsi {' '.join(args)} failed ({res.returncode}): {res.stderr}")
+        return res
+
+    def stored_spans(self) -> int:
+        return sum(t["span_count"] for t in httpx.get(self.api + "/api/v1/traces?limit=10000").json()["traces"])
+
+    def wait_stored(self, n: int, timeout: float = 30) -> int:
+        deadline = time.monotonic() + timeout
+        got = 0
+        while time.monotonic() < deadline:
+            got = self.stored_spans()
+            if got >= n:
+                return got
+            time.sleep(0.1)
+        return got
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+
+def start_collector(tmp: Path, config: dict[str, Any], timeout: float = 60) -> Collector:
+    config_path = tmp / "evalsi.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    log_path = tmp / "serve.log"
+    log = log_path.open("w")
+    proc = subprocess.Popen([*EVALSI, "serve", "-c", str(config_path)], stdout=log, stderr=log, text=True, cwd=tmp)
+    c = Collector(proc, config_path, log_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in c.logs():
+            if entry.get("msg") == "ready":
+                c.ready = entry
+                return c
+        if proc.poll() is not None:
+            raise AssertionError(f"evalsi serve exited {proc.returncode}:\n{log_path.read_text()}")
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"evalsi serve not ready in {timeout}s:\n{log_path.read_text()}")
+
+
+def fixture_files(folder: str, suffix: str) -> list[Path]:
+    return sorted(p for p in (FIXTURES / folder).glob(f"*{suffix}") if ".logs." not in p.name)
