@@ -27,7 +27,7 @@ from evalsi.receivers.otlp.decode import decode_traces_json, decode_traces_proto
 from evalsi.span import Span, SpanBatch, SpanEvent
 from evalsi.telemetry import SelfMetrics
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LEGACY = "otel-openai-v2"
 LATEST = "otel-openai-v2-latest"
 SCENARIOS = ("chat_simple", "chat_tools", "chat_pii", "chat_error", "embeddings", "chat_stream")
