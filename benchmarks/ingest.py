@@ -664,8 +664,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     first = next(iter(payloads.values()))
     size = sum(len(b) for b in first) / len(first)
+    per_span = size / args.spans_per_request
     log(f"built {n_requests} requests x {args.spans_per_request} spans per transport "
-        f"({size / 1024:.0f} KiB each, {size / args.spans_per_request:.0f} B/span) in {time.perf_counter() - t:.1f}s")  # fmt: skip
+        f"({size / 1024:.0f} KiB each, {per_span:.0f} B/span) in {time.perf_counter() - t:.1f}s")  # fmt: skip
 
     floors: dict[str, float] = {}
     if not args.no_floor:
@@ -685,7 +686,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run_one(args, tr, payloads[tr], workdir))
             r = runs[-1]
             log(f"[{tr}] accepted {fmt_rate(r.accepted_per_s)} spans/s, stored {fmt_rate(r.stored_per_s)} spans/s, "
-                f"server CPU {r.server_cpu_pct:.0f}% ({r.server_threads_cpu_s}), peak queue {r.peak_queue:,.0f}")  # fmt: skip
+                f"server CPU {r.server_cpu_pct:.0f}% (CPU s by thread: {r.server_threads_cpu_s}), "
+                f"peak queue {r.peak_queue:,.0f}")  # fmt: skip
             if r.profile:
                 print_profile(r.profile)
     finally:
