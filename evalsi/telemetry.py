@@ -50,9 +50,3 @@ class SelfMetrics:
             ["exporter"],
             registry=r,
         )
-        self.processor_incoming_spans = Counter(
-            "otelcol_processor_incoming_items",
-            "Spans that entered the processor.",
-            ["processor"],
-            registry=r,
-        )

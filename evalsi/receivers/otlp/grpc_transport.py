@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -9,6 +10,8 @@ import grpc
 from evalsi.component import Refused
 from evalsi.receivers.otlp.decode import Decoded, DecodeFailed, decode_traces_protobuf
 from evalsi.receivers.otlp.status import export_response, status_message
+
+logger = logging.getLogger("evalsi.receiver.otlp")
 
 Export = Callable[[Decoded, str], Awaitable[None]]
 
@@ -47,6 +50,9 @@ class GrpcTransport:
             # RetryInfo is what makes RESOURCE_EXHAUSTED retryable for OTLP clients
             details = status_message(code.value[0], str(r), r.retry_after).SerializeToString()
             await context.abort(code, str(r), trailing_metadata=(("grpc-status-details-bin", details),))
+        except Exception as e:  # a pipeline bug: answered, logged, never a hung RPC
+            logger.exception("pipeline failed on a batch")
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in the pipeline: {e}")
         return export_response(decoded.rejected, decoded.message).SerializeToString()
 
     async def start(self) -> None:

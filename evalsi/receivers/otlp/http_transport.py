@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import zlib
 from collections.abc import Awaitable, Callable
 
@@ -11,6 +12,8 @@ from fastapi import FastAPI, Request, Response
 from evalsi.component import Refused
 from evalsi.receivers.otlp.decode import Decoded, DecodeFailed, decode_traces_json, decode_traces_protobuf
 from evalsi.receivers.otlp.status import HTTP_TO_CODE, JSON, PROTOBUF, encode, export_response, status_message
+
+logger = logging.getLogger("evalsi.receiver.otlp")
 
 Export = Callable[[Decoded, str], Awaitable[None]]
 
@@ -89,6 +92,9 @@ def build_app(export: Export, *, path: str, max_body: int) -> FastAPI:
             await export(decoded, "http")
         except Refused as r:
             return error(503 if r.unavailable else 429, str(r), media, retry_after=r.retry_after)
+        except Exception as e:  # a pipeline bug: the sender must not retry forever, and the log says what broke
+            logger.exception("pipeline failed on a batch")
+            return error(500, f"internal error in the pipeline: {e}", media)
         return Response(encode(export_response(decoded.rejected, decoded.message), media), media_type=media)
 
     @app.api_route(path, methods=["GET", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
