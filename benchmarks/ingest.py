@@ -325,6 +325,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def system_busy_seconds() -> float:
+    """CPU seconds spent busy by the whole machine (all cores), from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds per thread name (threads of one name summed)."""
     out: dict[str, float] = defaultdict(float)
@@ -380,15 +387,14 @@ class StorePoller(threading.Thread):
 # --- profiling -------------------------------------------------------------------------------------------
 
 
-def start_profiler(pid: int, out: Path, rate: int, native: bool) -> subprocess.Popen[bytes] | None:
+def start_profiler(pid: int, out: Path, rate: int, extra: list[str]) -> subprocess.Popen[bytes] | None:
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(exe).exists():
         log("--profile: py-spy not found (`pip install py-spy`); not profiling")
         return None
     cmd = [exe, "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw", "--threads",
            "--nonblocking", "--output", str(out)]  # fmt: skip
-    if native:
-        cmd.append("--native")
+    cmd += extra
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(0.5)  # let it attach before the load starts
     return proc
@@ -411,11 +417,34 @@ def _frame(frame: str) -> str:
     return f"{func} ({short})"
 
 
+# Where a span's time goes in the collector, by the function a sample is under (the first that matches, from
+# the leaf up). Names as py-spy reports them; a stage whose function is renamed just stops matching.
+STAGES = [
+    ("decode (protobuf -> Span)", ("decode_traces_protobuf", "decode_traces_json")),
+    ("normalize processor", ("Normalize.consume",)),
+    ("to_arrow (Span -> Arrow)", ("to_arrow",)),
+    ("store insert (chDB)", ("ChdbBackend.insert", "ServerBackend.insert")),
+    ("HTTP transport (uvicorn/starlette)", ("RequestResponseCycle.run_asgi", "HttpToolsProtocol.data_received")),
+    ("gRPC transport", ("GrpcTransport._handle", "_handle_call", "_handle_rpc")),
+    ("/metrics scrape", ("generate_latest",)),
+]
+
+
+def _stage(frames: list[str]) -> str:
+    for f in reversed(frames):
+        name = f.split(" (", 1)[0]
+        for stage, funcs in STAGES:
+            if name in funcs:
+                return stage
+    return "other"
+
+
 def summarize_profile(raw: Path, seconds: float, rate: int, top: int) -> dict[str, Any]:
     """Top functions by self and inclusive samples, as % of one core over the profiled time."""
     self_s: Counter[str] = Counter()
     incl: Counter[str] = Counter()
     threads: Counter[str] = Counter()
+    stages: Counter[str] = Counter()
     total = 0
     for line in raw.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
@@ -426,6 +455,7 @@ def summarize_profile(raw: Path, seconds: float, rate: int, top: int) -> dict[st
         thread, frames = frames[0], [_frame(f) for f in frames[1:]]
         total += n
         threads[thread] += n
+        stages[_stage(frames)] += n
         if frames:
             self_s[frames[-1]] += n
         for f in set(frames):
@@ -436,6 +466,7 @@ def summarize_profile(raw: Path, seconds: float, rate: int, top: int) -> dict[st
         "seconds": round(seconds, 2),
         "busy_core_pct": round(total / core, 1),
         "threads": [(t, round(n / core, 1)) for t, n in threads.most_common(8)],
+        "stages": [(t, round(n / core, 1)) for t, n in stages.most_common()],
         "self": [(f, round(n / core, 1)) for f, n in self_s.most_common(top)],
         "inclusive": [(f, round(n / core, 1)) for f, n in incl.most_common(top)],
     }
@@ -446,6 +477,9 @@ def print_profile(p: dict[str, Any]) -> None:
         f"busy {p['busy_core_pct']}% of one core (py-spy counts non-idle threads)")  # fmt: skip
     log("  by thread (% of one core):")
     for t, pct in p["threads"]:
+        log(f"    {pct:6.1f}%  {t}")
+    log("  by pipeline stage (% of one core):")
+    for t, pct in p["stages"]:
         log(f"    {pct:6.1f}%  {t}")
     for title in ("self", "inclusive"):
         log(f"  top functions, {title} (% of one core):")
@@ -471,6 +505,8 @@ class RunResult:
     server_cpu_pct: float = 0.0
     server_threads_cpu_s: dict[str, float] = field(default_factory=dict)
     client_cpu_pct: float = 0.0
+    other_cpu_pct: float = 0.0
+    load_before: float = 0.0
     peak_queue: float = 0.0
     exit_code: int | None = None
     rows_in_store: int | None = None
@@ -498,6 +534,9 @@ def run_one(args: argparse.Namespace, transport: str, payloads: list[bytes], wor
     store = tmp / "store"
     config = serve_config(store)
     exporter = config["exporters"]["clickhouse"]
+    if args.no_normalize:
+        config["processors"] = {}
+        config["service"]["pipelines"]["traces"]["processors"] = []
     exporter.pop("flush_interval", None)  # the product defaults unless asked otherwise
     if args.flush_interval:
         exporter["flush_interval"] = args.flush_interval
@@ -513,9 +552,11 @@ def run_one(args: argparse.Namespace, transport: str, payloads: list[bytes], wor
         if args.profile:
             raw = Path(args.profile) / f"{transport}.raw.txt"
             raw.parent.mkdir(parents=True, exist_ok=True)
-            profiler = start_profiler(pid, raw, args.profile_rate, args.native)
+            extra = [flag for on, flag in ((args.native, "--native"), (args.gil, "--gil"), (args.idle, "--idle")) if on]
+            profiler = start_profiler(pid, raw, args.profile_rate, extra)
         poller = StorePoller(c.metrics, args.poll_interval, args.store_timeout)
-        cpu0, threads0, client0 = cpu_seconds(pid), thread_cpu(pid), time.process_time()
+        res.load_before = os.getloadavg()[0]
+        cpu0, threads0, client0, sys0 = cpu_seconds(pid), thread_cpu(pid), time.process_time(), system_busy_seconds()
         log(f"[{transport}] sending {len(payloads)} requests x {spans} spans, concurrency {args.concurrency}")
         t0 = time.perf_counter()
         poller.start()
@@ -527,7 +568,7 @@ def run_one(args: argparse.Namespace, transport: str, payloads: list[bytes], wor
         poller.target = sent.accepted_spans
         poller.join()
         t1 = poller.done_at or time.perf_counter()
-        cpu1, threads1, client1 = cpu_seconds(pid), thread_cpu(pid), time.process_time()
+        cpu1, threads1, client1, sys1 = cpu_seconds(pid), thread_cpu(pid), time.process_time(), system_busy_seconds()
         if profiler is not None:
             stop_profiler(profiler)
             if raw.exists():
@@ -535,6 +576,8 @@ def run_one(args: argparse.Namespace, transport: str, payloads: list[bytes], wor
         res.peak_queue = poller.peak_queue
         res.server_cpu_pct = 100 * (cpu1 - cpu0) / (t1 - t0)
         res.client_cpu_pct = 100 * (client1 - client0) / (t1 - t0)
+        # what else ran on the machine meanwhile (other sessions, py-spy): the figures are only as good as this is low
+        res.other_cpu_pct = max(0.0, 100 * (sys1 - sys0) / (t1 - t0) - res.server_cpu_pct - res.client_cpu_pct)
         res.server_threads_cpu_s = {
             k: round(v - threads0.get(k, 0.0), 2) for k, v in threads1.items() if v - threads0.get(k, 0.0) >= 0.05
         }
@@ -582,7 +625,7 @@ def fmt_rate(v: float | None) -> str:
 def print_table(runs: list[RunResult], floors: dict[str, float]) -> None:
     decode = floors.get("decode")
     head = ["transport", "conc", "spans", "accepted/s", "stored/s", "parse floor/s", "decode floor/s",
-            "pipeline floor/s", "stored/decode", "server CPU", "client CPU"]  # fmt: skip
+            "pipeline floor/s", "stored/decode", "server CPU", "client CPU", "other CPU"]  # fmt: skip
     rows = [head]
     for r in runs:
         ratio = "-" if r.stored_per_s is None or not decode else f"{r.stored_per_s / decode:.2f}"
@@ -599,6 +642,7 @@ def print_table(runs: list[RunResult], floors: dict[str, float]) -> None:
                 ratio,
                 f"{r.server_cpu_pct:.0f}%",
                 f"{r.client_cpu_pct:.0f}%",
+                f"{r.other_cpu_pct:.0f}%",
             ]
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
@@ -637,6 +681,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
     p.add_argument("--profile-top", type=int, default=25, help="functions listed per profile table")
     p.add_argument("--native", action="store_true", help="py-spy --native (C frames too; slower)")
+    p.add_argument("--gil", action="store_true",
+                   help="py-spy --gil: only the thread holding the GIL (%% = GIL utilization)")  # fmt: skip
+    p.add_argument("--idle", action="store_true", help="py-spy --idle: count idle (waiting) threads too")
+    p.add_argument("--no-normalize", action="store_true",
+                   help="run the pipeline without the normalize processor (to see its share)")  # fmt: skip
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (stores, logs, configs)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout instead of a table")

@@ -61,11 +61,7 @@ class ServiceConfig(_Strict):
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
 
 
-class _Document(_Strict):
-    receivers: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
-    processors: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
-    exporters: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
-    service: ServiceConfig = Field(default_factory=ServiceConfig)
+_SECTIONS: dict[str, Kind] = {"receivers": "receiver", "processors": "processor", "exporters": "exporter"}
 
 
 @dataclass(frozen=True)
@@ -147,38 +143,57 @@ def _pydantic_errors(e: ValidationError, prefix: tuple[Any, ...]) -> list[str]:
 def parse_config(raw: Any, source: str = "") -> Config:
     """Validate a config document (already parsed from YAML); raise ConfigError listing every problem."""
     load_builtin_components()
-    errors: list[str] = []
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(["(top level): must be a mapping with receivers, processors, exporters, service"], source)
+    errors: list[str] = []
     raw = resolve_env(raw, (), errors)
+    # a key whose variable is missing is reported once, by name, not again as a wrong type
+    unset = {e.split(": ", 1)[0] for e in errors}
+    errors.extend(f"{key}: unknown key" for key in raw if key not in (*_SECTIONS, "service"))
+
+    sections: dict[str, dict[str, Any]] = {}
+    for section in _SECTIONS:
+        value = raw.get(section) or {}
+        if not isinstance(value, dict):
+            errors.append(f"{section}: must be a mapping of component id to its config")
+            value = {}
+        sections[section] = value
+    service: ServiceConfig | None = None
     try:
-        doc = _Document.model_validate(raw)
+        service = ServiceConfig.model_validate(raw.get("service") or {})
     except ValidationError as e:
-        raise ConfigError(errors + _pydantic_errors(e, ()), source) from None
+        errors.extend(_pydantic_errors(e, ("service",)))
 
     components: dict[tuple[Kind, str], ComponentConfig] = {}
-    sections: list[tuple[Kind, str, dict[str, dict[str, Any] | None]]] = [
-        ("receiver", "receivers", doc.receivers),
-        ("processor", "processors", doc.processors),
-        ("exporter", "exporters", doc.exporters),
-    ]
-    for kind, section, entries in sections:
-        for cid, body in entries.items():
+    for section, kind in _SECTIONS.items():
+        for cid, body in sections[section].items():
             factory = REGISTRY.get((kind, type_of(cid)))
             if factory is None:
                 known = sorted(t for (k, t) in REGISTRY if k == kind)
                 errors.append(f"{section}.{cid}: unknown {kind} type {type_of(cid)!r} (known: {', '.join(known)})")
                 continue
+            if body is not None and not isinstance(body, dict):
+                errors.append(f"{section}.{cid}: must be a mapping of settings")
+                continue
             try:
                 components[(kind, cid)] = factory.config.model_validate(body or {})
             except ValidationError as e:
-                errors.extend(_pydantic_errors(e, (section, cid)))
+                errors.extend(m for m in _pydantic_errors(e, (section, cid)) if m.split(": ", 1)[0] not in unset)
 
-    if not doc.service.pipelines:
+    if service is not None:
+        errors.extend(_pipeline_errors(service, sections))
+    if errors or service is None:
+        raise ConfigError(errors, source)
+    return Config(service=service, components=components, source=source)
+
+
+def _pipeline_errors(service: ServiceConfig, sections: dict[str, dict[str, Any]]) -> list[str]:
+    errors = []
+    if not service.pipelines:
         errors.append("service.pipelines: at least one pipeline is required")
-    for name, pipe in doc.service.pipelines.items():
+    for name, pipe in service.pipelines.items():
         where = f"service.pipelines.{name}"
         if type_of(name) not in SIGNALS:
             errors.append(f"{where}: unsupported pipeline type {type_of(name)!r} (supported: {', '.join(SIGNALS)})")
@@ -186,21 +201,15 @@ def parse_config(raw: Any, source: str = "") -> Config:
             errors.append(f"{where}.receivers: at least one receiver is required")
         if not pipe.exporters:
             errors.append(f"{where}.exporters: at least one exporter is required")
-        for kind, section, ids in (
-            ("receiver", "receivers", pipe.receivers),
-            ("processor", "processors", pipe.processors),
-            ("exporter", "exporters", pipe.exporters),
-        ):
+        for section, kind in _SECTIONS.items():
             seen: set[str] = set()
-            for i, cid in enumerate(ids):
+            for i, cid in enumerate(getattr(pipe, section)):
                 if cid in seen:
                     errors.append(f"{where}.{section}.{i}: {cid!r} is listed twice")
                 seen.add(cid)
-                if cid not in getattr(doc, section):
+                if cid not in sections[section]:
                     errors.append(f"{where}.{section}.{i}: {kind} {cid!r} is not defined in {section}")
-    if errors:
-        raise ConfigError(errors, source)
-    return Config(service=doc.service, components=components, source=source)
+    return errors
 
 
 def load_config(path: str | Path | None) -> Config:

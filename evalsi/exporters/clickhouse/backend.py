@@ -74,7 +74,7 @@ class ChdbBackend:
             who = f" (pid {holder})" if holder else ""
             raise StoreLocked(
                 f"store at {self.path} is locked by another evalsi process{who}; "
-                "stop it, or read through its API with --api URL"
+                "stop that process or give this one another store endpoint"
             )
         try:
             self.path.mkdir(parents=True, exist_ok=True)

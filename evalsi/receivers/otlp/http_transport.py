@@ -26,25 +26,46 @@ def _media_type(content_type: str) -> str:
     return content_type.split(";", 1)[0].strip().lower()
 
 
+def _inflate_gzip(body: bytes, wbits: int, limit: int) -> bytes:
+    out = bytearray()
+    data = body
+    while data:  # a body may hold several gzip members (RFC 1952): read them all
+        d = zlib.decompressobj(wbits)
+        out += d.decompress(data, limit + 1 - len(out))
+        if len(out) > limit or d.unconsumed_tail:
+            raise _TooLarge
+        if not d.eof:
+            raise ValueError("truncated compressed body")
+        data = d.unused_data
+    return bytes(out)
+
+
+def _inflate_zstd(body: bytes, limit: int) -> bytes:
+    # the bounded read across every frame (RFC 8878) stops a bomb; a frame cut short reads as nothing there,
+    # so completeness is checked frame by frame on input already known to inflate within the limit
+    out = zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True).read(limit + 1)
+    if len(out) > limit:
+        raise _TooLarge
+    data = body
+    while data:
+        d = zstandard.ZstdDecompressor().decompressobj()
+        d.decompress(data)
+        if not d.eof:
+            raise ValueError("truncated compressed body")
+        data = d.unused_data
+    return out
+
+
 def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
     """Inflate with a bound on the output, so a small bomb cannot take the memory."""
     if encoding in ("", "identity"):
         return body
-    if encoding in ("gzip", "x-gzip", "deflate"):
-        wbits = 16 + zlib.MAX_WBITS if encoding != "deflate" else zlib.MAX_WBITS
-        d = zlib.decompressobj(wbits)
-        out = d.decompress(body, limit + 1)
-        if len(out) > limit:
-            raise _TooLarge
-        if not d.eof:
-            raise ValueError("truncated compressed body")
-        return out
+    if encoding in ("gzip", "x-gzip"):
+        return _inflate_gzip(body, 16 + zlib.MAX_WBITS, limit)
+    if encoding == "deflate":
+        return _inflate_gzip(body, zlib.MAX_WBITS, limit)
     if encoding == "zstd":
-        reader = zstandard.ZstdDecompressor().stream_reader(body)
-        out = reader.read(limit + 1)
-        if len(out) > limit:
-            raise _TooLarge
-        return out
+        return _inflate_zstd(body, limit)
     raise LookupError(encoding)
 
 
