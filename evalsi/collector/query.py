@@ -7,7 +7,7 @@ from typing import Any, Protocol
 import httpx
 
 from evalsi.collector.config import Config
-from evalsi.exporters.clickhouse.backend import open_backend
+from evalsi.exporters.clickhouse.backend import StoreLocked, open_backend
 from evalsi.exporters.clickhouse.store import TraceStore
 
 
@@ -99,12 +99,10 @@ def open_reader(config: Config, api: str | None) -> TraceReader:
     if not stores:
         raise QueryError(f"no collector answers at {url} and the config has no clickhouse exporter to read")
     c: Any = stores[0][1]
-    backend = open_backend(
-        c.endpoint,
-        database=c.database,
-        username=c.username,
-        password=c.password,
-        timeout=c.timeout,
-        create=False,
-    )
+    try:
+        backend = open_backend(
+            c.endpoint, database=c.database, username=c.username, password=c.password, timeout=c.timeout, create=False
+        )
+    except StoreLocked as e:
+        raise QueryError(f"{e}, or read through that collector's API with --api URL (none answers at {url})") from None
     return StoreReader(TraceStore(backend, table=c.traces_table_name))
