@@ -545,7 +545,24 @@ def run_one(args: argparse.Namespace, transport: str, payloads: list[bytes], wor
     if args.queue_size:
         exporter["queue_size"] = args.queue_size
     log(f"[{transport}] starting evalsi serve (store {store})")
-    c = start_collector(tmp, config)
+    saved_pythonpath = os.environ.get("PYTHONPATH")
+    if args.gc_threshold is not None:
+        # an experiment, not a product setting: the collector's cyclic GC tuned through a sitecustomize.py
+        site = tmp / "site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(
+            f"import gc\ngc.set_threshold({args.gc_threshold}, 10, 10)\n"
+            if args.gc_threshold
+            else "import gc\ngc.disable()\n"
+        )
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), saved_pythonpath) if p)
+    try:
+        c = start_collector(tmp, config)
+    finally:
+        if saved_pythonpath is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved_pythonpath
     pid = c.proc.pid
     try:
         profiler = None
@@ -686,6 +703,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--idle", action="store_true", help="py-spy --idle: count idle (waiting) threads too")
     p.add_argument("--no-normalize", action="store_true",
                    help="run the pipeline without the normalize processor (to see its share)")  # fmt: skip
+    p.add_argument("--gc-threshold", type=int, metavar="N",
+                   help="experiment: run the collector with gc.set_threshold(N, 10, 10) (0: gc.disable()), "
+                        "injected with a sitecustomize.py, to measure what the cyclic GC costs")  # fmt: skip
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (stores, logs, configs)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout instead of a table")

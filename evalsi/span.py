@@ -66,6 +66,7 @@ class Span:
     output: list[dict[str, Any]] | None = None
     content_captured: bool = False
     convention: str = ""
+    unparsed: list[str] = field(default_factory=list)  # canonical fields kept raw because they would not parse
 
     @property
     def duration_ns(self) -> int:
@@ -95,6 +96,7 @@ class Span:
             "output": self.output,
             "content_captured": self.content_captured,
             "convention": self.convention,
+            "unparsed": self.unparsed,
             "attributes": self.attributes,
             "resource_attributes": self.resource_attributes,
         }

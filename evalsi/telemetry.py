@@ -50,3 +50,9 @@ class SelfMetrics:
             ["exporter"],
             registry=r,
         )
+        self.normalize_unparsed = Counter(
+            "evalsi_normalize_unparsed",
+            "Canonical fields kept as raw text because the span's content would not parse.",
+            ["convention", "field"],
+            registry=r,
+        )

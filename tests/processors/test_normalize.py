@@ -369,9 +369,27 @@ def test_malformed_input_messages_do_not_raise() -> None:
     s = span({"gen_ai.operation.name": "chat", "gen_ai.input.messages": raw, "gen_ai.output.messages": "{oops"})
     normalize_span(s)
     assert s.content_captured
-    assert s.input == [{"role": "user", "parts": [{"type": "text", "content": raw}]}]
-    assert s.output == [{"role": "assistant", "parts": [{"type": "text", "content": "{oops"}]}]
+    assert s.input == [{"role": "user", "parts": [{"type": "text", "content": raw}], "unparsed": True}]
+    assert s.output == [{"role": "assistant", "parts": [{"type": "text", "content": "{oops"}], "unparsed": True}]
+    assert s.unparsed == ["input", "output"]
     assert s.attributes["gen_ai.input.messages"] == raw
+
+
+def test_unparsed_content_is_counted_per_convention_and_field() -> None:
+    class Sink:
+        async def consume(self, batch: SpanBatch) -> None:
+            self.batch = batch
+
+    metrics = SelfMetrics()
+    proc = Normalize(NormalizeConfig(), Settings("normalize", metrics, logging.getLogger("t")), Sink())
+    bad = span({"gen_ai.operation.name": "chat", "gen_ai.input.messages": "{not json"})
+    good = span({"gen_ai.operation.name": "chat", "gen_ai.input.messages": "[]"})
+    asyncio.run(proc.consume(SpanBatch([bad, good])))
+    value = metrics.registry.get_sample_value(
+        "evalsi_normalize_unparsed_total", {"convention": "otel_genai", "field": "input"}
+    )
+    assert value == 1.0
+    assert good.unparsed == []
 
 
 @pytest.mark.parametrize(
@@ -573,7 +591,7 @@ def test_prompt_and_completion_span_events() -> None:
 
 def test_malformed_prompt_event_keeps_the_raw_text() -> None:
     assert chat_messages("not json [", "user") == [
-        {"role": "user", "parts": [{"type": "text", "content": "not json ["}]}
+        {"role": "user", "parts": [{"type": "text", "content": "not json ["}], "unparsed": True}
     ]
     assert chat_messages("", "user") is None
 

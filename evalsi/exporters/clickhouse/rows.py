@@ -46,7 +46,7 @@ def to_arrow(spans: list[Span]) -> pa.Table:
     cols: list[list[Any]] = [[] for _ in TRACES_SCHEMA]
     (ts, tid, sid, psid, tstate, name, kind, service, rattrs, scope, scope_v, sattrs, dur, status, status_msg,
      ev_ts, ev_name, ev_attrs, ln_tid, ln_sid, ln_state, ln_attrs, step, model, provider, in_tok, out_tok,
-     tool, session, inp, out, captured, convention) = cols  # fmt: skip
+     tool, session, inp, out, captured, convention, unparsed) = cols  # fmt: skip
     resource_cache: dict[int, list[tuple[str, str]]] = {}
     for s in spans:
         ts.append(s.start_time_unix_nano)
@@ -98,6 +98,7 @@ def to_arrow(spans: list[Span]) -> pa.Table:
         out.append(_content(s.output))
         captured.append(s.content_captured)
         convention.append(s.convention)
+        unparsed.append(s.unparsed)
     arrays = [pa.array(c, type=f.type) for c, f in zip(cols, TRACES_SCHEMA, strict=True)]
     return pa.Table.from_arrays(arrays, schema=TRACES_SCHEMA)
 
@@ -156,6 +157,7 @@ def canonical_from_row(row: dict[str, Any]) -> dict[str, Any]:
         "output": _json_or_none(row["Output"]),
         "content_captured": bool(row["ContentCaptured"]),
         "convention": row["Convention"],
+        "unparsed": list(row["Unparsed"]),
         "attributes": _pairs(row["SpanAttributes"]),
         "resource_attributes": _pairs(row["ResourceAttributes"]),
         "trace_state": row["TraceState"],

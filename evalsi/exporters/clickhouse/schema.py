@@ -53,6 +53,7 @@ def traces_ddl(table: str, ttl_days: int) -> list[str]:
     Output String CODEC(ZSTD(3)),
     ContentCaptured Bool CODEC(ZSTD(1)),
     Convention LowCardinality(String) CODEC(ZSTD(1)),
+    Unparsed Array(LowCardinality(String)) CODEC(ZSTD(1)),
     INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1,
     INDEX idx_res_attr_key mapKeys(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
     INDEX idx_res_attr_value mapValues(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
@@ -125,6 +126,7 @@ TRACES_COLUMNS: list[tuple[str, pa.DataType]] = [
     ("Output", pa.string()),
     ("ContentCaptured", pa.bool_()),
     ("Convention", pa.string()),
+    ("Unparsed", pa.list_(pa.string())),
 ]
 TRACES_SCHEMA = pa.schema(TRACES_COLUMNS)
 
@@ -176,7 +178,7 @@ SELECT
     `Links.TraceId` AS LinkTraceIds, `Links.SpanId` AS LinkSpanIds, `Links.TraceState` AS LinkTraceStates,
     `Links.Attributes` AS LinkAttributes,
     StepType, Model, Provider, InputTokens, OutputTokens, ToolName, SessionId, Input, Output,
-    ContentCaptured, Convention
+    ContentCaptured, Convention, Unparsed
 FROM {table}
 WHERE TraceId = {{trace_id:String}}
   AND Timestamp >= t_start AND Timestamp <= t_end

@@ -46,6 +46,13 @@ def _reset(span: Span) -> None:
     span.output = None
     span.content_captured = False
     span.convention = ""
+    span.unparsed = []
+
+
+def _flag_unparsed(span: Span) -> None:
+    for name, messages in (("input", span.input), ("output", span.output)):
+        if messages and any(m.get("unparsed") for m in messages):
+            span.unparsed.append(name)
 
 
 def normalize_span(span: Span, mappers: Sequence[Mapper] | None = None) -> None:
@@ -60,6 +67,7 @@ def normalize_span(span: Span, mappers: Sequence[Mapper] | None = None) -> None:
         if mapper.matches(span):
             span.convention = mapper.name
             mapper.apply(span)
+            _flag_unparsed(span)
             return
 
 
@@ -74,6 +82,7 @@ class Normalize:
         names = list(MAPPERS) if config.mappers is None else config.mappers
         self.mappers: tuple[Mapper, ...] = tuple(MAPPERS[n] for n in names)
         self._failed_mappers: set[str] = set()
+        self._unparsed = settings.metrics.normalize_unparsed
 
     async def start(self) -> None:
         return None
@@ -89,6 +98,9 @@ class Normalize:
             except Exception:
                 # a mapper bug must not cost the batch: the span goes on unmapped, its attributes intact
                 self._mapper_failed(span)
+                continue
+            for name in span.unparsed:
+                self._unparsed.labels(span.convention, name).inc()
         await self.next.consume(batch)
 
     def _mapper_failed(self, span: Span) -> None:

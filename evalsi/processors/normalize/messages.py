@@ -59,6 +59,11 @@ def _text_part(value: Any) -> Part:
     return {"type": "text", "content": _as_text(value)}
 
 
+def unparsed_message(role: str, raw: Any) -> Message:
+    """Content that could not be parsed: kept whole as text, and flagged so the span records it as unparsed."""
+    return {"role": role, "parts": [_text_part(raw)], "unparsed": True}
+
+
 def tool_arguments(value: Any) -> Any:
     """Tool-call arguments, parsed when they arrive as a JSON string; otherwise (or if malformed) as given."""
     if isinstance(value, str):
@@ -126,12 +131,12 @@ def semconv_messages(value: Any, default_role: str) -> list[Message] | None:
             return None
         parsed = _loads(value)
         if parsed is _MALFORMED:
-            return [{"role": default_role, "parts": [_text_part(value)]}]
+            return [unparsed_message(default_role, value)]
         value = parsed
     if isinstance(value, dict):
         value = [value]
     if not isinstance(value, list):
-        return [{"role": default_role, "parts": [_text_part(value)]}]
+        return [unparsed_message(default_role, value)]
     if not value:
         return None
     return [_semconv_message(m, default_role) for m in value]
@@ -304,12 +309,12 @@ def chat_messages(value: Any, default_role: str) -> list[Message] | None:
     if isinstance(value, str):
         parsed = _loads(value)
         if parsed is _MALFORMED or isinstance(parsed, str):
-            return [{"role": default_role, "parts": [_text_part(value)]}]
+            return [unparsed_message(default_role, value)]
         value = parsed
     if isinstance(value, dict):
         value = [value]
     if not isinstance(value, list):
-        return [{"role": default_role, "parts": [_text_part(value)]}]
+        return [unparsed_message(default_role, value)]
     messages: list[Message] = []
     for item in value:
         if isinstance(item, Mapping):
