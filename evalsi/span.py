@@ -62,11 +62,18 @@ class Span:
     output_tokens: int | None = None
     tool_name: str | None = None
     session_id: str | None = None
+    agent_name: str | None = None
+    user_id: str | None = None
+    cost_usd: float | None = None
+    error_type: str | None = None
     input: list[dict[str, Any]] | None = None
     output: list[dict[str, Any]] | None = None
     content_captured: bool = False
     convention: str = ""
     unparsed: list[str] = field(default_factory=list)  # canonical fields kept raw because they would not parse
+    # convention-specific extras with canonical key names: cache_read_input_tokens, cache_creation_input_tokens,
+    # reasoning_tokens, documents (retrieval), mcp_target, a2a_method, request_type, ...
+    details: dict[str, Any] = field(default_factory=dict)
 
     @property
     def duration_ns(self) -> int:
@@ -92,11 +99,16 @@ class Span:
             "output_tokens": self.output_tokens,
             "tool_name": self.tool_name,
             "session_id": self.session_id,
+            "agent_name": self.agent_name,
+            "user_id": self.user_id,
+            "cost_usd": self.cost_usd,
+            "error_type": self.error_type,
             "input": self.input,
             "output": self.output,
             "content_captured": self.content_captured,
             "convention": self.convention,
             "unparsed": self.unparsed,
+            "details": self.details,
             "attributes": self.attributes,
             "resource_attributes": self.resource_attributes,
         }

@@ -33,8 +33,12 @@ def string_map(attrs: dict[str, Any]) -> list[tuple[str, str]]:
     return [(k, v if isinstance(v, str) else attribute_string(v)) for k, v in attrs.items()]
 
 
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=_COMPACT, ensure_ascii=False, default=str)
+
+
 def _content(messages: list[dict[str, Any]] | None) -> str:
-    return "" if messages is None else json.dumps(messages, separators=_COMPACT, ensure_ascii=False, default=str)
+    return "" if messages is None else _json(messages)
 
 
 _STATUS = {"UNSET": "STATUS_CODE_UNSET", "OK": "STATUS_CODE_OK", "ERROR": "STATUS_CODE_ERROR"}
@@ -46,7 +50,7 @@ def to_arrow(spans: list[Span]) -> pa.Table:
     cols: list[list[Any]] = [[] for _ in TRACES_SCHEMA]
     (ts, tid, sid, psid, tstate, name, kind, service, rattrs, scope, scope_v, sattrs, dur, status, status_msg,
      ev_ts, ev_name, ev_attrs, ln_tid, ln_sid, ln_state, ln_attrs, step, model, provider, in_tok, out_tok,
-     tool, session, inp, out, captured, convention, unparsed) = cols  # fmt: skip
+     tool, session, agent, user, cost, error, inp, out, captured, convention, unparsed, details) = cols  # fmt: skip
     resource_cache: dict[int, list[tuple[str, str]]] = {}
     for s in spans:
         ts.append(s.start_time_unix_nano)
@@ -94,11 +98,16 @@ def to_arrow(spans: list[Span]) -> pa.Table:
         out_tok.append(s.output_tokens if s.output_tokens is None or s.output_tokens >= 0 else None)
         tool.append(s.tool_name or "")
         session.append(s.session_id or "")
+        agent.append(s.agent_name or "")
+        user.append(s.user_id or "")
+        cost.append(s.cost_usd)
+        error.append(s.error_type or "")
         inp.append(_content(s.input))
         out.append(_content(s.output))
         captured.append(s.content_captured)
         convention.append(s.convention)
         unparsed.append(s.unparsed)
+        details.append(_json(s.details) if s.details else "")
     arrays = [pa.array(c, type=f.type) for c, f in zip(cols, TRACES_SCHEMA, strict=True)]
     return pa.Table.from_arrays(arrays, schema=TRACES_SCHEMA)
 
@@ -153,11 +162,16 @@ def canonical_from_row(row: dict[str, Any]) -> dict[str, Any]:
         "output_tokens": None if row["OutputTokens"] is None else int(row["OutputTokens"]),
         "tool_name": row["ToolName"] or None,
         "session_id": row["SessionId"] or None,
+        "agent_name": row["AgentName"] or None,
+        "user_id": row["UserId"] or None,
+        "cost_usd": row["CostUsd"],
+        "error_type": row["ErrorType"] or None,
         "input": _json_or_none(row["Input"]),
         "output": _json_or_none(row["Output"]),
         "content_captured": bool(row["ContentCaptured"]),
         "convention": row["Convention"],
         "unparsed": list(row["Unparsed"]),
+        "details": _json_or_none(row["Details"]) or {},
         "attributes": _pairs(row["SpanAttributes"]),
         "resource_attributes": _pairs(row["ResourceAttributes"]),
         "trace_state": row["TraceState"],

@@ -49,11 +49,16 @@ def traces_ddl(table: str, ttl_days: int) -> list[str]:
     OutputTokens Nullable(UInt64) CODEC(ZSTD(1)),
     ToolName LowCardinality(String) CODEC(ZSTD(1)),
     SessionId String CODEC(ZSTD(1)),
+    AgentName LowCardinality(String) CODEC(ZSTD(1)),
+    UserId String CODEC(ZSTD(1)),
+    CostUsd Nullable(Float64) CODEC(ZSTD(1)),
+    ErrorType LowCardinality(String) CODEC(ZSTD(1)),
     Input String CODEC(ZSTD(3)),
     Output String CODEC(ZSTD(3)),
     ContentCaptured Bool CODEC(ZSTD(1)),
     Convention LowCardinality(String) CODEC(ZSTD(1)),
     Unparsed Array(LowCardinality(String)) CODEC(ZSTD(1)),
+    Details String CODEC(ZSTD(3)),
     INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1,
     INDEX idx_res_attr_key mapKeys(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
     INDEX idx_res_attr_value mapValues(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
@@ -122,11 +127,16 @@ TRACES_COLUMNS: list[tuple[str, pa.DataType]] = [
     ("OutputTokens", pa.uint64()),
     ("ToolName", pa.string()),
     ("SessionId", pa.string()),
+    ("AgentName", pa.string()),
+    ("UserId", pa.string()),
+    ("CostUsd", pa.float64()),
+    ("ErrorType", pa.string()),
     ("Input", pa.string()),
     ("Output", pa.string()),
     ("ContentCaptured", pa.bool_()),
     ("Convention", pa.string()),
     ("Unparsed", pa.list_(pa.string())),
+    ("Details", pa.string()),
 ]
 TRACES_SCHEMA = pa.schema(TRACES_COLUMNS)
 
@@ -153,7 +163,8 @@ SELECT
     argMin(ServiceName, Timestamp) AS first_service,
     countIf(StepType = 'llm') AS llm_calls,
     sum(ifNull(InputTokens, 0)) AS input_tokens,
-    sum(ifNull(OutputTokens, 0)) AS output_tokens
+    sum(ifNull(OutputTokens, 0)) AS output_tokens,
+    sum(CostUsd) AS cost_usd
 FROM {table}
 {where}
 GROUP BY TraceId
@@ -177,8 +188,9 @@ SELECT
     `Events.Attributes` AS EventAttributes,
     `Links.TraceId` AS LinkTraceIds, `Links.SpanId` AS LinkSpanIds, `Links.TraceState` AS LinkTraceStates,
     `Links.Attributes` AS LinkAttributes,
-    StepType, Model, Provider, InputTokens, OutputTokens, ToolName, SessionId, Input, Output,
-    ContentCaptured, Convention, Unparsed
+    StepType, Model, Provider, InputTokens, OutputTokens, ToolName, SessionId, AgentName, UserId, CostUsd, ErrorType,
+    Input, Output,
+    ContentCaptured, Convention, Unparsed, Details
 FROM {table}
 WHERE TraceId = {{trace_id:String}}
   AND Timestamp >= t_start AND Timestamp <= t_end

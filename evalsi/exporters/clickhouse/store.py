@@ -47,6 +47,7 @@ class TraceStore:
                     "llm_calls": int(r["llm_calls"]),
                     "input_tokens": int(r["input_tokens"]),
                     "output_tokens": int(r["output_tokens"]),
+                    "cost_usd": r["cost_usd"],
                 }
             )
         return out

@@ -42,6 +42,11 @@ def _reset(span: Span) -> None:
     span.output_tokens = None
     span.tool_name = None
     span.session_id = None
+    span.agent_name = None
+    span.user_id = None
+    span.cost_usd = None
+    span.error_type = None
+    span.details = {}
     span.input = None
     span.output = None
     span.content_captured = False
