@@ -9,10 +9,13 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
+from evalsi.log_record import LogBatch
 from evalsi.span import SpanBatch
 from evalsi.telemetry import SelfMetrics
 
 Kind = Literal["receiver", "processor", "exporter"]
+Signal = Literal["traces", "logs"]
+SIGNALS: tuple[Signal, ...] = ("traces", "logs")
 
 
 class ComponentConfig(BaseModel):
@@ -41,6 +44,40 @@ class Consumer(Protocol):
         ...
 
 
+@runtime_checkable
+class LogConsumer(Protocol):
+    async def consume_logs(self, batch: LogBatch) -> None:
+        """Take the log records or raise `Refused`, as `Consumer.consume` does for spans."""
+        ...
+
+
+class Next:
+    """Where a component hands its output: one consumer per signal it is wired for in `service.pipelines`."""
+
+    def __init__(self) -> None:
+        self.traces: Consumer | None = None
+        self.logs: LogConsumer | None = None
+
+    @property
+    def signals(self) -> set[Signal]:
+        wired: set[Signal] = set()
+        if self.traces is not None:
+            wired.add("traces")
+        if self.logs is not None:
+            wired.add("logs")
+        return wired
+
+    async def consume(self, batch: SpanBatch) -> None:
+        if self.traces is None:
+            raise Refused("no traces pipeline takes this component's output", unavailable=True)
+        await self.traces.consume(batch)
+
+    async def consume_logs(self, batch: LogBatch) -> None:
+        if self.logs is None:
+            raise Refused("no logs pipeline takes this component's output", unavailable=True)
+        await self.logs.consume_logs(batch)
+
+
 class Component(Protocol):
     async def start(self) -> None: ...
 
@@ -64,6 +101,7 @@ class Factory:
     type: str
     config: type[ComponentConfig]
     cls: Callable[..., Any]
+    signals: tuple[Signal, ...] = ("traces",)
 
 
 REGISTRY: dict[tuple[Kind, str], Factory] = {}
@@ -71,30 +109,39 @@ REGISTRY: dict[tuple[Kind, str], Factory] = {}
 T = TypeVar("T")
 
 
-def _register(kind: Kind, type_name: str, config: type[ComponentConfig]) -> Callable[[T], T]:
+def _register(
+    kind: Kind, type_name: str, config: type[ComponentConfig], signals: tuple[Signal, ...]
+) -> Callable[[T], T]:
     def decorate(cls: T) -> T:
         key = (kind, type_name)
         if key in REGISTRY and REGISTRY[key].cls is not cls:
             raise ValueError(f"{kind} type {type_name!r} is registered twice")
-        REGISTRY[key] = Factory(kind, type_name, config, cls)  # type: ignore[arg-type]
+        REGISTRY[key] = Factory(kind, type_name, config, cls, signals)  # type: ignore[arg-type]
         return cls
 
     return decorate
 
 
-def receiver(type_name: str, *, config: type[ComponentConfig]) -> Callable[[T], T]:
-    """Register a receiver: `cls(config, settings, next: Consumer)`."""
-    return _register("receiver", type_name, config)
+def receiver(
+    type_name: str, *, config: type[ComponentConfig], signals: tuple[Signal, ...] = ("traces",)
+) -> Callable[[T], T]:
+    """Register a receiver: `cls(config, settings, next: Next)`."""
+    return _register("receiver", type_name, config, signals)
 
 
-def processor(type_name: str, *, config: type[ComponentConfig]) -> Callable[[T], T]:
-    """Register a processor: `cls(config, settings, next: Consumer)`; it is itself a Consumer."""
-    return _register("processor", type_name, config)
+def processor(
+    type_name: str, *, config: type[ComponentConfig], signals: tuple[Signal, ...] = ("traces",)
+) -> Callable[[T], T]:
+    """Register a processor: `cls(config, settings, next: Next)`. It is a Consumer (and a LogConsumer when it
+    takes logs); one instance serves every pipeline that lists its id."""
+    return _register("processor", type_name, config, signals)
 
 
-def exporter(type_name: str, *, config: type[ComponentConfig]) -> Callable[[T], T]:
-    """Register an exporter: `cls(config, settings)`; it is a Consumer at the end of a pipeline."""
-    return _register("exporter", type_name, config)
+def exporter(
+    type_name: str, *, config: type[ComponentConfig], signals: tuple[Signal, ...] = ("traces",)
+) -> Callable[[T], T]:
+    """Register an exporter: `cls(config, settings)`; a Consumer (and LogConsumer) at the end of pipelines."""
+    return _register("exporter", type_name, config, signals)
 
 
 def load_builtin_components() -> None:

@@ -116,9 +116,14 @@ class Span:
 
 @dataclass(slots=True)
 class SpanBatch:
-    """The unit that moves between components: spans from one or more OTLP requests."""
+    """The unit that moves between components: spans from one or more OTLP requests.
+
+    A `revision` batch carries spans already handed on once, now with more canonical content (e.g. GenAI
+    events that arrived after their span): consumers replace what they hold for those span ids.
+    """
 
     spans: list[Span] = field(default_factory=list)
+    revision: bool = False
 
     def __len__(self) -> int:
         return len(self.spans)
@@ -134,4 +139,4 @@ class SpanBatch:
         for span in self.spans:
             # the low 64 bits of a W3C trace id are random, so a modulo spreads evenly
             shards[int(span.trace_id[16:], 16) % n].append(span)
-        return [SpanBatch(s) for s in shards]
+        return [SpanBatch(s, self.revision) for s in shards]

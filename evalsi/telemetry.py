@@ -26,6 +26,30 @@ class SelfMetrics:
             ["receiver", "transport"],
             registry=r,
         )
+        self.receiver_accepted_log_records = Counter(
+            "otelcol_receiver_accepted_log_records",
+            "Log records successfully pushed into the pipeline.",
+            ["receiver", "transport"],
+            registry=r,
+        )
+        self.receiver_refused_log_records = Counter(
+            "otelcol_receiver_refused_log_records",
+            "Log records that could not be pushed into the pipeline (invalid, or refused by it).",
+            ["receiver", "transport"],
+            registry=r,
+        )
+        self.exporter_sent_log_records = Counter(
+            "otelcol_exporter_sent_log_records",
+            "Log records successfully sent to the destination.",
+            ["exporter"],
+            registry=r,
+        )
+        self.exporter_send_failed_log_records = Counter(
+            "otelcol_exporter_send_failed_log_records",
+            "Log records the exporter failed to send and gave up on.",
+            ["exporter"],
+            registry=r,
+        )
         self.exporter_sent_spans = Counter(
             "otelcol_exporter_sent_spans",
             "Spans successfully sent to the destination.",
@@ -54,5 +78,11 @@ class SelfMetrics:
             "evalsi_normalize_unparsed",
             "Canonical fields kept as raw text because the span's content would not parse.",
             ["convention", "field"],
+            registry=r,
+        )
+        self.normalize_spans_revised = Counter(
+            "evalsi_normalize_spans_revised",
+            "Spans handed on again because their GenAI content events arrived after them.",
+            ["processor"],
             registry=r,
         )

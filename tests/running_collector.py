@@ -29,7 +29,10 @@ def serve_config(store: Path) -> dict[str, Any]:
         "processors": {"normalize": {}},
         "exporters": {"clickhouse": {"endpoint": f"chdb://{store}", "flush_interval": "100ms"}},
         "service": {
-            "pipelines": {"traces": {"receivers": ["otlp"], "processors": ["normalize"], "exporters": ["clickhouse"]}},
+            "pipelines": {
+                "traces": {"receivers": ["otlp"], "processors": ["normalize"], "exporters": ["clickhouse"]},
+                "logs": {"receivers": ["otlp"], "processors": ["normalize"], "exporters": ["clickhouse"]},
+            },
             "api": {"endpoint": "127.0.0.1:0"},
             "telemetry": {"metrics": {"address": "127.0.0.1:0"}, "logs": {"encoding": "json"}},
         },

@@ -11,9 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evalsi.component import REGISTRY, ComponentConfig, Kind, load_builtin_components
-
-SIGNALS = ("traces",)  # pipeline types this version runs; `traces/name` is allowed as in otelcol
+from evalsi.component import REGISTRY, SIGNALS, ComponentConfig, Kind, load_builtin_components
 
 
 class ConfigError(Exception):
@@ -86,6 +84,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "service": {
         "pipelines": {
             "traces": {"receivers": ["otlp"], "processors": ["normalize"], "exporters": ["clickhouse"]},
+            "logs": {"receivers": ["otlp"], "processors": ["normalize"], "exporters": ["clickhouse"]},
         },
     },
 }
@@ -191,6 +190,7 @@ def parse_config(raw: Any, source: str = "") -> Config:
 
 def _pipeline_errors(service: ServiceConfig, sections: dict[str, dict[str, Any]]) -> list[str]:
     errors = []
+    processor_owner: dict[tuple[str, str], str] = {}  # one instance serves one pipeline per signal
     if not service.pipelines:
         errors.append("service.pipelines: at least one pipeline is required")
     for name, pipe in service.pipelines.items():
@@ -201,6 +201,7 @@ def _pipeline_errors(service: ServiceConfig, sections: dict[str, dict[str, Any]]
             errors.append(f"{where}.receivers: at least one receiver is required")
         if not pipe.exporters:
             errors.append(f"{where}.exporters: at least one exporter is required")
+        data = type_of(name)
         for section, kind in _SECTIONS.items():
             seen: set[str] = set()
             for i, cid in enumerate(getattr(pipe, section)):
@@ -209,6 +210,20 @@ def _pipeline_errors(service: ServiceConfig, sections: dict[str, dict[str, Any]]
                 seen.add(cid)
                 if cid not in sections[section]:
                     errors.append(f"{where}.{section}.{i}: {kind} {cid!r} is not defined in {section}")
+                    continue
+                factory = REGISTRY.get((kind, type_of(cid)))
+                if factory is not None and data in SIGNALS and data not in factory.signals:
+                    errors.append(
+                        f"{where}.{section}.{i}: {kind} {cid!r} does not take {data} "
+                        f"(it takes {', '.join(factory.signals)})"
+                    )
+                if kind == "processor":
+                    owner = processor_owner.setdefault((cid, data), name)
+                    if owner != name:
+                        errors.append(
+                            f"{where}.{section}.{i}: processor {cid!r} is already in {data} pipeline {owner!r}; "
+                            f"declare another one (e.g. {type_of(cid)}/2) for this pipeline"
+                        )
     return errors
 
 

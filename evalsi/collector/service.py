@@ -15,8 +15,9 @@ from prometheus_client import make_asgi_app
 from evalsi import __version__
 from evalsi.collector.api import build_api
 from evalsi.collector.config import Config, type_of
-from evalsi.component import REGISTRY, Consumer, Kind, Settings
+from evalsi.component import REGISTRY, Consumer, Kind, LogConsumer, Next, Settings, Signal
 from evalsi.exporters.clickhouse.store import TraceStore
+from evalsi.log_record import LogBatch
 from evalsi.serving import AsgiServer
 from evalsi.span import SpanBatch
 from evalsi.telemetry import SelfMetrics
@@ -24,12 +25,30 @@ from evalsi.telemetry import SelfMetrics
 log = logging.getLogger("evalsi.service")
 
 
+def _upstream_first(edges: dict[str, set[str]]) -> list[str]:
+    """Processor ids ordered so each comes before every processor it feeds, in any pipeline (Kahn's algorithm)."""
+    incoming = {n: 0 for n in edges}
+    for targets in edges.values():
+        for t in targets:
+            incoming[t] += 1
+    ready = [n for n in edges if incoming[n] == 0]
+    order = []
+    while ready:
+        n = ready.pop(0)
+        order.append(n)
+        for t in sorted(edges[n]):
+            incoming[t] -= 1
+            if incoming[t] == 0:
+                ready.append(t)
+    return order + [n for n in edges if n not in order]  # a cycle (rejected by config) keeps the rest
+
+
 class StartError(Exception):
     """The service could not start; the message says why and what to do."""
 
 
 class FanOut:
-    """Hands one batch to several consumers. Each after the first gets its own copy, since processors mutate spans."""
+    """Hands one span batch to several consumers. Each after the first gets its own copy: processors mutate spans."""
 
     def __init__(self, consumers: list[Consumer]) -> None:
         self.consumers = consumers
@@ -37,12 +56,25 @@ class FanOut:
     async def consume(self, batch: SpanBatch) -> None:
         first, *rest = self.consumers
         for consumer in rest:
-            await consumer.consume(SpanBatch([copy.deepcopy(s) for s in batch.spans]))
+            await consumer.consume(SpanBatch([copy.deepcopy(s) for s in batch.spans], revision=batch.revision))
         await first.consume(batch)
 
 
-def _fan(consumers: list[Consumer]) -> Consumer:
-    return consumers[0] if len(consumers) == 1 else FanOut(consumers)
+class LogFanOut:
+    """Hands one log batch to several consumers (log records are not mutated downstream)."""
+
+    def __init__(self, consumers: list[LogConsumer]) -> None:
+        self.consumers = consumers
+
+    async def consume_logs(self, batch: LogBatch) -> None:
+        for consumer in self.consumers:
+            await consumer.consume_logs(batch)
+
+
+def _fan(data: Signal, consumers: list[Any]) -> Any:
+    if len(consumers) == 1:
+        return consumers[0]
+    return FanOut(consumers) if data == "traces" else LogFanOut(consumers)
 
 
 class Service:
@@ -50,7 +82,7 @@ class Service:
         self.config = config
         self.metrics = SelfMetrics()
         self.receivers: dict[str, Any] = {}
-        self.processors: list[tuple[str, Any]] = []  # in pipeline order, one instance per pipeline
+        self.processors: list[tuple[str, Any]] = []  # upstream before downstream
         self.exporters: dict[str, Any] = {}
         self.api: AsgiServer | None = None
         self.telemetry: AsgiServer | None = None
@@ -66,21 +98,37 @@ class Service:
         return factory.cls(self.config.component(kind, cid), self._settings(kind, cid), *args)
 
     def _build(self) -> None:
-        heads: dict[str, list[Consumer]] = {}
-        for name, pipe in self.config.service.pipelines.items():
+        """One instance per component id; each pipeline wires the instances it lists for its signal."""
+        pipelines = self.config.service.pipelines
+        processor_next: dict[str, Next] = {}
+        processors: dict[str, Any] = {}
+        receiver_heads: dict[str, dict[Signal, list[Any]]] = {}
+        edges: dict[str, set[str]] = {}
+        for pipe in pipelines.values():
             for eid in pipe.exporters:
                 if eid not in self.exporters:
                     self.exporters[eid] = self._create("exporter", eid)
-            consumer = _fan([self.exporters[eid] for eid in pipe.exporters])
-            chain = []
+            for pid in pipe.processors:
+                if pid not in processors:
+                    processor_next[pid] = Next()
+                    processors[pid] = self._create("processor", pid, processor_next[pid])
+                    edges[pid] = set()
+        for name, pipe in pipelines.items():
+            data: Signal = type_of(name)  # type: ignore[assignment]
+            downstream = _fan(data, [self.exporters[eid] for eid in pipe.exporters])
             for pid in reversed(pipe.processors):
-                consumer = self._create("processor", pid, consumer)
-                chain.append((f"{name}/{pid}", consumer))
-            self.processors.extend(reversed(chain))
+                setattr(processor_next[pid], data, downstream)
+                downstream = processors[pid]
+            for a, b in zip(pipe.processors, pipe.processors[1:], strict=False):
+                edges[a].add(b)
             for rid in pipe.receivers:
-                heads.setdefault(rid, []).append(consumer)
-        for rid, consumers in heads.items():
-            self.receivers[rid] = self._create("receiver", rid, _fan(consumers))
+                receiver_heads.setdefault(rid, {}).setdefault(data, []).append(downstream)
+        self.processors = [(pid, processors[pid]) for pid in _upstream_first(edges)]
+        for rid, by_signal in receiver_heads.items():
+            nxt = Next()
+            for data, heads in by_signal.items():
+                setattr(nxt, data, _fan(data, heads))
+            self.receivers[rid] = self._create("receiver", rid, nxt)
 
     @property
     def store(self) -> TraceStore | None:

@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from evalsi.component import Refused, Settings
+from evalsi.component import Next, Refused, Settings
 from evalsi.receivers.otlp import OtlpReceiver
 from evalsi.receivers.otlp.config import OtlpReceiverConfig
 from evalsi.span import SpanBatch
@@ -61,7 +61,9 @@ def run_receiver(consumer: Refusing, client: Callable[[dict[str, str]], T]) -> t
     metrics = SelfMetrics()
 
     async def main() -> T:
-        receiver = OtlpReceiver(config, Settings(id="otlp", metrics=metrics, logger=logging.getLogger("t")), consumer)
+        wired = Next()
+        wired.traces = consumer
+        receiver = OtlpReceiver(config, Settings(id="otlp", metrics=metrics, logger=logging.getLogger("t")), wired)
         await receiver.start()
         try:
             return await asyncio.to_thread(client, dict(receiver.endpoints))

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import Field, field_validator
 
@@ -12,7 +15,8 @@ from evalsi.component import ComponentConfig, Refused, Settings, exporter
 from evalsi.duration import Duration
 from evalsi.exporters.clickhouse.backend import StoreError, open_backend
 from evalsi.exporters.clickhouse.store import TraceStore
-from evalsi.span import Span, SpanBatch
+from evalsi.log_record import LogBatch
+from evalsi.span import SpanBatch
 
 
 class RetryConfig(ComponentConfig):
@@ -28,6 +32,7 @@ class ClickHouseConfig(ComponentConfig):
     username: str = "default"
     password: str = ""
     traces_table_name: str = "otel_traces"
+    logs_table_name: str = "otel_logs"
     ttl_days: int = Field(default=0, ge=0)
     create_schema: bool = True
     timeout: Duration = 10.0
@@ -44,7 +49,7 @@ class ClickHouseConfig(ComponentConfig):
             raise ValueError(f"unsupported endpoint {v!r}: use chdb://PATH (embedded) or http(s)://host:8123")
         return v
 
-    @field_validator("traces_table_name")
+    @field_validator("traces_table_name", "logs_table_name")
     @classmethod
     def _identifier(cls, v: str) -> str:
         if not v.replace("_", "").isalnum():
@@ -52,18 +57,28 @@ class ClickHouseConfig(ComponentConfig):
         return v
 
 
-@exporter("clickhouse", config=ClickHouseConfig)
+@dataclass
+class _Queue:
+    """Items of one kind waiting for the store, and how to write them."""
+
+    kind: str  # "spans", "span revisions", "log records": for logs and errors
+    write: Callable[[list[Any]], None]
+    sent: Any
+    failed: Any
+    items: list[Any] = field(default_factory=list)
+
+
+@exporter("clickhouse", config=ClickHouseConfig, signals=("traces", "logs"))
 class ClickHouseExporter:
     def __init__(self, config: ClickHouseConfig, settings: Settings) -> None:
         self._config = config
         self._log = settings.logger
+        self._settings = settings
         m = settings.metrics
-        self._sent = m.exporter_sent_spans.labels(settings.id)
-        self._failed = m.exporter_send_failed_spans.labels(settings.id)
         self._queue_gauge = m.exporter_queue_size.labels(settings.id)
         m.exporter_queue_capacity.labels(settings.id).set(config.queue_size)
-        self._pending: list[Span] = []
-        self._held = 0  # pending plus the batch being written
+        self._queues: list[_Queue] = []
+        self._held = 0  # items queued plus the chunk being written
         self._wake = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -75,30 +90,49 @@ class ClickHouseExporter:
             open_backend, c.endpoint, database=c.database, username=c.username, password=c.password,
             timeout=c.timeout,
         )  # fmt: skip
-        self.store = TraceStore(backend, table=c.traces_table_name, ttl_days=c.ttl_days)
+        store = TraceStore(backend, table=c.traces_table_name, logs_table=c.logs_table_name, ttl_days=c.ttl_days)
         if c.create_schema:
             try:
-                await asyncio.to_thread(self.store.create_schema)
+                await asyncio.to_thread(store.create_schema)
             except Exception as e:
                 backend.close()
                 raise StoreError(f"cannot create the tables in the {backend.description}: {e}") from None
+        self.store = store
+        m, cid = self._settings.metrics, self._settings.id
+        sent_spans, failed_spans = m.exporter_sent_spans.labels(cid), m.exporter_send_failed_spans.labels(cid)
+        self._spans = _Queue("spans", store.write, sent_spans, failed_spans)
+        # revisions go after the spans queued before them, so a revision never lands before its span
+        self._revisions = _Queue("span revisions", store.revise, sent_spans, failed_spans)
+        self._logs = _Queue(
+            "log records",
+            store.write_logs,
+            m.exporter_sent_log_records.labels(cid),
+            m.exporter_send_failed_log_records.labels(cid),
+        )
+        self._queues = [self._spans, self._revisions, self._logs]
         self._log.info("store open", extra={"store": backend.description})
         self._task = asyncio.create_task(self._flush_loop())
 
-    async def consume(self, batch: SpanBatch) -> None:
-        n = len(batch)
+    def _enqueue(self, queue: _Queue, items: list[Any]) -> None:
+        n = len(items)
         if self._stopping:
             raise Refused("the collector is shutting down", unavailable=True, retry_after=5)
         if self._held + n > self._config.queue_size:
             raise Refused(
-                f"store queue is full ({self._held} spans waiting for the store); retry later",
+                f"store queue is full ({self._held} items waiting for the store); retry later",
                 retry_after=max(1.0, self._config.flush_interval),
             )
-        self._pending.extend(batch.spans)
+        queue.items.extend(items)
         self._held += n
         self._queue_gauge.set(self._held)
-        if len(self._pending) >= self._config.batch_size:
+        if len(queue.items) >= self._config.batch_size:
             self._wake.set()
+
+    async def consume(self, batch: SpanBatch) -> None:
+        self._enqueue(self._revisions if batch.revision else self._spans, batch.spans)
+
+    async def consume_logs(self, batch: LogBatch) -> None:
+        self._enqueue(self._logs, batch.records)
 
     async def _flush_loop(self) -> None:
         while True:
@@ -108,45 +142,43 @@ class ClickHouseExporter:
                 except TimeoutError:
                     pass
             self._wake.clear()
-            while self._pending:
-                size = self._config.batch_size
-                chunk, self._pending = self._pending[:size], self._pending[size:]
-                await self._write(chunk)
-                self._held -= len(chunk)
-                self._queue_gauge.set(self._held)
+            while any(q.items for q in self._queues):
+                for queue in self._queues:
+                    if not queue.items:
+                        continue
+                    size = self._config.batch_size
+                    chunk, queue.items = queue.items[:size], queue.items[size:]
+                    await self._write(queue, chunk)
+                    self._held -= len(chunk)
+                    self._queue_gauge.set(self._held)
             if self._stopping:
                 return
 
-    async def _write(self, chunk: list[Span]) -> None:
+    async def _write(self, queue: _Queue, chunk: list[Any]) -> None:
         assert self.store is not None
         retry = self._config.retry_on_failure
         started = time.monotonic()
         delay = retry.initial_interval
         while True:
             try:
-                await asyncio.to_thread(self.store.write, chunk)
-                self._sent.inc(len(chunk))
+                await asyncio.to_thread(queue.write, chunk)
+                queue.sent.inc(len(chunk))
                 return
             except Exception as e:
                 elapsed = time.monotonic() - started
                 if not retry.enabled or elapsed + delay > retry.max_elapsed_time:
-                    self._failed.inc(len(chunk))
+                    queue.failed.inc(len(chunk))
                     self._log.error(
-                        "dropping spans the store would not take",
-                        extra={"spans": len(chunk), "error": str(e), "store": self.store.description},
+                        f"dropping {queue.kind} the store would not take",
+                        extra={"count": len(chunk), "error": str(e), "store": self.store.description},
                     )
                     return
                 self._log.warning(
-                    "store write failed; retrying", extra={"error": str(e), "retry_in_s": round(delay, 2)}
+                    f"writing {queue.kind} failed; retrying",
+                    extra={"error": str(e), "retry_in_s": round(delay, 2)},
                 )
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 1.5, retry.max_interval)
-
-    async def flush(self) -> None:
-        """Write everything queued so far, then return (tests and `force_flush` use it)."""
-        while self._held:
-            self._wake.set()
-            await asyncio.sleep(0.01)
 
     async def shutdown(self) -> None:
         self._stopping = True

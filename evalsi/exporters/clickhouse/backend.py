@@ -102,7 +102,7 @@ class ChdbBackend:
     def insert(self, table: str, data: pa.Table) -> None:
         batch = data  # noqa: F841 - chDB's Python() table function finds the table by this local name
         with self._lock:
-            self._session.query(insert_sql(table, "Python(batch)"))
+            self._session.query(insert_sql(table, data.schema, "Python(batch)"))
 
     def ping(self) -> bool:
         try:

@@ -8,7 +8,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from evalsi.exporters.clickhouse.schema import TRACES_SCHEMA
+from evalsi.exporters.clickhouse.schema import LOGS_SCHEMA, TRACES_SCHEMA
+from evalsi.log_record import LogRecord
 from evalsi.span import Span
 
 _COMPACT = (",", ":")
@@ -110,6 +111,34 @@ def to_arrow(spans: list[Span]) -> pa.Table:
         details.append(_json(s.details) if s.details else "")
     arrays = [pa.array(c, type=f.type) for c, f in zip(cols, TRACES_SCHEMA, strict=True)]
     return pa.Table.from_arrays(arrays, schema=TRACES_SCHEMA)
+
+
+def logs_to_arrow(records: list[LogRecord]) -> pa.Table:
+    resource_cache: dict[int, list[tuple[str, str]]] = {}
+
+    def resource(r: LogRecord) -> list[tuple[str, str]]:
+        key = id(r.resource_attributes)
+        if key not in resource_cache:
+            resource_cache[key] = string_map(r.resource_attributes)
+        return resource_cache[key]
+
+    columns = [
+        [r.timestamp for r in records],
+        [r.trace_id for r in records],
+        [r.span_id for r in records],
+        [r.flags for r in records],
+        [r.severity_text for r in records],
+        [r.severity_number for r in records],
+        [r.service_name for r in records],
+        [attribute_string(r.body) for r in records],
+        [resource(r) for r in records],
+        [r.scope_name for r in records],
+        [r.scope_version for r in records],
+        [string_map(r.attributes) for r in records],
+        [r.event_name for r in records],
+    ]
+    arrays = [pa.array(c, type=f.type) for c, f in zip(columns, LOGS_SCHEMA, strict=True)]
+    return pa.Table.from_arrays(arrays, schema=LOGS_SCHEMA)
 
 
 def _pairs(value: Any) -> dict[str, str]:

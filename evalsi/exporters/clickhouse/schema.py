@@ -93,6 +93,41 @@ GROUP BY TraceId""",
     ]
 
 
+def logs_ddl(table: str, ttl_days: int) -> list[str]:
+    """The OTel Collector ClickHouse exporter's `otel_logs` (with its newer `EventName` column)."""
+    ttl = f"TTL toDateTime(Timestamp) + toIntervalDay({ttl_days})" if ttl_days > 0 else ""
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {table} (
+    Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),
+    TraceId String CODEC(ZSTD(1)),
+    SpanId String CODEC(ZSTD(1)),
+    TraceFlags UInt32 CODEC(ZSTD(1)),
+    SeverityText LowCardinality(String) CODEC(ZSTD(1)),
+    SeverityNumber Int32 CODEC(ZSTD(1)),
+    ServiceName LowCardinality(String) CODEC(ZSTD(1)),
+    Body String CODEC(ZSTD(1)),
+    ResourceSchemaUrl String CODEC(ZSTD(1)),
+    ResourceAttributes {_MAP} CODEC(ZSTD(1)),
+    ScopeSchemaUrl String CODEC(ZSTD(1)),
+    ScopeName String CODEC(ZSTD(1)),
+    ScopeVersion String CODEC(ZSTD(1)),
+    ScopeAttributes {_MAP} CODEC(ZSTD(1)),
+    LogAttributes {_MAP} CODEC(ZSTD(1)),
+    EventName String CODEC(ZSTD(1)),
+    INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1,
+    INDEX idx_res_attr_key mapKeys(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_res_attr_value mapValues(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_log_attr_key mapKeys(LogAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_log_attr_value mapValues(LogAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_body Body TYPE tokenbf_v1(32768, 3, 0) GRANULARITY 1
+) ENGINE = MergeTree()
+PARTITION BY toDate(Timestamp)
+ORDER BY (ServiceName, SeverityText, toUnixTimestamp(Timestamp), TraceId)
+{ttl}
+SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1"""
+    ]
+
+
 STRING_MAP = pa.map_(pa.string(), pa.string())
 TIMESTAMP = pa.timestamp("ns")
 
@@ -140,10 +175,34 @@ TRACES_COLUMNS: list[tuple[str, pa.DataType]] = [
 ]
 TRACES_SCHEMA = pa.schema(TRACES_COLUMNS)
 
+LOGS_SCHEMA = pa.schema(
+    [
+        ("Timestamp", TIMESTAMP),
+        ("TraceId", pa.string()),
+        ("SpanId", pa.string()),
+        ("TraceFlags", pa.uint32()),
+        ("SeverityText", pa.string()),
+        ("SeverityNumber", pa.int32()),
+        ("ServiceName", pa.string()),
+        ("Body", pa.string()),
+        ("ResourceAttributes", STRING_MAP),
+        ("ScopeName", pa.string()),
+        ("ScopeVersion", pa.string()),
+        ("LogAttributes", STRING_MAP),
+        ("EventName", pa.string()),
+    ]
+)
 
-def insert_sql(table: str, source: str) -> str:
-    cols = ", ".join(f"`{name}`" for name, _ in TRACES_COLUMNS)
+
+def insert_sql(table: str, schema: pa.Schema, source: str) -> str:
+    cols = ", ".join(f"`{name}`" for name in schema.names)
     return f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {source}"
+
+
+def delete_spans_sql(table: str, keys: list[tuple[str, str]]) -> str:
+    """Keys are (trace id, span id) in hex, checked by the caller: safe to inline."""
+    pairs = ", ".join(f"('{t}', '{s}')" for t, s in keys)
+    return f"DELETE FROM {table} WHERE (TraceId, SpanId) IN ({pairs})"
 
 
 def list_traces_sql(table: str, with_service: bool) -> str:

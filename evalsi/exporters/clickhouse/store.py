@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from evalsi.exporters.clickhouse.backend import Backend
-from evalsi.exporters.clickhouse.rows import canonical_from_row, to_arrow
-from evalsi.exporters.clickhouse.schema import list_traces_sql, trace_spans_sql, traces_ddl
+from evalsi.exporters.clickhouse.rows import canonical_from_row, logs_to_arrow, to_arrow
+from evalsi.exporters.clickhouse.schema import (
+    delete_spans_sql,
+    list_traces_sql,
+    logs_ddl,
+    trace_spans_sql,
+    traces_ddl,
+)
+from evalsi.log_record import LogRecord
 from evalsi.span import Span
+
+_HEX = re.compile(r"^[0-9a-f]+$")
 
 
 class TraceStore:
-    def __init__(self, backend: Backend, *, table: str = "otel_traces", ttl_days: int = 0) -> None:
+    def __init__(
+        self, backend: Backend, *, table: str = "otel_traces", logs_table: str = "otel_logs", ttl_days: int = 0
+    ) -> None:
         self.backend = backend
         self.table = table
+        self.logs_table = logs_table
         self.ttl_days = ttl_days
 
     @property
@@ -21,12 +34,23 @@ class TraceStore:
         return self.backend.description
 
     def create_schema(self) -> None:
-        for statement in traces_ddl(self.table, self.ttl_days):
+        for statement in traces_ddl(self.table, self.ttl_days) + logs_ddl(self.logs_table, self.ttl_days):
             self.backend.command(statement)
 
     def write(self, spans: list[Span]) -> None:
         if spans:
             self.backend.insert(self.table, to_arrow(spans))
+
+    def revise(self, spans: list[Span]) -> None:
+        """Replace stored spans by these newer versions of them (same trace and span ids)."""
+        keys = [(s.trace_id, s.span_id) for s in spans if _HEX.match(s.trace_id) and _HEX.match(s.span_id)]
+        if keys:
+            self.backend.command(delete_spans_sql(self.table, keys))
+        self.write(spans)
+
+    def write_logs(self, records: list[LogRecord]) -> None:
+        if records:
+            self.backend.insert(self.logs_table, logs_to_arrow(records))
 
     def list_traces(self, *, limit: int = 20, service: str | None = None) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"limit": limit}

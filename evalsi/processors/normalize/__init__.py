@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Sequence
 
 from pydantic import field_validator
 
-from evalsi.component import ComponentConfig, Consumer, Settings, processor
+from evalsi.component import ComponentConfig, Next, Refused, Settings, processor
+from evalsi.duration import Duration
+from evalsi.log_record import LogBatch
 from evalsi.processors.normalize import otel_genai  # noqa: F401  (registers the mapper)
+from evalsi.processors.normalize.events import EventJoin
 from evalsi.processors.normalize.mapper import MAPPERS, Mapper, register_mapper
 from evalsi.span import Span, SpanBatch
 
@@ -19,6 +24,11 @@ class NormalizeConfig(ComponentConfig):
 
     mappers: list[str] | None = None
     """Mappers to enable, in the order they are tried; None: every registered one, by precedence."""
+    event_wait: Duration = 2.0
+    """How long a GenAI span with no content waits for its content events (log records) before going on."""
+    event_ttl: Duration = 60.0
+    """How long content events wait for a span that has not arrived."""
+    max_waiting_spans: int = 50_000
 
     @field_validator("mappers")
     @classmethod
@@ -76,37 +86,90 @@ def normalize_span(span: Span, mappers: Sequence[Mapper] | None = None) -> None:
             return
 
 
-@processor("normalize", config=NormalizeConfig)
+@processor("normalize", config=NormalizeConfig, signals=("traces", "logs"))
 class Normalize:
-    """Fills the canonical fields of every span it is handed, then hands the batch on."""
+    """Fills the canonical fields of every span, joins GenAI content log records to their spans, hands both on."""
 
-    def __init__(self, config: NormalizeConfig, settings: Settings, next: Consumer) -> None:
+    def __init__(self, config: NormalizeConfig, settings: Settings, next: Next) -> None:
         self.config = config
         self.settings = settings
         self.next = next
         names = list(MAPPERS) if config.mappers is None else config.mappers
         self.mappers: tuple[Mapper, ...] = tuple(MAPPERS[n] for n in names)
         self._failed_mappers: set[str] = set()
-        self._unparsed = settings.metrics.normalize_unparsed
+        m = settings.metrics
+        self._unparsed = m.normalize_unparsed
+        self._revised = m.normalize_spans_revised.labels(settings.id)
+        self._join = EventJoin(config.event_wait, config.event_ttl, max_spans=config.max_waiting_spans)
+        self._due: list[Span] = []  # released spans the next consumer refused: sent again on the next tick
+        self._ticker: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        return None
+        self._ticker = asyncio.create_task(self._release_loop())
+
+    async def _release_loop(self) -> None:
+        period = min(0.1, max(0.01, self.config.event_wait / 4))
+        while True:
+            await asyncio.sleep(period)
+            await self._release(self._join.due())
+
+    async def _release(self, spans: list[Span]) -> None:
+        self._due.extend(spans)
+        if not self._due:
+            return
+        batch, self._due = self._due, []
+        try:
+            await self.next.consume(SpanBatch(batch))
+        except Refused:
+            self._due = batch + self._due
 
     async def shutdown(self) -> None:
-        return None
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        spans = self._join.due(everything=True)
+        for _ in range(50):  # the exporters still run: give a full queue a few seconds to drain
+            await self._release(spans)
+            spans = []
+            if not self._due:
+                return
+            await asyncio.sleep(0.1)
+        self.settings.logger.error("normalize: %d spans could not be handed on at shutdown", len(self._due))
 
     async def consume(self, batch: SpanBatch) -> None:
         mappers = self.mappers
+        join = self._join
+        ready = []
         for span in batch.spans:
             try:
                 normalize_span(span, mappers)
             except Exception:
                 # a mapper bug must not cost the batch: the span goes on unmapped, its attributes intact
                 self._mapper_failed(span)
+                ready.append(span)
                 continue
             for name in span.unparsed:
                 self._unparsed.labels(span.convention, name).inc()
-        await self.next.consume(batch)
+            if batch.revision or join.on_span(span):
+                ready.append(span)
+        if len(ready) != len(batch.spans):
+            batch = SpanBatch(ready, batch.revision)
+        if batch.spans:
+            await self.next.consume(batch)
+
+    async def consume_logs(self, batch: LogBatch) -> None:
+        released, revised = self._join.on_records(batch.records)
+        if released:
+            await self._release(released)
+        if revised:
+            self._revised.inc(len(revised))
+            try:
+                await self.next.consume(SpanBatch(revised, revision=True))
+            except Refused:
+                self.settings.logger.warning("normalize: %d span revisions refused downstream", len(revised))
+        if self.next.logs is not None:
+            await self.next.consume_logs(batch)
 
     def _mapper_failed(self, span: Span) -> None:
         convention = span.convention

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from evalsi.processors.normalize.mapper import GENERIC_PRECEDENCE, register_mapper
@@ -20,20 +21,47 @@ PROVIDER = "gen_ai.provider.name"
 SYSTEM = "gen_ai.system"  # the provider before semconv 1.37
 REQUEST_MODEL = "gen_ai.request.model"
 RESPONSE_MODEL = "gen_ai.response.model"
+RESPONSE_ID = "gen_ai.response.id"
+FINISH_REASONS = "gen_ai.response.finish_reasons"
 INPUT_TOKENS = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"  # before semconv 1.27
 COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"  # before semconv 1.27
+CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+CACHE_CREATION_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
+REASONING_TOKENS = "gen_ai.usage.reasoning.output_tokens"
+REASONING_TOKENS_UNOFFICIAL = "gen_ai.usage.reasoning_tokens"  # agentgateway, OpenLLMetry: not in the semconv
 TOOL_NAME = "gen_ai.tool.name"
+TOOL_TYPE = "gen_ai.tool.type"
+TOOL_DESCRIPTION = "gen_ai.tool.description"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
 TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
 TOOL_CALL_RESULT = "gen_ai.tool.call.result"
+AGENT_NAME = "gen_ai.agent.name"
+AGENT_ID = "gen_ai.agent.id"
+AGENT_DESCRIPTION = "gen_ai.agent.description"
+AGENT_VERSION = "gen_ai.agent.version"
+WORKFLOW_NAME = "gen_ai.workflow.name"
+DATA_SOURCE_ID = "gen_ai.data_source.id"
+RETRIEVAL_QUERY = "gen_ai.retrieval.query.text"
+RETRIEVAL_DOCUMENTS = "gen_ai.retrieval.documents"
+OUTPUT_TYPE = "gen_ai.output.type"
+TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
 CONVERSATION_ID = "gen_ai.conversation.id"
 INPUT_MESSAGES = "gen_ai.input.messages"
 OUTPUT_MESSAGES = "gen_ai.output.messages"
 SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
+USER_ID = "user.id"
+ENDUSER_ID = "enduser.id"  # the older name, still in the semconv registry
+ERROR_TYPE = "error.type"
+EXCEPTION_EVENT = "exception"
+EXCEPTION_TYPE = "exception.type"
+
+# The semconv's fallback `error.type` value: the span failed and nothing names the error class.
+OTHER_ERROR = "_OTHER"
 
 EXECUTE_TOOL = "execute_tool"
+RETRIEVAL = "retrieval"
 
 STEP_TYPES: dict[str, str] = {
     "chat": "llm",
@@ -43,7 +71,39 @@ STEP_TYPES: dict[str, str] = {
     EXECUTE_TOOL: "tool",
     "invoke_agent": "agent",
     "create_agent": "agent",
+    "invoke_workflow": "chain",
+    RETRIEVAL: "retriever",
 }
+
+# Request parameters (gen_ai.request.*, and the embedding size) -> keys of details["request"]
+REQUEST_PARAMETERS: tuple[tuple[str, str], ...] = (
+    ("gen_ai.request.temperature", "temperature"),
+    ("gen_ai.request.max_tokens", "max_tokens"),
+    ("gen_ai.request.top_p", "top_p"),
+    ("gen_ai.request.top_k", "top_k"),
+    ("gen_ai.request.frequency_penalty", "frequency_penalty"),
+    ("gen_ai.request.presence_penalty", "presence_penalty"),
+    ("gen_ai.request.stop_sequences", "stop_sequences"),
+    ("gen_ai.request.seed", "seed"),
+    ("gen_ai.request.choice.count", "choice_count"),
+    ("gen_ai.request.encoding_formats", "encoding_formats"),
+    ("gen_ai.request.stream", "stream"),
+    ("gen_ai.embeddings.dimension.count", "dimensions"),
+)
+
+# Plain identifying facts -> details keys
+TEXT_DETAILS: tuple[tuple[str, str], ...] = (
+    (RESPONSE_ID, "response_id"),
+    (AGENT_ID, "agent_id"),
+    (AGENT_DESCRIPTION, "agent_description"),
+    (AGENT_VERSION, "agent_version"),
+    (WORKFLOW_NAME, "workflow_name"),
+    (DATA_SOURCE_ID, "data_source_id"),
+    (TOOL_TYPE, "tool_type"),
+    (TOOL_DESCRIPTION, "tool_description"),
+    (TOOL_CALL_ID, "tool_call_id"),
+    (OUTPUT_TYPE, "output_type"),
+)
 
 _MARKER_ATTRIBUTES = frozenset((OPERATION, SYSTEM, PROVIDER, REQUEST_MODEL))
 
@@ -72,8 +132,89 @@ def _count(value: Any) -> int | None:
     return None
 
 
-def _tool_messages(span: Span, attributes: dict[str, Any]) -> tuple[list[Message] | None, list[Message] | None]:
-    """An execute_tool span's call as an assistant tool_call message in, and a tool response message out."""
+def _number(value: Any) -> float | None:
+    """A measured quantity (seconds, a score): ints and floats pass, numeric strings are tolerated."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def error_type(value: Any) -> str | None:
+    """An `error.type` value as canonical text; Python's `<class 'pkg.Error'>` repr becomes `pkg.Error`."""
+    text = _text(value)
+    if text is not None and text.startswith("<class '") and text.endswith("'>"):
+        return text[8:-2] or None
+    return text
+
+
+def _exception_type(span: Span) -> str | None:
+    for event in span.events:
+        if event.name == EXCEPTION_EVENT:
+            found = error_type(event.attributes.get(EXCEPTION_TYPE))
+            if found is not None:
+                return found
+    return None
+
+
+def span_error_type(span: Span) -> str | None:
+    """`error.type`; for a span with ERROR status and none, its exception event's type or `_OTHER`."""
+    found = error_type(span.attributes.get(ERROR_TYPE))
+    if found is None and span.status_code == "ERROR":
+        found = (_exception_type(span) if span.events else None) or OTHER_ERROR
+    return found
+
+
+def _finish_reasons(value: Any) -> list[str] | None:
+    if isinstance(value, str):
+        return [value] if value else None
+    if isinstance(value, (list, tuple)):
+        reasons = [r if isinstance(r, str) else str(r) for r in value if r is not None]
+        return reasons or None
+    return None
+
+
+def _document(item: Any) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        return {"id": None, "content": _text(item), "score": None, "metadata": None}
+    content = item.get("content")
+    if content is None:
+        content = item.get("text")
+    metadata = item.get("metadata")
+    if metadata is None:
+        extra = {k: v for k, v in item.items() if k not in ("id", "content", "text", "score", "metadata")}
+        metadata = extra or None
+    return {"id": _text(item.get("id")), "content": content, "score": _number(item.get("score")), "metadata": metadata}
+
+
+def retrieval_documents(value: Any) -> tuple[list[dict[str, Any]] | None, bool]:
+    """(documents as {"id", "content", "score", "metadata"}, parsed?) from `gen_ai.retrieval.documents`.
+
+    The value is a list (structured) or its JSON string; text that will not parse is kept as one document's content.
+    """
+    if value is None or value == "":
+        return None, True
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except (ValueError, RecursionError):
+            return [{"id": None, "content": value, "score": None, "metadata": None}], False
+        value = parsed
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        return [{"id": None, "content": _text(value), "score": None, "metadata": None}], False
+    return [_document(item) for item in value] or None, True
+
+
+def tool_messages(span: Span, attributes: dict[str, Any]) -> tuple[list[Message] | None, list[Message] | None]:
+    """A tool call's arguments as an assistant tool_call message in, and its result as a tool response out."""
     input_messages: list[Message] | None = None
     output_messages: list[Message] | None = None
     if TOOL_CALL_ARGUMENTS in attributes:
@@ -94,11 +235,55 @@ def _tool_messages(span: Span, attributes: dict[str, Any]) -> tuple[list[Message
     return input_messages, output_messages
 
 
+_tool_messages = tool_messages  # the name other mappers may already import
+
+
+def fill_details(span: Span, attributes: dict[str, Any]) -> None:
+    """The semconv's extra facts into `span.details`: usage breakdown, request parameters, response, ids."""
+    get = attributes.get
+    details = span.details
+    for attribute, key in TEXT_DETAILS:
+        value = get(attribute)
+        if value is not None:
+            found = _text(value)
+            if found is not None:
+                details[key] = found
+    tokens = _count(get(CACHE_READ_TOKENS))
+    if tokens is not None:
+        details["cache_read_input_tokens"] = tokens
+    tokens = _count(get(CACHE_CREATION_TOKENS))
+    if tokens is not None:
+        details["cache_creation_input_tokens"] = tokens
+    tokens = get(REASONING_TOKENS)
+    tokens = _count(tokens if tokens is not None else get(REASONING_TOKENS_UNOFFICIAL))
+    if tokens is not None:
+        details["reasoning_tokens"] = tokens
+    reasons = get(FINISH_REASONS)
+    if reasons is not None:
+        found_reasons = _finish_reasons(reasons)
+        if found_reasons is not None:
+            details["finish_reasons"] = found_reasons
+    seconds = get(TIME_TO_FIRST_CHUNK)
+    if seconds is not None:
+        found_seconds = _number(seconds)
+        if found_seconds is not None:
+            details["time_to_first_token_s"] = found_seconds
+    request: dict[str, Any] | None = None
+    for attribute, key in REQUEST_PARAMETERS:
+        value = get(attribute)
+        if value is not None:
+            if request is None:
+                request = {}
+            request[key] = value
+    if request is not None:
+        details["request"] = request
+
+
 class OtelGenAI:
     """Spans written to the OTel GenAI semantic conventions, from semconv 1.26 to the latest experimental."""
 
     name = "otel_genai"
-    version = "1"
+    version = "2"
 
     def matches(self, span: Span) -> bool:
         if not span.attributes.keys().isdisjoint(_MARKER_ATTRIBUTES):
@@ -124,11 +309,16 @@ class OtelGenAI:
         span.output_tokens = _count(tokens if tokens is not None else get(COMPLETION_TOKENS))
         span.tool_name = _text(get(TOOL_NAME))
         span.session_id = _text(get(CONVERSATION_ID))
+        span.agent_name = _text(get(AGENT_NAME))
+        user = get(USER_ID)
+        span.user_id = _text(user if user is not None else get(ENDUSER_ID))
+        span.error_type = span_error_type(span)
+        fill_details(span, attributes)
 
         input_messages: list[Message] | None = None
         output_messages: list[Message] | None = None
         if operation == EXECUTE_TOOL:
-            input_messages, output_messages = _tool_messages(span, attributes)
+            input_messages, output_messages = tool_messages(span, attributes)
         if input_messages is None and output_messages is None:
             input_messages = semconv_messages(get(INPUT_MESSAGES), "user")
             instructions = get(SYSTEM_INSTRUCTIONS)
@@ -139,6 +329,15 @@ class OtelGenAI:
             output_messages = semconv_messages(get(OUTPUT_MESSAGES), "assistant")
         if input_messages is None and output_messages is None and span.events:
             input_messages, output_messages = messages_from_span_events(span.events)
+        if operation == RETRIEVAL or RETRIEVAL_DOCUMENTS in attributes:
+            query = _text(get(RETRIEVAL_QUERY))
+            if input_messages is None and query is not None:
+                input_messages = [{"role": "user", "parts": [{"type": "text", "content": query}]}]
+            documents, parsed = retrieval_documents(get(RETRIEVAL_DOCUMENTS))
+            if documents is not None:
+                span.details["documents"] = documents
+                if not parsed:
+                    span.unparsed.append("documents")
         span.input = input_messages
         span.output = output_messages
         span.content_captured = input_messages is not None or output_messages is not None

@@ -1,58 +1,72 @@
-"""The `otlp` receiver: OTLP traces over gRPC and HTTP, decoded into span batches and handed to the pipeline."""
+"""The `otlp` receiver: OTLP traces and logs over gRPC and HTTP, decoded into batches and handed to the pipelines."""
 
 from __future__ import annotations
 
-from evalsi.component import Consumer, Refused, Settings, receiver
+from evalsi.component import Next, Refused, Settings, receiver
+from evalsi.log_record import LogBatch
 from evalsi.receivers.otlp.config import MIB, OtlpReceiverConfig
-from evalsi.receivers.otlp.decode import Decoded
+from evalsi.receivers.otlp.decode import LOGS, TRACES, Codec, Decoded
 from evalsi.receivers.otlp.grpc_transport import GrpcTransport
 from evalsi.receivers.otlp.http_transport import build_app
 from evalsi.serving import AsgiServer
+from evalsi.span import SpanBatch
 
 
-@receiver("otlp", config=OtlpReceiverConfig)
+@receiver("otlp", config=OtlpReceiverConfig, signals=("traces", "logs"))
 class OtlpReceiver:
-    def __init__(self, config: OtlpReceiverConfig, settings: Settings, next: Consumer) -> None:
+    """Serves the signals its pipelines take: a logs endpoint only exists when a logs pipeline lists it."""
+
+    def __init__(self, config: OtlpReceiverConfig, settings: Settings, next: Next) -> None:
         self._config = config
         self._settings = settings
         self._next = next
+        self._codecs = [c for c in (TRACES, LOGS) if c.signal in next.signals]
         self._grpc: GrpcTransport | None = None
         self._http: AsgiServer | None = None
         self.endpoints: dict[str, str] = {}
         m = settings.metrics
-        self._accepted = {t: m.receiver_accepted_spans.labels(settings.id, t) for t in ("grpc", "http")}
-        self._refused = {t: m.receiver_refused_spans.labels(settings.id, t) for t in ("grpc", "http")}
+        transports = ("grpc", "http")
+        self._accepted = {
+            "traces": {t: m.receiver_accepted_spans.labels(settings.id, t) for t in transports},
+            "logs": {t: m.receiver_accepted_log_records.labels(settings.id, t) for t in transports},
+        }
+        self._refused = {
+            "traces": {t: m.receiver_refused_spans.labels(settings.id, t) for t in transports},
+            "logs": {t: m.receiver_refused_log_records.labels(settings.id, t) for t in transports},
+        }
 
-    async def _export(self, decoded: Decoded, transport: str) -> None:
+    async def _export(self, codec: Codec, decoded: Decoded, transport: str) -> None:
+        refused = self._refused[codec.signal][transport]
         if decoded.rejected:
-            self._refused[transport].inc(decoded.rejected)
-            self._settings.logger.warning("rejected invalid spans: %s", decoded.message)
+            refused.inc(decoded.rejected)
+            self._settings.logger.warning("rejected invalid %s: %s", codec.signal, decoded.message)
         n = len(decoded.batch)
         if not n:
             return
         try:
-            await self._next.consume(decoded.batch)
+            if isinstance(decoded.batch, SpanBatch):
+                await self._next.consume(decoded.batch)
+            elif isinstance(decoded.batch, LogBatch):
+                await self._next.consume_logs(decoded.batch)
         except Refused:
-            self._refused[transport].inc(n)
+            refused.inc(n)
             raise
-        self._accepted[transport].inc(n)
+        self._accepted[codec.signal][transport].inc(n)
 
     async def start(self) -> None:
         protocols = self._config.protocols
         log = self._settings.logger
         if protocols.grpc is not None:
             self._grpc = GrpcTransport(
-                self._export, protocols.grpc.endpoint, protocols.grpc.max_recv_msg_size_mib * MIB
+                self._export, self._codecs, protocols.grpc.endpoint, protocols.grpc.max_recv_msg_size_mib * MIB
             )
             await self._grpc.start()
             self.endpoints["grpc"] = self._grpc.endpoint
             log.info("listening", extra={"protocol": "grpc", "endpoint": self._grpc.endpoint})
         if protocols.http is not None:
-            app = build_app(
-                self._export,
-                path=protocols.http.traces_url_path,
-                max_body=protocols.http.max_request_body_size,
-            )
+            paths = {"traces": protocols.http.traces_url_path, "logs": protocols.http.logs_url_path}
+            routes = {paths[c.signal]: c for c in self._codecs}
+            app = build_app(self._export, routes, max_body=protocols.http.max_request_body_size)
             self._http = AsgiServer(app, protocols.http.endpoint)
             await self._http.start()
             self.endpoints["http"] = self._http.endpoint

@@ -28,6 +28,7 @@ class HttpConfig(ComponentConfig):
     endpoint: str = "127.0.0.1:4318"
     max_request_body_size: int = 20 * MIB
     traces_url_path: str = "/v1/traces"
+    logs_url_path: str = "/v1/logs"
 
     _check_endpoint = field_validator("endpoint")(_endpoint)
 

@@ -1,18 +1,22 @@
-"""Decoding OTLP trace requests (protobuf and OTLP/JSON) into span batches, rejecting invalid spans one by one."""
+"""Decoding OTLP trace and log requests (protobuf and OTLP/JSON) into batches, rejecting invalid items one by one."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from evalsi.log_record import LogBatch, LogRecord
+from evalsi.receivers.otlp.status import export_response, logs_export_response
 from evalsi.span import SPAN_KINDS, STATUS_CODES, Span, SpanBatch, SpanEvent, SpanLink
 
 _ZERO_TRACE = bytes(16)
@@ -25,7 +29,9 @@ class DecodeFailed(ValueError):
 
 @dataclass(slots=True)
 class Decoded:
-    batch: SpanBatch
+    """What a request held: the valid items as a batch, and how many were rejected and why."""
+
+    batch: SpanBatch | LogBatch
     rejected: int = 0
     message: str = ""
 
@@ -144,24 +150,81 @@ def spans_from_request(req: ExportTraceServiceRequest) -> Decoded:
     return Decoded(SpanBatch(spans), rejected, message)
 
 
+def logs_from_request(req: ExportLogsServiceRequest) -> Decoded:
+    records: list[LogRecord] = []
+    rejected = 0
+    first_error = ""
+    for rl in req.resource_logs:
+        resource_attributes = attributes(rl.resource.attributes)
+        service = resource_attributes.get("service.name", "")
+        service_name = service if isinstance(service, str) else str(service)
+        for sl in rl.scope_logs:
+            scope_name = sl.scope.name
+            scope_version = sl.scope.version
+            for r in sl.log_records:
+                trace_id, span_id = r.trace_id, r.span_id
+                problem = ""
+                if trace_id and len(trace_id) != 16:
+                    problem = f"trace id must be empty or 16 bytes, got {len(trace_id)}"
+                elif span_id and len(span_id) != 8:
+                    problem = f"span id must be empty or 8 bytes, got {len(span_id)}"
+                if problem:
+                    rejected += 1
+                    if not first_error:
+                        first_error = f"log record: {problem}"
+                    continue
+                attrs = attributes(r.attributes)
+                event_name = r.event_name or attrs.get("event.name", "")
+                records.append(
+                    LogRecord(
+                        time_unix_nano=r.time_unix_nano,
+                        observed_time_unix_nano=r.observed_time_unix_nano,
+                        trace_id=trace_id.hex(),
+                        span_id=span_id.hex(),
+                        flags=r.flags,
+                        severity_number=r.severity_number,
+                        severity_text=r.severity_text,
+                        body=any_value(r.body) if r.HasField("body") else None,
+                        event_name=event_name if isinstance(event_name, str) else str(event_name),
+                        attributes=attrs,
+                        resource_attributes=resource_attributes,
+                        service_name=service_name,
+                        scope_name=scope_name,
+                        scope_version=scope_version,
+                    )
+                )
+    message = f"{rejected} log record(s) rejected; first: {first_error}" if rejected else ""
+    return Decoded(LogBatch(records), rejected, message)
+
+
+def _parse_protobuf(body: bytes, message: Message, what: str) -> None:
+    try:
+        message.ParseFromString(body)
+    except DecodeError as e:
+        raise DecodeFailed(f"body is not a valid OTLP {what} protobuf: {e}") from None
+
+
 def decode_traces_protobuf(body: bytes) -> Decoded:
     req = ExportTraceServiceRequest()
-    try:
-        req.ParseFromString(body)
-    except DecodeError as e:
-        raise DecodeFailed(f"body is not a valid OTLP ExportTraceServiceRequest protobuf: {e}") from None
+    _parse_protobuf(body, req, "ExportTraceServiceRequest")
     return spans_from_request(req)
 
 
+def decode_logs_protobuf(body: bytes) -> Decoded:
+    req = ExportLogsServiceRequest()
+    _parse_protobuf(body, req, "ExportLogsServiceRequest")
+    return logs_from_request(req)
+
+
 def _hex_to_b64(value: Any) -> Any:
-    """OTLP/JSON carries ids as hex; protobuf JSON expects base64. A bad id becomes empty bytes,
-    which span validation then rejects (so one bad id never fails the whole request)."""
+    """OTLP/JSON carries ids as hex; protobuf JSON expects base64. A bad id becomes bytes of a length no id
+    has, which validation then rejects (so one bad id never fails the whole request)."""
     if not isinstance(value, str):
         return value
     try:
         raw = bytes.fromhex(value)
     except ValueError:
-        raw = b"\xff"  # an odd length no valid id has: rejected per span, not per request
+        raw = b"\xff"
     return base64.b64encode(raw).decode()
 
 
@@ -174,21 +237,74 @@ def _fix_ids(obj: dict[str, Any]) -> None:
             obj[key] = _hex_to_b64(obj[key])
 
 
-def decode_traces_json(body: bytes) -> Decoded:
+def _items(obj: dict[str, Any], camel: str, snake: str) -> list[Any]:
+    return obj.get(camel, obj.get(snake)) or []
+
+
+def _parse_json(body: bytes, message: Message, what: str, fix_ids: Any) -> None:
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise DecodeFailed(f"body is not valid JSON: {e}") from None
     if not isinstance(doc, dict):
-        raise DecodeFailed("body must be a JSON object (an OTLP ExportTraceServiceRequest)")
+        raise DecodeFailed(f"body must be a JSON object (an OTLP {what})")
     try:
-        for rs in doc.get("resourceSpans", doc.get("resource_spans")) or []:
-            for ss in rs.get("scopeSpans", rs.get("scope_spans")) or []:
-                for s in ss.get("spans") or []:
-                    _fix_ids(s)
-                    for link in s.get("links") or []:
-                        _fix_ids(link)
-        req = json_format.ParseDict(doc, ExportTraceServiceRequest(), ignore_unknown_fields=True)
-    except (json_format.ParseError, AttributeError, TypeError, binascii.Error) as e:
-        raise DecodeFailed(f"body is not a valid OTLP/JSON ExportTraceServiceRequest: {e}") from None
+        fix_ids(doc)
+        json_format.ParseDict(doc, message, ignore_unknown_fields=True)
+    except (json_format.ParseError, AttributeError, TypeError, ValueError, RecursionError, binascii.Error) as e:
+        raise DecodeFailed(f"body is not a valid OTLP/JSON {what}: {e}") from None
+
+
+def _fix_span_ids(doc: dict[str, Any]) -> None:
+    for rs in _items(doc, "resourceSpans", "resource_spans"):
+        for ss in _items(rs, "scopeSpans", "scope_spans"):
+            for s in ss.get("spans") or []:
+                _fix_ids(s)
+                for link in s.get("links") or []:
+                    _fix_ids(link)
+
+
+def _fix_log_ids(doc: dict[str, Any]) -> None:
+    for rl in _items(doc, "resourceLogs", "resource_logs"):
+        for sl in _items(rl, "scopeLogs", "scope_logs"):
+            for r in _items(sl, "logRecords", "log_records"):
+                _fix_ids(r)
+
+
+def decode_traces_json(body: bytes) -> Decoded:
+    req = ExportTraceServiceRequest()
+    _parse_json(body, req, "ExportTraceServiceRequest", _fix_span_ids)
     return spans_from_request(req)
+
+
+def decode_logs_json(body: bytes) -> Decoded:
+    req = ExportLogsServiceRequest()
+    _parse_json(body, req, "ExportLogsServiceRequest", _fix_log_ids)
+    return logs_from_request(req)
+
+
+@dataclass(frozen=True)
+class Codec:
+    """How one OTLP signal is decoded and answered."""
+
+    signal: str  # "traces" | "logs"
+    grpc_service: str
+    from_protobuf: Callable[[bytes], Decoded]
+    from_json: Callable[[bytes], Decoded]
+    response: Callable[[int, str], Message]  # the export response, with partial success when items were rejected
+
+
+TRACES = Codec(
+    "traces",
+    "opentelemetry.proto.collector.trace.v1.TraceService",
+    decode_traces_protobuf,
+    decode_traces_json,
+    export_response,
+)
+LOGS = Codec(
+    "logs",
+    "opentelemetry.proto.collector.logs.v1.LogsService",
+    decode_logs_protobuf,
+    decode_logs_json,
+    logs_export_response,
+)

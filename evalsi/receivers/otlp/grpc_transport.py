@@ -8,18 +8,16 @@ from collections.abc import Awaitable, Callable
 import grpc
 
 from evalsi.component import Refused
-from evalsi.receivers.otlp.decode import Decoded, DecodeFailed, decode_traces_protobuf
-from evalsi.receivers.otlp.status import export_response, status_message
+from evalsi.receivers.otlp.decode import Codec, Decoded, DecodeFailed
+from evalsi.receivers.otlp.status import status_message
 
 logger = logging.getLogger("evalsi.receiver.otlp")
 
-Export = Callable[[Decoded, str], Awaitable[None]]
-
-SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+Export = Callable[[Codec, Decoded, str], Awaitable[None]]
 
 
 class GrpcTransport:
-    def __init__(self, export: Export, endpoint: str, max_recv_bytes: int) -> None:
+    def __init__(self, export: Export, codecs: list[Codec], endpoint: str, max_recv_bytes: int) -> None:
         self._export = export
         self._server = grpc.aio.server(
             options=[
@@ -27,8 +25,14 @@ class GrpcTransport:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        handler = grpc.unary_unary_rpc_method_handler(self._handle)  # bytes in, bytes out
-        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),))
+        for codec in codecs:
+
+            async def handle(request: bytes, context: grpc.aio.ServicerContext, codec: Codec = codec) -> bytes:
+                return await self._handle(codec, request, context)
+
+            handler = grpc.unary_unary_rpc_method_handler(handle)  # bytes in, bytes out
+            generic = grpc.method_handlers_generic_handler(codec.grpc_service, {"Export": handler})
+            self._server.add_generic_rpc_handlers((generic,))
         host_port = endpoint if not endpoint.startswith(":") else "0.0.0.0" + endpoint
         try:
             port = self._server.add_insecure_port(host_port)
@@ -38,13 +42,13 @@ class GrpcTransport:
             raise OSError(f"cannot listen on {endpoint}: address in use or not available")
         self.endpoint = f"{host_port.rpartition(':')[0]}:{port}"
 
-    async def _handle(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def _handle(self, codec: Codec, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
-            decoded: Decoded = decode_traces_protobuf(request)
+            decoded: Decoded = codec.from_protobuf(request)
         except DecodeFailed as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         try:
-            await self._export(decoded, "grpc")
+            await self._export(codec, decoded, "grpc")
         except Refused as r:
             code = grpc.StatusCode.UNAVAILABLE if r.unavailable else grpc.StatusCode.RESOURCE_EXHAUSTED
             # RetryInfo is what makes RESOURCE_EXHAUSTED retryable for OTLP clients
@@ -53,7 +57,7 @@ class GrpcTransport:
         except Exception as e:  # a pipeline bug: answered, logged, never a hung RPC
             logger.exception("pipeline failed on a batch")
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error in the pipeline: {e}")
-        return export_response(decoded.rejected, decoded.message).SerializeToString()
+        return codec.response(decoded.rejected, decoded.message).SerializeToString()
 
     async def start(self) -> None:
         await self._server.start()

@@ -10,12 +10,12 @@ import zstandard
 from fastapi import FastAPI, Request, Response
 
 from evalsi.component import Refused
-from evalsi.receivers.otlp.decode import Decoded, DecodeFailed, decode_traces_json, decode_traces_protobuf
-from evalsi.receivers.otlp.status import HTTP_TO_CODE, JSON, PROTOBUF, encode, export_response, status_message
+from evalsi.receivers.otlp.decode import Codec, Decoded, DecodeFailed
+from evalsi.receivers.otlp.status import HTTP_TO_CODE, JSON, PROTOBUF, encode, status_message
 
 logger = logging.getLogger("evalsi.receiver.otlp")
 
-Export = Callable[[Decoded, str], Awaitable[None]]
+Export = Callable[[Codec, Decoded, str], Awaitable[None]]
 
 
 class _TooLarge(Exception):
@@ -69,7 +69,8 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
     raise LookupError(encoding)
 
 
-def build_app(export: Export, *, path: str, max_body: int) -> FastAPI:
+def build_app(export: Export, routes: dict[str, Codec], *, max_body: int) -> FastAPI:
+    """One POST endpoint per signal path (e.g. /v1/traces, /v1/logs); other methods there get 405."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
     def error(status: int, message: str, media: str, *, retry_after: float | None = None) -> Response:
@@ -77,8 +78,7 @@ def build_app(export: Export, *, path: str, max_body: int) -> FastAPI:
         headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
         return Response(body, status_code=status, media_type=media, headers=headers)
 
-    @app.post(path)
-    async def traces(request: Request) -> Response:
+    async def receive(request: Request, codec: Codec) -> Response:
         media = _media_type(request.headers.get("content-type", ""))
         if media not in (PROTOBUF, JSON):
             return error(
@@ -106,22 +106,30 @@ def build_app(export: Export, *, path: str, max_body: int) -> FastAPI:
         except (zlib.error, zstandard.ZstdError, ValueError) as e:
             return error(400, f"body is not valid {encoding}: {e}", media)
         try:
-            decoded = decode_traces_json(body) if media == JSON else decode_traces_protobuf(body)
+            decoded = codec.from_json(body) if media == JSON else codec.from_protobuf(body)
         except DecodeFailed as e:
             return error(400, str(e), media)
         try:
-            await export(decoded, "http")
+            await export(codec, decoded, "http")
         except Refused as r:
             return error(503 if r.unavailable else 429, str(r), media, retry_after=r.retry_after)
         except Exception as e:  # a pipeline bug: the sender must not retry forever, and the log says what broke
             logger.exception("pipeline failed on a batch")
             return error(500, f"internal error in the pipeline: {e}", media)
-        return Response(encode(export_response(decoded.rejected, decoded.message), media), media_type=media)
+        return Response(encode(codec.response(decoded.rejected, decoded.message), media), media_type=media)
 
-    @app.api_route(path, methods=["GET", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def wrong_method(request: Request) -> Response:
-        resp = error(405, f"method {request.method} not allowed on {path}; use POST", JSON)
+        resp = error(405, f"method {request.method} not allowed on {request.url.path}; use POST", JSON)
         resp.headers["Allow"] = "POST"
         return resp
 
+    def endpoint_for(codec: Codec) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            return await receive(request, codec)
+
+        return endpoint
+
+    for path, codec in routes.items():
+        app.add_api_route(path, endpoint_for(codec), methods=["POST"])
+        app.add_api_route(path, wrong_method, methods=["GET", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     return app

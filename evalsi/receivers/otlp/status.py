@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from google.protobuf import json_format
 from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 PROTOBUF = "application/x-protobuf"
@@ -40,5 +41,13 @@ def export_response(rejected: int, message: str) -> ExportTraceServiceResponse:
     resp = ExportTraceServiceResponse()
     if rejected or message:
         resp.partial_success.rejected_spans = rejected
+        resp.partial_success.error_message = message
+    return resp
+
+
+def logs_export_response(rejected: int, message: str) -> ExportLogsServiceResponse:
+    resp = ExportLogsServiceResponse()
+    if rejected or message:
+        resp.partial_success.rejected_log_records = rejected
         resp.partial_success.error_message = message
     return resp
