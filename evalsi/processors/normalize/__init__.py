@@ -11,7 +11,10 @@ from pydantic import field_validator
 from evalsi.component import ComponentConfig, Next, Refused, Settings, processor
 from evalsi.duration import Duration
 from evalsi.log_record import LogBatch
-from evalsi.processors.normalize import otel_genai  # noqa: F401  (registers the mapper)
+
+# each mapper registers itself with its precedence (lower is tried first): agentgateway 10, mlflow 20,
+# openinference 30, openllmetry 40, openlit 50, then the generic otel_genai 100
+from evalsi.processors.normalize import mlflow, openinference, openlit, openllmetry, otel_genai  # noqa: F401
 from evalsi.processors.normalize.events import EventJoin
 from evalsi.processors.normalize.mapper import MAPPERS, Mapper, register_mapper
 from evalsi.span import Span, SpanBatch

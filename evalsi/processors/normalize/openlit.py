@@ -26,8 +26,8 @@ PRECEDENCE = 50
 SDK_NAME = "telemetry.sdk.name"  # OpenLIT sets it to "openlit" on every span it writes, and on its resource
 OPENLIT = "openlit"
 COST = "gen_ai.usage.cost"
-APPLICATION_NAME = "gen_ai.application_name"  # before 1.36; later releases write service.name on the span
-ENVIRONMENT = "gen_ai.environment"  # before 1.36; later releases write deployment.environment on the span
+APPLICATION_NAME = "gen_ai.application_name"  # up to 1.33; later releases write service.name on the span
+ENVIRONMENT = "gen_ai.environment"  # up to 1.33; later: deployment.environment
 AGENT_VERSION_HASH = "openlit.agent.version_hash"
 STREAM = "gen_ai.request.stream"
 TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token"
@@ -44,7 +44,7 @@ COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
 INPUT_MESSAGES = "gen_ai.input.messages"
 OUTPUT_MESSAGES = "gen_ai.output.messages"
 SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
-PROMPT = "gen_ai.prompt"  # 1.36-1.39: the prompt as "role: content" lines, on the span and in an event
+PROMPT = "gen_ai.prompt"  # up to 1.36: "role: content" lines (span attribute from 1.35)
 COMPLETION = "gen_ai.completion"
 TOOL_NAME = "gen_ai.tool.name"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
@@ -69,7 +69,7 @@ _DETAIL_TEXTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("application_name", (APPLICATION_NAME, "service.name")),
 )
 
-# OpenLIT's operation names beyond the semconv ones (and the pre-1.36 names "embedding", "agent", "framework")
+# OpenLIT's operation names beyond the semconv ones (and the names "embedding", "agent", "framework" of 1.33 and before)
 STEP_TYPES: dict[str, str] = {
     **OTEL_STEP_TYPES,
     "embedding": "embedding",
@@ -175,7 +175,7 @@ def _tool_messages(span: Span, attributes: dict[str, Any]) -> tuple[list[Message
 
 
 def _event_text(span: Span) -> tuple[list[Message] | None, list[Message] | None]:
-    """The pre-1.40 `gen_ai.content.prompt` / `gen_ai.content.completion` events, whose values are plain text."""
+    """The `gen_ai.content.prompt` / `gen_ai.content.completion` events of 1.36 and before: plain text."""
     input_messages: list[Message] | None = None
     output_messages: list[Message] | None = None
     for event in span.events:

@@ -75,20 +75,21 @@ STEP_TYPES: dict[str, str] = {
     RETRIEVAL: "retriever",
 }
 
-# Request parameters (gen_ai.request.*, and the embedding size) -> keys of details["request"]
-REQUEST_PARAMETERS: tuple[tuple[str, str], ...] = (
-    ("gen_ai.request.temperature", "temperature"),
-    ("gen_ai.request.max_tokens", "max_tokens"),
-    ("gen_ai.request.top_p", "top_p"),
-    ("gen_ai.request.top_k", "top_k"),
-    ("gen_ai.request.frequency_penalty", "frequency_penalty"),
-    ("gen_ai.request.presence_penalty", "presence_penalty"),
-    ("gen_ai.request.stop_sequences", "stop_sequences"),
-    ("gen_ai.request.seed", "seed"),
-    ("gen_ai.request.choice.count", "choice_count"),
-    ("gen_ai.request.encoding_formats", "encoding_formats"),
-    ("gen_ai.request.stream", "stream"),
-    ("gen_ai.embeddings.dimension.count", "dimensions"),
+# Request parameters (gen_ai.request.*, and the embedding size) -> (key of details["request"], value kind).
+# Values are typed by kind so spans re-read from the store (attribute values as strings) map alike.
+REQUEST_PARAMETERS: tuple[tuple[str, str, str], ...] = (
+    ("gen_ai.request.temperature", "temperature", "number"),
+    ("gen_ai.request.max_tokens", "max_tokens", "count"),
+    ("gen_ai.request.top_p", "top_p", "number"),
+    ("gen_ai.request.top_k", "top_k", "number"),
+    ("gen_ai.request.frequency_penalty", "frequency_penalty", "number"),
+    ("gen_ai.request.presence_penalty", "presence_penalty", "number"),
+    ("gen_ai.request.stop_sequences", "stop_sequences", "list"),
+    ("gen_ai.request.seed", "seed", "count"),
+    ("gen_ai.request.choice.count", "choice_count", "count"),
+    ("gen_ai.request.encoding_formats", "encoding_formats", "list"),
+    ("gen_ai.request.stream", "stream", "bool"),
+    ("gen_ai.embeddings.dimension.count", "dimensions", "count"),
 )
 
 # Plain identifying facts -> details keys
@@ -171,13 +172,40 @@ def span_error_type(span: Span) -> str | None:
     return found
 
 
-def _finish_reasons(value: Any) -> list[str] | None:
+def _strings(value: Any) -> list[str] | None:
+    """A string-array attribute: a list, its JSON text (as the store keeps arrays), or one plain string."""
     if isinstance(value, str):
-        return [value] if value else None
+        if not value:
+            return None
+        if value.startswith("["):
+            try:
+                parsed = json.loads(value)
+            except (ValueError, RecursionError):
+                return [value]
+            return _strings(parsed) if isinstance(parsed, list) else [value]
+        return [value]
     if isinstance(value, (list, tuple)):
-        reasons = [r if isinstance(r, str) else str(r) for r in value if r is not None]
-        return reasons or None
+        found = [v if isinstance(v, str) else str(v) for v in value if v is not None]
+        return found or None
     return None
+
+
+def _flag(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if value == "true" or value == "false":
+        return value == "true"
+    return None
+
+
+def _number_or_whole(value: Any) -> int | float | None:
+    """A sampling parameter as sent: an int stays an int, a float or numeric text becomes a float."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return _number(value)
+
+
+_PARAMETER_KINDS = {"number": _number_or_whole, "count": _count, "list": _strings, "bool": _flag}
 
 
 def _document(item: Any) -> dict[str, Any]:
@@ -260,7 +288,7 @@ def fill_details(span: Span, attributes: dict[str, Any]) -> None:
         details["reasoning_tokens"] = tokens
     reasons = get(FINISH_REASONS)
     if reasons is not None:
-        found_reasons = _finish_reasons(reasons)
+        found_reasons = _strings(reasons)
         if found_reasons is not None:
             details["finish_reasons"] = found_reasons
     seconds = get(TIME_TO_FIRST_CHUNK)
@@ -269,12 +297,14 @@ def fill_details(span: Span, attributes: dict[str, Any]) -> None:
         if found_seconds is not None:
             details["time_to_first_token_s"] = found_seconds
     request: dict[str, Any] | None = None
-    for attribute, key in REQUEST_PARAMETERS:
+    for attribute, key, kind in REQUEST_PARAMETERS:
         value = get(attribute)
         if value is not None:
-            if request is None:
-                request = {}
-            request[key] = value
+            value = _PARAMETER_KINDS[kind](value)
+            if value is not None:
+                if request is None:
+                    request = {}
+                request[key] = value
     if request is not None:
         details["request"] = request
 
