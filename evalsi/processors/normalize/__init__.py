@@ -14,7 +14,14 @@ from evalsi.log_record import LogBatch
 
 # each mapper registers itself with its precedence (lower is tried first): agentgateway 10, mlflow 20,
 # openinference 30, openllmetry 40, openlit 50, then the generic otel_genai 100
-from evalsi.processors.normalize import mlflow, openinference, openlit, openllmetry, otel_genai  # noqa: F401
+from evalsi.processors.normalize import (  # noqa: F401
+    agentgateway,
+    mlflow,
+    openinference,
+    openlit,
+    openllmetry,
+    otel_genai,
+)
 from evalsi.processors.normalize.events import EventJoin
 from evalsi.processors.normalize.mapper import MAPPERS, Mapper, register_mapper
 from evalsi.span import Span, SpanBatch
