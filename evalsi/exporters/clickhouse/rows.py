@@ -8,6 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from evalsi import json_codec
 from evalsi.exporters.clickhouse.schema import LOGS_SCHEMA, TRACES_SCHEMA
 from evalsi.log_record import LogRecord
 from evalsi.span import Span
@@ -27,15 +28,14 @@ def attribute_string(value: Any) -> str:
         return base64.b64encode(value).decode()
     if value is None:
         return ""
-    return json.dumps(value, separators=_COMPACT, ensure_ascii=False, default=str)
+    return json_codec.dumps(value)
 
 
 def string_map(attrs: dict[str, Any]) -> list[tuple[str, str]]:
     return [(k, v if isinstance(v, str) else attribute_string(v)) for k, v in attrs.items()]
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=_COMPACT, ensure_ascii=False, default=str)
+_json = json_codec.dumps
 
 
 def _content(messages: list[dict[str, Any]] | None) -> str:
@@ -46,13 +46,39 @@ _STATUS = {"UNSET": "STATUS_CODE_UNSET", "OK": "STATUS_CODE_OK", "ERROR": "STATU
 _STATUS_BACK = {v: k for k, v in _STATUS.items()}
 
 
+class _MapColumn:
+    """A Map(String, String) column built flat (keys, values, offsets): far cheaper than a list of pair lists."""
+
+    def __init__(self) -> None:
+        self.offsets = [0]
+        self.keys: list[str] = []
+        self.values: list[str] = []
+
+    def add(self, keys: Any, values: list[str]) -> None:
+        self.keys.extend(keys)
+        self.values.extend(values)
+        self.offsets.append(len(self.keys))
+
+    def array(self) -> pa.Array:
+        return pa.MapArray.from_arrays(
+            pa.array(self.offsets, pa.int32()), pa.array(self.keys, pa.string()), pa.array(self.values, pa.string())
+        )
+
+
+def _strings(attrs: dict[str, Any]) -> list[str]:
+    return [v if type(v) is str else attribute_string(v) for v in attrs.values()]
+
+
 def to_arrow(spans: list[Span]) -> pa.Table:
     """Column-wise build: one Python list per column, converted by Arrow in C."""
-    cols: list[list[Any]] = [[] for _ in TRACES_SCHEMA]
+    cols: list[Any] = [[] for _ in TRACES_SCHEMA]
+    rattrs, sattrs = _MapColumn(), _MapColumn()
+    cols[TRACES_SCHEMA.get_field_index("ResourceAttributes")] = rattrs
+    cols[TRACES_SCHEMA.get_field_index("SpanAttributes")] = sattrs
     (ts, tid, sid, psid, tstate, name, kind, service, rattrs, scope, scope_v, sattrs, dur, status, status_msg,
      ev_ts, ev_name, ev_attrs, ln_tid, ln_sid, ln_state, ln_attrs, step, model, provider, in_tok, out_tok,
      tool, session, agent, user, cost, error, inp, out, captured, convention, unparsed, details) = cols  # fmt: skip
-    resource_cache: dict[int, list[tuple[str, str]]] = {}
+    resource_cache: dict[int, tuple[list[str], list[str]]] = {}
     for s in spans:
         ts.append(s.start_time_unix_nano)
         tid.append(s.trace_id)
@@ -66,11 +92,11 @@ def to_arrow(spans: list[Span]) -> pa.Table:
         key = id(s.resource_attributes)
         r = resource_cache.get(key)
         if r is None:
-            r = resource_cache[key] = string_map(s.resource_attributes)
-        rattrs.append(r)
+            r = resource_cache[key] = (list(s.resource_attributes), _strings(s.resource_attributes))
+        rattrs.add(*r)
         scope.append(s.scope_name)
         scope_v.append(s.scope_version)
-        sattrs.append(string_map(s.attributes))
+        sattrs.add(s.attributes.keys(), _strings(s.attributes))
         dur.append(s.duration_ns)
         status.append(_STATUS.get(s.status_code, "STATUS_CODE_UNSET"))
         status_msg.append(s.status_message)
@@ -109,7 +135,10 @@ def to_arrow(spans: list[Span]) -> pa.Table:
         convention.append(s.convention)
         unparsed.append(s.unparsed)
         details.append(_json(s.details) if s.details else "")
-    arrays = [pa.array(c, type=f.type) for c, f in zip(cols, TRACES_SCHEMA, strict=True)]
+    arrays = [
+        c.array() if isinstance(c, _MapColumn) else pa.array(c, type=f.type)
+        for c, f in zip(cols, TRACES_SCHEMA, strict=True)
+    ]
     return pa.Table.from_arrays(arrays, schema=TRACES_SCHEMA)
 
 

@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from evalsi import json_codec
 from evalsi.span import SpanEvent
 
 Message = dict[str, Any]
@@ -41,7 +42,7 @@ _MALFORMED = object()
 def _loads(text: str) -> Any:
     """`json.loads`, or `_MALFORMED`: content from the wire must never stop the pipeline."""
     try:
-        return json.loads(text)
+        return json_codec.loads(text)
     except (ValueError, RecursionError):
         return _MALFORMED
 

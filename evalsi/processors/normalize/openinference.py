@@ -9,6 +9,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from evalsi import json_codec
 from evalsi.processors.normalize.mapper import register_mapper
 from evalsi.processors.normalize.messages import (
     Message,
@@ -156,7 +157,7 @@ _MALFORMED = object()
 def loads(value: str) -> Any:
     """`json.loads`, or the module's malformed marker (compare with `is_malformed`)."""
     try:
-        return json.loads(value)
+        return json_codec.loads(value)
     except (ValueError, RecursionError):
         return _MALFORMED
 

@@ -8,6 +8,7 @@ import json
 import math
 from typing import Any
 
+from evalsi import json_codec
 from evalsi.processors.normalize.mapper import register_mapper
 from evalsi.processors.normalize.messages import (
     CONTENT_EVENTS,
@@ -189,7 +190,7 @@ def _event_text(span: Span) -> tuple[list[Message] | None, list[Message] | None]
 def _tools_declared(value: Any) -> list[dict[str, Any]] | None:
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = json_codec.loads(value)
         except (ValueError, RecursionError):
             return None
     if isinstance(value, dict):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from evalsi import json_codec
 from evalsi.processors.normalize.mapper import register_mapper
 from evalsi.processors.normalize.messages import (
     CONTENT_EVENTS,
@@ -104,7 +105,7 @@ _SCANNED_PREFIXES = (PROMPT_PREFIX, COMPLETION_PREFIX, FUNCTIONS_PREFIX, ASSOCIA
 
 def _loads(text: str) -> tuple[Any, bool]:
     try:
-        return json.loads(text), True
+        return json_codec.loads(text), True
     except (ValueError, RecursionError):
         return None, False
 

@@ -66,6 +66,10 @@ def attributes(kvs: Any) -> dict[str, Any]:
             out[kv.key] = v.string_value
         elif which == "int_value":
             out[kv.key] = v.int_value
+        elif which == "double_value":
+            out[kv.key] = v.double_value
+        elif which == "bool_value":
+            out[kv.key] = v.bool_value
         else:
             out[kv.key] = any_value(v)
     return out
