@@ -104,7 +104,7 @@ def input_messages(rng: random.Random, size: int) -> str:
     return json.dumps(messages, separators=(",", ":"))
 
 
-def build_template(spans_per_request: int, spans_per_trace: int, content_bytes: int, seed: int) -> Any:
+def build_template(spans_per_request: int, content_bytes: int, seed: int) -> Any:
     """One request of GenAI chat spans; ids, timestamps and response ids are rewritten per request."""
     rng = random.Random(seed)
     req = ExportTraceServiceRequest()
@@ -182,14 +182,15 @@ def build_payloads(template: Any, n_requests: int, spans_per_trace: int, run_tag
 
 
 def floor_rate(payloads: list[bytes], spans_per_request: int, fn: Callable[[bytes], Any], seconds: float) -> float:
-    """Spans/s of `fn` over the payloads, cycled for at least `seconds` (one warm-up request first)."""
+    """Spans per CPU-second of `fn` over the payloads, cycled for at least `seconds` (one warm-up request first).
+    CPU time of this process, not wall time, so that other load on the machine skews the floor less."""
     fn(payloads[0])
     n = 0
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     while True:
         fn(payloads[n % len(payloads)])
         n += 1
-        elapsed = time.perf_counter() - t0
+        elapsed = time.process_time() - t0
         if elapsed >= seconds and n >= 3:
             return n * spans_per_request / elapsed
 
@@ -503,6 +504,7 @@ class RunResult:
     stored_per_s: float | None = None
     retries: int = 0
     server_cpu_pct: float = 0.0
+    server_cpu_us_per_span: float = 0.0
     server_threads_cpu_s: dict[str, float] = field(default_factory=dict)
     client_cpu_pct: float = 0.0
     other_cpu_pct: float = 0.0
@@ -558,6 +560,9 @@ def run_one(args: argparse.Namespace, transport: str, payloads: list[bytes], wor
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), saved_pythonpath) if p)
     try:
         c = start_collector(tmp, config)
+    except AssertionError as e:  # it exited, or never logged "ready"
+        res.failures.append(f"evalsi serve did not start: {e}")
+        return res
     finally:
         if saved_pythonpath is None:
             os.environ.pop("PYTHONPATH", None)
@@ -592,6 +597,8 @@ def run_one(args: argparse.Namespace, transport: str, payloads: list[bytes], wor
                 res.profile = summarize_profile(raw, t1 - t0, args.profile_rate, args.profile_top)
         res.peak_queue = poller.peak_queue
         res.server_cpu_pct = 100 * (cpu1 - cpu0) / (t1 - t0)
+        # the cost of a span, whatever else the machine was doing: the steadiest figure on a shared machine
+        res.server_cpu_us_per_span = 1e6 * (cpu1 - cpu0) / max(1, sent.accepted_spans)
         res.client_cpu_pct = 100 * (client1 - client0) / (t1 - t0)
         # what else ran on the machine meanwhile (other sessions, py-spy): the figures are only as good as this is low
         res.other_cpu_pct = max(0.0, 100 * (sys1 - sys0) / (t1 - t0) - res.server_cpu_pct - res.client_cpu_pct)
@@ -642,7 +649,7 @@ def fmt_rate(v: float | None) -> str:
 def print_table(runs: list[RunResult], floors: dict[str, float]) -> None:
     decode = floors.get("decode")
     head = ["transport", "conc", "spans", "accepted/s", "stored/s", "parse floor/s", "decode floor/s",
-            "pipeline floor/s", "stored/decode", "server CPU", "client CPU", "other CPU"]  # fmt: skip
+            "pipeline floor/s", "stored/decode", "server CPU", "server µs/span", "client CPU", "other CPU"]  # fmt: skip
     rows = [head]
     for r in runs:
         ratio = "-" if r.stored_per_s is None or not decode else f"{r.stored_per_s / decode:.2f}"
@@ -658,6 +665,7 @@ def print_table(runs: list[RunResult], floors: dict[str, float]) -> None:
                 fmt_rate(floors.get("pipeline")),
                 ratio,
                 f"{r.server_cpu_pct:.0f}%",
+                f"{r.server_cpu_us_per_span:.0f}",
                 f"{r.client_cpu_pct:.0f}%",
                 f"{r.other_cpu_pct:.0f}%",
             ]
@@ -687,9 +695,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=8, help="client threads, one connection each")
     p.add_argument("--floor-seconds", type=float, default=2.0, help="time spent on each decode floor")
     p.add_argument("--no-floor", action="store_true", help="skip the in-process floors")
-    p.add_argument("--flush-interval", help="exporter flush_interval (default: the product default)")
-    p.add_argument("--batch-size", type=int, help="exporter batch_size (default: the product default)")
-    p.add_argument("--queue-size", type=int, help="exporter queue_size (default: the product default)")
+    p.add_argument("--flush-interval", help="exporter flush_interval (None: the product default)")
+    p.add_argument("--batch-size", type=int, help="exporter batch_size (None: the product default)")
+    p.add_argument("--queue-size", type=int, help="exporter queue_size (None: the product default)")
     p.add_argument("--poll-interval", type=float, default=0.05, help="seconds between polls of /metrics")
     p.add_argument("--store-timeout", type=float, default=600, help="give up waiting for the store after this")
     p.add_argument("--profile", metavar="DIR",
@@ -723,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
     transports = ["http", "grpc"] if args.transport == "both" else [args.transport]
 
     t = time.perf_counter()
-    template = build_template(args.spans_per_request, args.spans_per_trace, args.content_bytes, args.seed)
+    template = build_template(args.spans_per_request, args.content_bytes, args.seed)
     now = time.time_ns()
     payloads = {
         tr: build_payloads(
