@@ -71,6 +71,7 @@ class Span:
     content_captured: bool = False
     convention: str = ""
     unparsed: list[str] = field(default_factory=list)  # canonical fields kept raw because they would not parse
+    sampled: bool = True  # the storage decision: exporters skip (and count) spans sampled out
     # convention-specific extras with canonical key names: cache_read_input_tokens, cache_creation_input_tokens,
     # reasoning_tokens, documents (retrieval), mcp_target, a2a_method, request_type, ...
     details: dict[str, Any] = field(default_factory=dict)
@@ -120,10 +121,15 @@ class SpanBatch:
 
     A `revision` batch carries spans already handed on once, now with more canonical content (e.g. GenAI
     events that arrived after their span): consumers replace what they hold for those span ids.
+
+    `unit` says what the batch holds: "spans" (any spans), "trace" (whole traces that trace assembly judged
+    complete; evaluation runs per trace on these, whatever each span's `sampled`), or "session" (every span of
+    a session that went quiet, already handed on as traces: for session-scope evaluation, never stored again).
     """
 
     spans: list[Span] = field(default_factory=list)
     revision: bool = False
+    unit: str = "spans"
 
     def __len__(self) -> int:
         return len(self.spans)
@@ -139,4 +145,4 @@ class SpanBatch:
         for span in self.spans:
             # the low 64 bits of a W3C trace id are random, so a modulo spreads evenly
             shards[int(span.trace_id[16:], 16) % n].append(span)
-        return [SpanBatch(s, self.revision) for s in shards]
+        return [SpanBatch(s, self.revision, self.unit) for s in shards]

@@ -2,16 +2,40 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 # `*_created` series add nothing a dashboard uses
 disable_created_metrics()
 
 
 class SelfMetrics:
-    """One registry per service, so tests and several services in one process never collide."""
+    """One registry per service, so tests and several services in one process never collide.
+
+    The pipeline's shared metrics are attributes; a component with metrics of its own gets them with
+    `counter()` / `gauge()` / `histogram()`, which return the one metric of that name however many
+    instances ask (label them by component id).
+    """
+
+    def counter(self, name: str, doc: str, labels: list[str]) -> Counter:
+        return self._get(Counter, name, doc, labels)
+
+    def gauge(self, name: str, doc: str, labels: list[str]) -> Gauge:
+        return self._get(Gauge, name, doc, labels)
+
+    def histogram(self, name: str, doc: str, labels: list[str], buckets: tuple[float, ...] | None = None) -> Histogram:
+        extra = {"buckets": buckets} if buckets else {}
+        return self._get(Histogram, name, doc, labels, **extra)
+
+    def _get(self, kind: type, name: str, doc: str, labels: list[str], **extra: Any) -> Any:
+        found = self._own.get(name)
+        if found is None:
+            found = self._own[name] = kind(name, doc, labels, registry=self.registry, **extra)
+        return found
 
     def __init__(self) -> None:
+        self._own: dict[str, Any] = {}
         self.registry = CollectorRegistry()
         r = self.registry
         self.receiver_accepted_spans = Counter(

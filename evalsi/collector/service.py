@@ -66,7 +66,7 @@ class FanOut:
     async def consume(self, batch: SpanBatch) -> None:
         first, *rest = self.consumers
         for consumer in rest:
-            await consumer.consume(SpanBatch([copy.deepcopy(s) for s in batch.spans], revision=batch.revision))
+            await consumer.consume(SpanBatch([copy.deepcopy(s) for s in batch.spans], batch.revision, batch.unit))
         await first.consume(batch)
 
 

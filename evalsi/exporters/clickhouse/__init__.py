@@ -129,7 +129,13 @@ class ClickHouseExporter:
             self._wake.set()
 
     async def consume(self, batch: SpanBatch) -> None:
-        self._enqueue(self._revisions if batch.revision else self._spans, batch.spans)
+        if batch.unit == "session":
+            return  # a session's spans were stored as their traces completed
+        spans = batch.spans
+        if not all(s.sampled for s in spans):
+            spans = [s for s in spans if s.sampled]  # the sampler counted the others
+        if spans:
+            self._enqueue(self._revisions if batch.revision else self._spans, spans)
 
     async def consume_logs(self, batch: LogBatch) -> None:
         self._enqueue(self._logs, batch.records)

@@ -16,14 +16,14 @@ from evalsi.span import Span
 _COMPACT = (",", ":")
 
 
+_SCALAR_STRING = {str: str, int: int.__repr__, float: float.__repr__, bool: lambda b: "true" if b else "false"}
+
+
 def attribute_string(value: Any) -> str:
     """An attribute value as the OTel ClickHouse exporter stores it (pcommon `AsString`)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
+    scalar = _SCALAR_STRING.get(type(value))
+    if scalar is not None:
+        return scalar(value)
     if isinstance(value, bytes):
         return base64.b64encode(value).decode()
     if value is None:

@@ -125,27 +125,29 @@ def spans_from_request(req: ExportTraceServiceRequest) -> Decoded:
                     else []
                 )
                 kind = s.kind
-                code = s.status.code
+                status = s.status
+                code = status.code
+                # positional: this constructor runs once per span on the ingest path
                 spans.append(
                     Span(
-                        trace_id=trace_id.hex(),
-                        span_id=span_id.hex(),
-                        parent_span_id=parent.hex(),
-                        name=s.name,
-                        kind=SPAN_KINDS[kind] if 0 <= kind < n_kinds else "UNSPECIFIED",
-                        start_time_unix_nano=s.start_time_unix_nano,
-                        end_time_unix_nano=s.end_time_unix_nano,
-                        status_code=STATUS_CODES[code] if 0 <= code < 3 else "UNSET",
-                        status_message=s.status.message,
-                        trace_state=s.trace_state,
-                        service_name=service_name,
-                        scope_name=scope_name,
-                        scope_version=scope_version,
-                        attributes=attributes(s.attributes),
-                        resource_attributes=resource_attributes,
-                        events=events,
-                        links=links,
-                        flags=s.flags,
+                        trace_id.hex(),
+                        span_id.hex(),
+                        parent.hex(),
+                        s.name,
+                        SPAN_KINDS[kind] if 0 <= kind < n_kinds else "UNSPECIFIED",
+                        s.start_time_unix_nano,
+                        s.end_time_unix_nano,
+                        STATUS_CODES[code] if 0 <= code < 3 else "UNSET",
+                        status.message,
+                        s.trace_state,
+                        service_name,
+                        scope_name,
+                        scope_version,
+                        attributes(s.attributes),
+                        resource_attributes,
+                        events,
+                        links,
+                        s.flags,
                     )
                 )
     message = ""
