@@ -469,6 +469,41 @@ def test_system_instructions_lead_the_input(instructions: Any, expected: list[di
     assert system_message("[]") is None
 
 
+def test_system_instructions_already_leading_the_input_are_not_added_twice() -> None:
+    system = {"role": "system", "parts": [{"type": "text", "content": "Be brief."}]}
+    other = {"role": "system", "parts": [{"type": "text", "content": "Be kind."}]}
+    user = {"role": "user", "parts": [{"type": "text", "content": "hi"}]}
+    # OpenLIT sends the instructions in both attributes; a different system message is content of its own
+    for instructions in ("Be brief.", json.dumps(system["parts"])):
+        for messages, expected in (([system, user], [system, user]), ([other, user], [system, other, user])):
+            s = span(
+                {
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.system_instructions": instructions,
+                    "gen_ai.input.messages": json.dumps(messages),
+                }
+            )
+            normalize_span(s)
+            assert s.input == expected
+
+
+def test_a_part_with_neither_type_nor_content_becomes_its_json_text() -> None:
+    value = json.dumps([{"role": "user", "parts": [{"url": "https://example.com/ä"}, {"type": None, "n": 1}]}])
+    assert semconv_messages(value, "user") == [
+        {
+            "role": "user",
+            "parts": [
+                {"type": "text", "content": '{"url": "https://example.com/ä"}'},
+                {"type": "text", "content": '{"type": null, "n": 1}'},
+            ],
+        }
+    ]
+    assert system_message([{"note": "x"}]) == {
+        "role": "system",
+        "parts": [{"type": "text", "content": '{"note": "x"}'}],
+    }
+
+
 def test_execute_tool_span_without_content() -> None:
     s = span({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"})
     normalize_span(s)
@@ -924,6 +959,23 @@ def test_odd_detail_values_never_raise(value: Any) -> None:
         normalize_span(s)
         assert s.attributes == attributes
         json.dumps(s.canonical(), default=str)
+
+
+def test_containers_are_no_text_and_non_finite_numbers_no_number() -> None:
+    s = span(
+        {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": ["m"],
+            "gen_ai.conversation.id": {"id": "c"},
+            "gen_ai.response.id": ["r"],
+            "gen_ai.request.temperature": "NaN",
+            "gen_ai.request.top_p": float("inf"),
+            "gen_ai.response.time_to_first_chunk": "1e400",
+        }
+    )
+    normalize_span(s)
+    assert (s.step_type, s.model, s.session_id) == ("llm", None, None)
+    assert s.details == {}
 
 
 # --- registry, config and the processor -----------------------------------------------------------

@@ -14,7 +14,6 @@ count every LLM and tool call twice.
 
 from __future__ import annotations
 
-import math
 from decimal import Decimal
 from typing import Any
 
@@ -24,12 +23,10 @@ from evalsi.processors.normalize.otel_genai import (
     OPERATION,
     OTEL_GENAI,
     OTHER_ERROR,
-    _count,
-    _number,
-    _text,
     span_error_type,
     tool_messages,
 )
+from evalsi.processors.normalize.values import count, number, text
 from evalsi.span import Span
 
 SCOPE = "agentgateway"  # the instrumentation scope of every span agentgateway writes
@@ -95,29 +92,16 @@ PROMPT = "gen_ai.prompt"
 COMPLETION = "gen_ai.completion"
 
 
-def _cost_value(value: Any) -> float | None:
-    """agentgateway writes costs as lossless decimal strings; numbers are tolerated."""
-    if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            return None
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
-    else:
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _cost(span: Span, get: Any) -> None:
     parts: dict[str, float] = {}
     for name, attribute in COST_PART_ATTRIBUTES:
         value = get(attribute)
         if value is not None:
-            number = _cost_value(value)
-            if number is not None:
-                parts[name] = number
-    total = _cost_value(get(COST_TOTAL))
+            # agentgateway writes costs as lossless decimal strings; numbers are tolerated
+            found = number(value)
+            if found is not None:
+                parts[name] = found
+    total = number(get(COST_TOTAL))
     if total is None and parts:
         # summed as decimals so 0.1 + 0.2 stays 0.3, as the gateway's own total would be
         total = float(sum(Decimal(repr(v)) for v in parts.values()))
@@ -209,13 +193,13 @@ def _apply_llm(span: Span, get: Any) -> None:
     details = span.details
     _cost(span, get)
     for attribute, key in EXTRA_TOKENS:
-        tokens = _count(get(attribute))
+        tokens = count(get(attribute))
         if tokens is not None:
             details[key] = tokens
-    seconds = _number(get(TIME_TO_FIRST_TOKEN))
+    seconds = number(get(TIME_TO_FIRST_TOKEN))
     if seconds is not None:
         details["time_to_first_token_s"] = seconds
-    seconds = _number(get(TIME_PER_OUTPUT_TOKEN))
+    seconds = number(get(TIME_PER_OUTPUT_TOKEN))
     if seconds is not None:
         details["time_per_output_token_s"] = seconds
     _llm_content(span, get)
@@ -230,24 +214,24 @@ def _code(value: Any) -> Any:
     """A JSON-RPC error code: an int when it is one, else as sent."""
     if value is None:
         return None
-    code = _count(value)
+    code = count(value)
     return value if code is None else code
 
 
 def _apply_mcp(span: Span, get: Any, method: Any) -> None:
     details = span.details
-    method = _text(method)
+    method = text(method)
     _put(details, "mcp_method", method)
-    _put(details, "mcp_target", _text(get(MCP_TARGET)))
-    _put(details, "mcp_resource_type", _text(get(MCP_RESOURCE_TYPE)))
-    _put(details, "mcp_resource_uri", _text(get(MCP_RESOURCE_URI)))
-    _put(details, "mcp_prompt_name", _text(get(MCP_PROMPT_NAME)))
-    session = _text(get(MCP_SESSION_ID))
+    _put(details, "mcp_target", text(get(MCP_TARGET)))
+    _put(details, "mcp_resource_type", text(get(MCP_RESOURCE_TYPE)))
+    _put(details, "mcp_resource_uri", text(get(MCP_RESOURCE_URI)))
+    _put(details, "mcp_prompt_name", text(get(MCP_PROMPT_NAME)))
+    session = text(get(MCP_SESSION_ID))
     _put(details, "mcp_session_id", session)
     if span.session_id is None:
         span.session_id = session
     _put(details, "mcp_error_code", _code(get(MCP_ERROR_CODE)))
-    _put(details, "mcp_error_message", _text(get(MCP_ERROR_MESSAGE)))
+    _put(details, "mcp_error_message", text(get(MCP_ERROR_MESSAGE)))
     # a tool call is a tool step; initialize, tools/list, resources/read, notifications are the protocol's own
     if method == MCP_TOOL_CALL:
         span.step_type = "tool"
@@ -261,13 +245,13 @@ def _apply_mcp(span: Span, get: Any, method: Any) -> None:
 
 def _apply_a2a(span: Span, get: Any, method: Any) -> None:
     details = span.details
-    method = _text(method)
+    method = text(method)
     _put(details, "a2a_method", method)
-    _put(details, "a2a_outcome", _text(get(A2A_OUTCOME)))
-    _put(details, "a2a_result_kind", _text(get(A2A_RESULT_KIND)))
-    _put(details, "a2a_task_state", _text(get(A2A_TASK_STATE)))
+    _put(details, "a2a_outcome", text(get(A2A_OUTCOME)))
+    _put(details, "a2a_result_kind", text(get(A2A_RESULT_KIND)))
+    _put(details, "a2a_task_state", text(get(A2A_TASK_STATE)))
     _put(details, "a2a_error_code", _code(get(A2A_ERROR_CODE)))
-    context = _text(get(A2A_CONTEXT_ID))
+    context = text(get(A2A_CONTEXT_ID))
     _put(details, "a2a_context_id", context)
     if context is not None:
         # the A2A context ties the turns of one conversation together
@@ -279,16 +263,16 @@ def _gateway_error(get: Any) -> str | None:
     """The most specific error class the gateway records, for a request span without `error.type`."""
     code = get(MCP_ERROR_CODE)
     if code is not None:
-        return _text(code)  # the semconv's error.type for MCP: the JSON-RPC error code
+        return text(code)  # the semconv's error.type for MCP: the JSON-RPC error code
     code = get(A2A_ERROR_CODE)
     if code is not None:
-        return _text(code)
+        return text(code)
     if get(A2A_OUTCOME) == "error":
         return OTHER_ERROR
-    reason = _text(get(REASON))
+    reason = text(get(REASON))
     if reason is not None and reason != DIRECT_RESPONSE:
         return reason
-    status = _count(get(HTTP_STATUS))
+    status = count(get(HTTP_STATUS))
     if status is not None and status >= 400:
         return str(status)
     return None
@@ -298,14 +282,14 @@ def _apply_outbound(span: Span, kind: Any) -> None:
     """An outbound CLIENT span: not a step of its own; details say what it called."""
     get = span.attributes.get
     details = span.details
-    details["outbound_kind"] = _text(kind)
-    _put(details, "outbound_subtype", _text(get(OUTBOUND_SUBTYPE)))
-    _put(details, "mcp_target", _text(get(MCP_TARGET)))
-    _put(details, "mcp_method", _text(get(MCP_METHOD)))
-    _put(details, "tool_name", _text(get("gen_ai.tool.name")))
+    details["outbound_kind"] = text(kind)
+    _put(details, "outbound_subtype", text(get(OUTBOUND_SUBTYPE)))
+    _put(details, "mcp_target", text(get(MCP_TARGET)))
+    _put(details, "mcp_method", text(get(MCP_METHOD)))
+    _put(details, "tool_name", text(get("gen_ai.tool.name")))
     error = span_error_type(span)
     if error is None or error == OTHER_ERROR:
-        status = _count(get(HTTP_STATUS))
+        status = count(get(HTTP_STATUS))
         if status is not None and status >= 400:
             error = str(status)
     span.error_type = error
@@ -336,10 +320,10 @@ class Agentgateway:
         # the gen_ai.* attributes (model, provider, tokens, request parameters, cache and reasoning tokens,
         # gen_ai.tool.name, anything CEL fields add) read exactly as the OTel GenAI mapper reads them
         OTEL_GENAI.apply(span)
-        protocol = _text(get(PROTOCOL))
+        protocol = text(get(PROTOCOL))
         if protocol is not None:
             span.details["protocol"] = protocol
-        user = _text(get(JWT_SUBJECT))
+        user = text(get(JWT_SUBJECT))
         if user is not None:
             span.user_id = user
         mcp_method = get(MCP_METHOD)

@@ -4,11 +4,10 @@ in the wild: `gen_ai.*.messages`, per-message events (span events or log records
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from evalsi import json_codec
+from evalsi.processors.normalize.values import as_text, is_malformed, loads
 from evalsi.span import SpanEvent
 
 Message = dict[str, Any]
@@ -36,28 +35,9 @@ CONTENT_EVENTS = frozenset((*MESSAGE_EVENT_ROLES, PROMPT_EVENT, COMPLETION_EVENT
 # Some emitters (Semantic Kernel for .NET) put the event body as JSON into one span-event attribute.
 EVENT_BODY_ATTRIBUTE = "gen_ai.event.content"
 
-_MALFORMED = object()
-
-
-def _loads(text: str) -> Any:
-    """`json.loads`, or `_MALFORMED`: content from the wire must never stop the pipeline."""
-    try:
-        return json_codec.loads(text)
-    except (ValueError, RecursionError):
-        return _MALFORMED
-
-
-def _as_text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, ensure_ascii=False, default=str)
-    except (ValueError, TypeError, RecursionError):
-        return str(value)
-
 
 def _text_part(value: Any) -> Part:
-    return {"type": "text", "content": _as_text(value)}
+    return {"type": "text", "content": as_text(value)}
 
 
 def unparsed_message(role: str, raw: Any) -> Message:
@@ -68,8 +48,8 @@ def unparsed_message(role: str, raw: Any) -> Message:
 def tool_arguments(value: Any) -> Any:
     """Tool-call arguments, parsed when they arrive as a JSON string; otherwise (or if malformed) as given."""
     if isinstance(value, str):
-        parsed = _loads(value)
-        return value if parsed is _MALFORMED else parsed
+        parsed = loads(value)
+        return value if is_malformed(parsed) else parsed
     return value
 
 
@@ -82,16 +62,19 @@ def _semconv_part(part: Any) -> Part:
     kind = part.get("type")
     if kind == "text" or (kind is None and "content" in part):
         content = part.get("content")
-        return {"type": "text", "content": "" if content is None else _as_text(content)}
+        return {"type": "text", "content": "" if content is None else as_text(content)}
     if kind == "tool_call":
         return {
             "type": "tool_call",
             "id": part.get("id"),
-            "name": _as_text(part.get("name") or ""),
+            "name": as_text(part.get("name") or ""),
             "arguments": tool_arguments(part.get("arguments")),
         }
     if kind == "tool_call_response":
         return {"type": "tool_call_response", "id": part.get("id"), "response": part.get("response")}
+    if kind is None:
+        # neither a type nor content: not a part of any known form, so its JSON is the text
+        return _text_part(part)
     # reasoning, blob, uri, file, server tool calls, vendor types: kept as sent
     return dict(part)
 
@@ -114,7 +97,7 @@ def _semconv_message(message: Any, default_role: str) -> Message:
         canonical = {"role": role, "parts": [_semconv_part(parts)]}
     finish_reason = message.get("finish_reason")
     if finish_reason is not None:
-        canonical["finish_reason"] = _as_text(finish_reason)
+        canonical["finish_reason"] = as_text(finish_reason)
     return canonical
 
 
@@ -130,8 +113,8 @@ def semconv_messages(value: Any, default_role: str) -> list[Message] | None:
     if isinstance(value, str):
         if not value:
             return None
-        parsed = _loads(value)
-        if parsed is _MALFORMED:
+        parsed = loads(value)
+        if is_malformed(parsed):
             return [unparsed_message(default_role, value)]
         value = parsed
     if isinstance(value, dict):
@@ -148,9 +131,9 @@ def system_message(value: Any) -> Message | None:
     if value is None or value == "" or value == []:
         return None
     if isinstance(value, str):
-        parsed = _loads(value)
+        parsed = loads(value)
         # a plain instruction string is not JSON; neither is it a JSON string literal worth unwrapping
-        value = [value] if parsed is _MALFORMED or isinstance(parsed, str) else parsed
+        value = [value] if is_malformed(parsed) or isinstance(parsed, str) else parsed
     if isinstance(value, dict):
         value = [value]
     if not isinstance(value, list):
@@ -158,6 +141,23 @@ def system_message(value: Any) -> Message | None:
     if not value:
         return None
     return {"role": "system", "parts": [_semconv_part(p) for p in value]}
+
+
+def with_system_instructions(messages: list[Message] | None, instructions: Any) -> list[Message] | None:
+    """`messages` led by the system message of `gen_ai.system_instructions`, unless they already start with it.
+
+    Some emitters (OpenLIT) send the instructions in both attributes: the same system message is not added twice.
+    """
+    if instructions is None:
+        return messages
+    system = system_message(instructions)
+    if system is None:
+        return messages
+    if messages:
+        lead = messages[0]
+        if lead["role"] == "system" and lead["parts"] == system["parts"]:
+            return messages
+    return [system, *(messages or ())]
 
 
 # --- OpenAI-style messages: the body of per-message events and of gen_ai.prompt / gen_ai.completion ---
@@ -174,7 +174,7 @@ def _content_parts(content: Any) -> list[Part]:
             if isinstance(item, dict):
                 if item.get("type") == "text" and "text" in item:
                     # the OpenAI content-part form {"type": "text", "text": ...}
-                    parts.append({"type": "text", "content": _as_text(item["text"])})
+                    parts.append({"type": "text", "content": as_text(item["text"])})
                 elif "type" in item:
                     parts.append(_semconv_part(item))
                 else:
@@ -192,14 +192,14 @@ def _tool_call_part(call: Any) -> Part:
         return _text_part(call)
     function = call.get("function")
     if isinstance(function, str):
-        function = _loads(function)
+        function = loads(function)
     if not isinstance(function, dict):
         # the flat form {"id", "name", "arguments"}
         function = call
     return {
         "type": "tool_call",
         "id": call.get("id"),
-        "name": _as_text(function.get("name") or ""),
+        "name": as_text(function.get("name") or ""),
         "arguments": tool_arguments(function.get("arguments")),
     }
 
@@ -219,8 +219,8 @@ def chat_message(role: str, body: Mapping[str, Any]) -> Message:
         parts = _content_parts(content)
         tool_calls = body.get("tool_calls")
         if isinstance(tool_calls, str):
-            parsed = _loads(tool_calls)
-            tool_calls = [tool_calls] if parsed is _MALFORMED else parsed
+            parsed = loads(tool_calls)
+            tool_calls = [tool_calls] if is_malformed(parsed) else parsed
         if isinstance(tool_calls, dict):
             tool_calls = [tool_calls]
         if isinstance(tool_calls, list):
@@ -228,7 +228,7 @@ def chat_message(role: str, body: Mapping[str, Any]) -> Message:
     message: Message = {"role": role, "parts": parts}
     finish_reason = body.get("finish_reason")
     if finish_reason is not None:
-        message["finish_reason"] = _as_text(finish_reason)
+        message["finish_reason"] = as_text(finish_reason)
     return message
 
 
@@ -240,7 +240,7 @@ def _event_body(body: Any) -> Mapping[str, Any]:
         return {"content": body}
     packed = body.get(EVENT_BODY_ATTRIBUTE)
     if isinstance(packed, str):
-        unpacked = _loads(packed)
+        unpacked = loads(packed)
         if isinstance(unpacked, dict):
             return unpacked
     return body
@@ -259,7 +259,7 @@ def message_from_event(name: str, body: Any) -> Message | None:
     if name == CHOICE_EVENT:
         message = body.get("message")
         if isinstance(message, str):
-            parsed = _loads(message)
+            parsed = loads(message)
             message = parsed if isinstance(parsed, dict) else {"content": message}
         if not isinstance(message, Mapping):
             # content at the top level, as some emitters do
@@ -267,7 +267,7 @@ def message_from_event(name: str, body: Any) -> Message | None:
         canonical = chat_message(role, message)
         finish_reason = body.get("finish_reason")
         if finish_reason is not None:
-            canonical["finish_reason"] = _as_text(finish_reason)
+            canonical["finish_reason"] = as_text(finish_reason)
         return canonical
     return chat_message(role, body)
 
@@ -308,8 +308,8 @@ def chat_messages(value: Any, default_role: str) -> list[Message] | None:
     if value is None or value == "":
         return None
     if isinstance(value, str):
-        parsed = _loads(value)
-        if parsed is _MALFORMED or isinstance(parsed, str):
+        parsed = loads(value)
+        if is_malformed(parsed) or isinstance(parsed, str):
             return [unparsed_message(default_role, value)]
         value = parsed
     if isinstance(value, dict):
@@ -325,7 +325,7 @@ def chat_messages(value: Any, default_role: str) -> list[Message] | None:
                 # a completion given as a list of choices
                 message = chat_message(default_role, item["message"])
                 if item.get("finish_reason") is not None:
-                    message["finish_reason"] = _as_text(item["finish_reason"])
+                    message["finish_reason"] = as_text(item["finish_reason"])
                 messages.append(message)
             else:
                 messages.append(chat_message(default_role, item))

@@ -12,18 +12,14 @@ from typing import Any
 from evalsi.processors.normalize.mapper import register_mapper
 from evalsi.processors.normalize.messages import Message, semconv_messages, tool_arguments, unparsed_message
 from evalsi.processors.normalize.openinference import (
-    count,
     first_event_seconds,
-    is_malformed,
-    loads,
-    number,
     openai_request_messages,
     openai_response_messages,
     request_parameters,
-    text,
     text_message,
 )
 from evalsi.processors.normalize.otel_genai import span_error_type
+from evalsi.processors.normalize.values import count, is_malformed, loads, number, text
 from evalsi.span import Span
 
 SPAN_TYPE = "mlflow.spanType"

@@ -5,11 +5,9 @@ that the MLflow mapper shares.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from evalsi import json_codec
 from evalsi.processors.normalize.mapper import register_mapper
 from evalsi.processors.normalize.messages import (
     Message,
@@ -21,6 +19,7 @@ from evalsi.processors.normalize.messages import (
     unparsed_message,
 )
 from evalsi.processors.normalize.otel_genai import span_error_type
+from evalsi.processors.normalize.values import as_text, count, is_malformed, loads, number, text
 from evalsi.span import Span
 
 SPAN_KIND = "openinference.span.kind"
@@ -107,75 +106,11 @@ TOKEN_DETAILS: dict[str, str] = {
 }
 
 
-# --- small value readers (shared with the MLflow mapper) ------------------------------------------
-
-
-def text(value: Any) -> str | None:
-    """A non-empty string, or None; other scalars as their str()."""
-    if isinstance(value, str):
-        return value or None
-    if value is None or isinstance(value, (dict, list)):
-        return None
-    return str(value)
-
-
-def count(value: Any) -> int | None:
-    """A token count: ints pass; numeric strings and whole floats are tolerated; anything else is None."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else None
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            try:
-                number = float(value)
-            except ValueError:
-                return None
-            return int(number) if number.is_integer() else None
-    return None
-
-
-def number(value: Any) -> float | None:
-    """A float from a number or a numeric string (scores, costs); None otherwise."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
-_MALFORMED = object()
-
-
-def loads(value: str) -> Any:
-    """`json.loads`, or the module's malformed marker (compare with `is_malformed`)."""
-    try:
-        return json_codec.loads(value)
-    except (ValueError, RecursionError):
-        return _MALFORMED
-
-
-def is_malformed(value: Any) -> bool:
-    return value is _MALFORMED
-
-
-def dumps(value: Any) -> str:
-    try:
-        return json.dumps(value, ensure_ascii=False, default=str)
-    except (ValueError, TypeError, RecursionError):
-        return str(value)
+# --- helpers shared with the MLflow mapper ---------------------------------------------------------
 
 
 def text_message(role: str, value: Any) -> Message:
-    content = value if isinstance(value, str) else ("" if value is None else dumps(value))
-    return {"role": role, "parts": [{"type": "text", "content": content}]}
+    return {"role": role, "parts": [{"type": "text", "content": "" if value is None else as_text(value)}]}
 
 
 # OpenAI request keys -> keys of details["request"] (the names the OTel GenAI mapper gives them)
@@ -230,7 +165,7 @@ def _responses_content(content: Any) -> list[Part]:
     if isinstance(content, str):
         return [{"type": "text", "content": content}] if content else []
     if not isinstance(content, list):
-        return [] if content is None else [{"type": "text", "content": dumps(content)}]
+        return [] if content is None else [{"type": "text", "content": as_text(content)}]
     parts: list[Part] = []
     for item in content:
         if isinstance(item, Mapping):
@@ -242,7 +177,7 @@ def _responses_content(content: Any) -> list[Part]:
             else:
                 parts.append(dict(item))
         elif item is not None:
-            parts.append({"type": "text", "content": item if isinstance(item, str) else dumps(item)})
+            parts.append({"type": "text", "content": as_text(item)})
     return parts
 
 
@@ -367,7 +302,7 @@ def body_messages(value: Any, json_body: bool, role: str, output: bool) -> list[
         if not json_body:
             return [text_message(role, value)]
         parsed = loads(value)
-        if parsed is _MALFORMED:
+        if is_malformed(parsed):
             return [unparsed_message(role, value)]
     if isinstance(parsed, Mapping):
         found = openai_response_messages(parsed) if output else openai_request_messages(parsed)
@@ -408,9 +343,9 @@ def _content_part(item: Mapping[str, Any]) -> Part | None:
     kind = item.get("message_content.type")
     body = item.get("message_content.text")
     if kind in (None, "text") and body is not None:
-        return {"type": "text", "content": body if isinstance(body, str) else dumps(body)}
+        return {"type": "text", "content": as_text(body)}
     if kind == "reasoning" and body is not None:
-        return {"type": "reasoning", "content": body if isinstance(body, str) else dumps(body)}
+        return {"type": "reasoning", "content": as_text(body)}
     if kind == "image":
         url = item.get("message_content.image.image.url")
         if isinstance(url, str) and url:
@@ -457,7 +392,7 @@ def _flat_message(fields: Mapping[str, Any], default_role: str) -> Message:
                 target.setdefault(int(index), {})[field] = value
     parts: list[Part] = []
     if content is not None and content != "":
-        parts.append({"type": "text", "content": content if isinstance(content, str) else dumps(content)})
+        parts.append({"type": "text", "content": as_text(content)})
     for item in _indexed(contents):
         part = _content_part(item)
         if part is not None:
@@ -698,7 +633,7 @@ class OpenInference:
             for item in _flattened(attributes, (EMBEDDINGS,)).get(EMBEDDINGS, ()):
                 value = item.get("embedding.text")
                 if value is not None:
-                    texts.append({"type": "text", "content": value if isinstance(value, str) else dumps(value)})
+                    texts.append({"type": "text", "content": as_text(value)})
         if texts:
             return [{"role": "user", "parts": texts}], None
         get = attributes.get

@@ -4,22 +4,25 @@ releases with `gen_ai.prompt` / `gen_ai.completion` text to the ones with `gen_a
 
 from __future__ import annotations
 
-import json
-import math
 from typing import Any
 
-from evalsi import json_codec
 from evalsi.processors.normalize.mapper import register_mapper
 from evalsi.processors.normalize.messages import (
     CONTENT_EVENTS,
     Message,
     messages_from_span_events,
     semconv_messages,
-    system_message,
     tool_arguments,
+    with_system_instructions,
 )
 from evalsi.processors.normalize.otel_genai import STEP_TYPES as OTEL_STEP_TYPES
-from evalsi.processors.normalize.otel_genai import _count, _text, fill_details, span_error_type, tool_messages
+from evalsi.processors.normalize.otel_genai import (
+    fill_details,
+    fill_provider_and_tokens,
+    span_error_type,
+    tool_messages,
+)
+from evalsi.processors.normalize.values import as_text, count, first, number, objects, text
 from evalsi.span import Span
 
 PRECEDENCE = 50
@@ -38,10 +41,6 @@ PROVIDER = "gen_ai.provider.name"
 SYSTEM = "gen_ai.system"
 REQUEST_MODEL = "gen_ai.request.model"
 RESPONSE_MODEL = "gen_ai.response.model"
-INPUT_TOKENS = "gen_ai.usage.input_tokens"
-OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
-COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
 INPUT_MESSAGES = "gen_ai.input.messages"
 OUTPUT_MESSAGES = "gen_ai.output.messages"
 SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
@@ -98,31 +97,6 @@ _MARKER_ATTRIBUTES = frozenset((COST, APPLICATION_NAME, AGENT_VERSION_HASH))
 _GEN_AI_ATTRIBUTES = frozenset((OPERATION, SYSTEM, PROVIDER, REQUEST_MODEL))
 
 
-def _as_text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, ensure_ascii=False, default=str)
-    except (ValueError, TypeError, RecursionError):
-        return str(value)
-
-
-def _number(value: Any) -> float | None:
-    """A finite number (USD, seconds): ints and floats pass, numeric strings are tolerated."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int | float):
-        number = float(value)
-    elif isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            return None
-    else:
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _step_type(attributes: dict[str, Any], model: str | None) -> str:
     operation = attributes.get(OPERATION)
     if isinstance(operation, str):
@@ -140,24 +114,16 @@ def _text_messages(value: Any, role: str) -> list[Message] | None:
     if value is None or value == "" or value == []:
         return None
     if isinstance(value, list):
-        return [{"role": role, "parts": [{"type": "text", "content": _as_text(item)}]} for item in value]
-    return [{"role": role, "parts": [{"type": "text", "content": _as_text(value)}]}]
-
-
-def _first(attributes: dict[str, Any], names: tuple[str, ...]) -> Any:
-    for name in names:
-        value = attributes.get(name)
-        if value is not None:
-            return value
-    return None
+        return [{"role": role, "parts": [{"type": "text", "content": as_text(item)}]} for item in value]
+    return [{"role": role, "parts": [{"type": "text", "content": as_text(value)}]}]
 
 
 def _tool_messages(span: Span, attributes: dict[str, Any]) -> tuple[list[Message] | None, list[Message] | None]:
     """A tool span's call in and result out: the semconv's gen_ai.tool.call.*, else OpenLIT's older names."""
     input_messages, output_messages = tool_messages(span, attributes)
-    call_id = _text(attributes.get(TOOL_CALL_ID))
+    call_id = text(attributes.get(TOOL_CALL_ID))
     if input_messages is None:
-        arguments = _first(attributes, (TOOL_ARGS, TOOL_INPUT))
+        arguments = first(attributes, (TOOL_ARGS, TOOL_INPUT))
         if arguments is not None:
             call = {
                 "type": "tool_call",
@@ -187,19 +153,6 @@ def _event_text(span: Span) -> tuple[list[Message] | None, list[Message] | None]
     return input_messages, output_messages
 
 
-def _tools_declared(value: Any) -> list[dict[str, Any]] | None:
-    if isinstance(value, str):
-        try:
-            value = json_codec.loads(value)
-        except (ValueError, RecursionError):
-            return None
-    if isinstance(value, dict):
-        value = [value]
-    if isinstance(value, list):
-        return [d for d in value if isinstance(d, dict)] or None
-    return None
-
-
 class OpenLIT:
     """Spans written by OpenLIT's instrumentations (`openlit.init()`)."""
 
@@ -220,23 +173,19 @@ class OpenLIT:
     def apply(self, span: Span) -> None:
         attributes = span.attributes
         get = attributes.get
-        model = _text(get(RESPONSE_MODEL) or get(REQUEST_MODEL))
+        model = text(get(RESPONSE_MODEL) or get(REQUEST_MODEL))
         step_type = _step_type(attributes, model)
         span.step_type = step_type
         span.model = model
-        span.provider = _text(get(PROVIDER) or get(SYSTEM))
-        tokens = get(INPUT_TOKENS)
-        span.input_tokens = _count(tokens if tokens is not None else get(PROMPT_TOKENS))
-        tokens = get(OUTPUT_TOKENS)
-        span.output_tokens = _count(tokens if tokens is not None else get(COMPLETION_TOKENS))
-        span.cost_usd = _number(get(COST))
+        fill_provider_and_tokens(span, get)
+        span.cost_usd = number(get(COST))
         # on a chat span gen_ai.tool.name lists the calls the model asked for (they are in the output);
         # only a tool span is the execution of one
         if step_type == "tool":
-            span.tool_name = _text(get(TOOL_NAME))
-        span.agent_name = _text(get(AGENT_NAME))
-        span.session_id = _text(get(CONVERSATION_ID))
-        span.user_id = _text(get(REQUEST_USER))
+            span.tool_name = text(get(TOOL_NAME))
+        span.agent_name = text(get(AGENT_NAME))
+        span.session_id = text(get(CONVERSATION_ID))
+        span.user_id = text(get(REQUEST_USER))
         span.error_type = span_error_type(span)
 
         fill_details(span, attributes)
@@ -245,25 +194,22 @@ class OpenLIT:
             # on a chat span it is the (comma-joined) ids of the calls the model asked for, not a call made
             details.pop("tool_call_id", None)
         for key, names in _DETAIL_COUNTS:
-            if key in details:
-                continue
-            value = _first(attributes, names)
-            if value is not None:
-                count = _count(value)
-                if count is not None:
-                    details[key] = count
+            if key not in details:
+                tokens = count(first(attributes, names))
+                if tokens is not None:
+                    details[key] = tokens
         for key, names in _DETAIL_TEXTS:
-            text = _text(_first(attributes, names))
-            if text:
-                details[key] = text
+            found = text(first(attributes, names))
+            if found:
+                details[key] = found
         # OpenLIT measures the time to the first token for every call; only a streamed one has a first chunk
         if get(STREAM) is True and "time_to_first_chunk_s" not in details:
-            seconds = _number(get(TIME_TO_FIRST_TOKEN))
+            seconds = number(get(TIME_TO_FIRST_TOKEN))
             if seconds is not None:
                 details["time_to_first_chunk_s"] = seconds
         definitions = get(TOOL_DEFINITIONS)
         if definitions is not None:
-            declared = _tools_declared(definitions)
+            declared = objects(definitions)
             if declared:
                 details["tools_declared"] = declared
 
@@ -273,12 +219,9 @@ class OpenLIT:
             input_messages, output_messages = _tool_messages(span, attributes)
         if input_messages is None and output_messages is None:
             input_messages = semconv_messages(get(INPUT_MESSAGES), "user")
-            instructions = get(SYSTEM_INSTRUCTIONS)
             # some releases also keep the system message in gen_ai.input.messages: never add it twice
-            if instructions is not None and not (input_messages and input_messages[0]["role"] == "system"):
-                system = system_message(instructions)
-                if system is not None:
-                    input_messages = [system, *(input_messages or ())]
+            if not (input_messages and input_messages[0]["role"] == "system"):
+                input_messages = with_system_instructions(input_messages, get(SYSTEM_INSTRUCTIONS))
             output_messages = semconv_messages(get(OUTPUT_MESSAGES), "assistant")
         if input_messages is None and output_messages is None:
             input_messages = _text_messages(get(PROMPT), "user")

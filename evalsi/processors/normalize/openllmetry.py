@@ -4,10 +4,8 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from evalsi import json_codec
 from evalsi.processors.normalize.mapper import register_mapper
 from evalsi.processors.normalize.messages import (
     CONTENT_EVENTS,
@@ -15,12 +13,18 @@ from evalsi.processors.normalize.messages import (
     chat_message,
     messages_from_span_events,
     semconv_messages,
-    system_message,
     tool_arguments,
     unparsed_message,
+    with_system_instructions,
 )
 from evalsi.processors.normalize.otel_genai import STEP_TYPES as OTEL_STEP_TYPES
-from evalsi.processors.normalize.otel_genai import _count, _text, fill_details, span_error_type, tool_messages
+from evalsi.processors.normalize.otel_genai import (
+    fill_details,
+    fill_provider_and_tokens,
+    span_error_type,
+    tool_messages,
+)
+from evalsi.processors.normalize.values import as_text, count, first, is_malformed, loads, objects, text
 from evalsi.span import Span
 
 PRECEDENCE = 40
@@ -38,14 +42,8 @@ COMPLETION_PREFIX = "gen_ai.completion."
 FUNCTIONS_PREFIX = "llm.request.functions."
 
 OPERATION = "gen_ai.operation.name"
-PROVIDER = "gen_ai.provider.name"
-SYSTEM = "gen_ai.system"
 REQUEST_MODEL = "gen_ai.request.model"
 RESPONSE_MODEL = "gen_ai.response.model"
-INPUT_TOKENS = "gen_ai.usage.input_tokens"
-OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
-COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
 INPUT_MESSAGES = "gen_ai.input.messages"
 OUTPUT_MESSAGES = "gen_ai.output.messages"
 SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
@@ -103,22 +101,6 @@ _MARKER_ATTRIBUTES = frozenset(
 _SCANNED_PREFIXES = (PROMPT_PREFIX, COMPLETION_PREFIX, FUNCTIONS_PREFIX, ASSOCIATION_PREFIX)
 
 
-def _loads(text: str) -> tuple[Any, bool]:
-    try:
-        return json_codec.loads(text), True
-    except (ValueError, RecursionError):
-        return None, False
-
-
-def _as_text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, ensure_ascii=False, default=str)
-    except (ValueError, TypeError, RecursionError):
-        return str(value)
-
-
 # --- the indexed gen_ai.prompt.N.* / gen_ai.completion.N.* attributes -----------------------------
 
 
@@ -160,8 +142,8 @@ def _scan(attributes: dict[str, Any]) -> _Scan:
 def _content(value: Any) -> Any:
     """Message content: multimodal content arrives as a JSON list of OpenAI content parts; text stays text."""
     if isinstance(value, str) and value.startswith("["):
-        parsed, ok = _loads(value)
-        if ok and isinstance(parsed, list) and parsed and all(isinstance(p, dict) and "type" in p for p in parsed):
+        parsed = loads(value)
+        if isinstance(parsed, list) and parsed and all(isinstance(p, dict) and "type" in p for p in parsed):
             return parsed
     return value
 
@@ -205,22 +187,14 @@ def _tools_declared(functions: dict[int, dict[str, Any]], definitions: Any) -> l
         declared = []
         for i in sorted(functions):
             fields = functions[i]
-            tool: dict[str, Any] = {"name": _as_text(fields.get("name") or "")}
+            tool: dict[str, Any] = {"name": as_text(fields.get("name") or "")}
             if fields.get("description") is not None:
-                tool["description"] = _as_text(fields["description"])
+                tool["description"] = as_text(fields["description"])
             if fields.get("parameters") is not None:
                 tool["parameters"] = tool_arguments(fields["parameters"])
             declared.append(tool)
         return declared
-    if isinstance(definitions, str):
-        definitions, ok = _loads(definitions)
-        if not ok:
-            return None
-    if isinstance(definitions, dict):
-        definitions = [definitions]
-    if isinstance(definitions, list):
-        return [d for d in definitions if isinstance(d, dict)] or None
-    return None
+    return objects(definitions)
 
 
 # --- traceloop.entity.input / traceloop.entity.output of the SDK's decorated functions -------------
@@ -229,13 +203,13 @@ def _tools_declared(functions: dict[int, dict[str, Any]], definitions: Any) -> l
 def _entity_text(raw: Any, role: str) -> Message:
     """A JSON-encoded entity value as one text message: a JSON string literal is unwrapped, other JSON kept."""
     if isinstance(raw, str):
-        parsed, ok = _loads(raw)
-        if not ok:
+        parsed = loads(raw)
+        if is_malformed(parsed):
             return unparsed_message(role, raw)
-        text = parsed if isinstance(parsed, str) else raw
+        content = parsed if isinstance(parsed, str) else raw
     else:
-        text = _as_text(raw)
-    return {"role": role, "parts": [{"type": "text", "content": text}]}
+        content = as_text(raw)
+    return {"role": role, "parts": [{"type": "text", "content": content}]}
 
 
 def _tool_call_arguments(parsed: Any) -> Any:
@@ -250,16 +224,13 @@ def _tool_messages(span: Span, attributes: dict[str, Any]) -> tuple[list[Message
     # the semconv's gen_ai.tool.call.* (newer SDKs) first; the decorator's traceloop.entity.* otherwise
     input_messages, output_messages = tool_messages(span, attributes)
     get = attributes.get
-    call_id = _text(get(TOOL_CALL_ID))
+    call_id = text(get(TOOL_CALL_ID))
     if input_messages is None:
         raw = get(ENTITY_INPUT)
-        if isinstance(raw, str):
-            parsed, ok = _loads(raw)
-            if not ok:
-                input_messages = [unparsed_message("assistant", raw)]
-        else:
-            parsed, ok = raw, raw is not None
-        if ok:
+        parsed = loads(raw) if isinstance(raw, str) else raw
+        if is_malformed(parsed):
+            input_messages = [unparsed_message("assistant", raw)]
+        elif raw is not None:
             call = {
                 "type": "tool_call",
                 "id": call_id,
@@ -270,8 +241,8 @@ def _tool_messages(span: Span, attributes: dict[str, Any]) -> tuple[list[Message
     if output_messages is None:
         result = get(ENTITY_OUTPUT)
         if isinstance(result, str):
-            parsed, ok = _loads(result)
-            if ok and isinstance(parsed, str):
+            parsed = loads(result)
+            if isinstance(parsed, str):
                 result = parsed
         if result is not None:
             output_messages = [
@@ -322,46 +293,37 @@ class OpenLLMetry:
         scan = _scan(attributes)
         association = scan.association
 
-        model = _text(get(RESPONSE_MODEL) or get(REQUEST_MODEL))
+        model = text(get(RESPONSE_MODEL) or get(REQUEST_MODEL))
         step_type = _step_type(attributes, model)
         span.step_type = step_type
         span.model = model
-        span.provider = _text(get(PROVIDER) or get(SYSTEM))
-        tokens = get(INPUT_TOKENS)
-        span.input_tokens = _count(tokens if tokens is not None else get(PROMPT_TOKENS))
-        tokens = get(OUTPUT_TOKENS)
-        span.output_tokens = _count(tokens if tokens is not None else get(COMPLETION_TOKENS))
+        fill_provider_and_tokens(span, get)
 
-        entity = _text(get(ENTITY_NAME))
+        entity = text(get(ENTITY_NAME))
         if step_type == "tool":
-            span.tool_name = entity or _text(get(TOOL_NAME))
-        span.agent_name = (entity if step_type == "agent" else None) or _text(get(AGENT_NAME))
+            span.tool_name = entity or text(get(TOOL_NAME))
+        span.agent_name = (entity if step_type == "agent" else None) or text(get(AGENT_NAME))
         span.session_id = (
-            _text(association.get("session_id"))
-            or _text(association.get("conversation_id"))
-            or _text(get(CONVERSATION_ID))
+            text(association.get("session_id"))
+            or text(association.get("conversation_id"))
+            or text(get(CONVERSATION_ID))
         )
-        span.user_id = _text(association.get("user_id")) or _text(get("llm.user")) or _text(get("gen_ai.user"))
+        span.user_id = text(association.get("user_id")) or text(get("llm.user")) or text(get("gen_ai.user"))
         span.error_type = span_error_type(span)
 
         fill_details(span, attributes)
         details = span.details
         for key, names in _DETAIL_COUNTS:
-            if key in details:
-                continue
-            for name in names:
-                value = get(name)
-                if value is not None:
-                    count = _count(value)
-                    if count is not None:
-                        details[key] = count
-                    break
+            if key not in details:
+                tokens = count(first(attributes, names))
+                if tokens is not None:
+                    details[key] = tokens
         request_type = get(REQUEST_TYPE)
         if isinstance(request_type, str) and request_type:
             details["request_type"] = request_type
         if association:
             details["association_properties"] = association
-        workflow = _text(get(WORKFLOW_NAME))
+        workflow = text(get(WORKFLOW_NAME))
         if workflow:
             details["workflow_name"] = workflow
         if entity:
@@ -378,12 +340,9 @@ class OpenLLMetry:
             input_messages, output_messages = _tool_messages(span, attributes)
         if input_messages is None and output_messages is None:
             input_messages = semconv_messages(get(INPUT_MESSAGES), "user")
-            instructions = get(SYSTEM_INSTRUCTIONS)
             # some releases also keep the system message in gen_ai.input.messages: never add it twice
-            if instructions is not None and not (input_messages and input_messages[0]["role"] == "system"):
-                system = system_message(instructions)
-                if system is not None:
-                    input_messages = [system, *(input_messages or ())]
+            if not (input_messages and input_messages[0]["role"] == "system"):
+                input_messages = with_system_instructions(input_messages, get(SYSTEM_INSTRUCTIONS))
             output_messages = semconv_messages(get(OUTPUT_MESSAGES), "assistant")
         if input_messages is None and output_messages is None:
             input_messages = _flat_messages(scan.prompts, "user")

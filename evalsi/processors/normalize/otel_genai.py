@@ -5,15 +5,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from evalsi import json_codec
 from evalsi.processors.normalize.mapper import GENERIC_PRECEDENCE, register_mapper
 from evalsi.processors.normalize.messages import (
     CONTENT_EVENTS,
     Message,
     messages_from_span_events,
     semconv_messages,
-    system_message,
     tool_arguments,
+    with_system_instructions,
+)
+from evalsi.processors.normalize.values import (
+    count,
+    flag,
+    is_malformed,
+    loads,
+    number,
+    number_or_int,
+    strings,
+    text,
 )
 from evalsi.span import Span
 
@@ -110,50 +119,12 @@ TEXT_DETAILS: tuple[tuple[str, str], ...] = (
 _MARKER_ATTRIBUTES = frozenset((OPERATION, SYSTEM, PROVIDER, REQUEST_MODEL))
 
 
-def _text(value: Any) -> str | None:
-    if isinstance(value, str):
-        return value or None
-    return None if value is None else str(value)
-
-
-def _count(value: Any) -> int | None:
-    """A token count: ints pass; numeric strings and whole floats are tolerated; anything else is None."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else None
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            try:
-                number = float(value)
-            except ValueError:
-                return None
-            return int(number) if number.is_integer() else None
-    return None
-
-
-def _number(value: Any) -> float | None:
-    """A measured quantity (seconds, a score): ints and floats pass, numeric strings are tolerated."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
 def error_type(value: Any) -> str | None:
     """An `error.type` value as canonical text; Python's `<class 'pkg.Error'>` repr becomes `pkg.Error`."""
-    text = _text(value)
-    if text is not None and text.startswith("<class '") and text.endswith("'>"):
-        return text[8:-2] or None
-    return text
+    found = text(value)
+    if found is not None and found.startswith("<class '") and found.endswith("'>"):
+        return found[8:-2] or None
+    return found
 
 
 def _exception_type(span: Span) -> str | None:
@@ -173,45 +144,12 @@ def span_error_type(span: Span) -> str | None:
     return found
 
 
-def _strings(value: Any) -> list[str] | None:
-    """A string-array attribute: a list, its JSON text (as the store keeps arrays), or one plain string."""
-    if isinstance(value, str):
-        if not value:
-            return None
-        if value.startswith("["):
-            try:
-                parsed = json_codec.loads(value)
-            except (ValueError, RecursionError):
-                return [value]
-            return _strings(parsed) if isinstance(parsed, list) else [value]
-        return [value]
-    if isinstance(value, (list, tuple)):
-        found = [v if isinstance(v, str) else str(v) for v in value if v is not None]
-        return found or None
-    return None
-
-
-def _flag(value: Any) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    if value == "true" or value == "false":
-        return value == "true"
-    return None
-
-
-def _number_or_whole(value: Any) -> int | float | None:
-    """A sampling parameter as sent: an int stays an int, a float or numeric text becomes a float."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    return _number(value)
-
-
-_PARAMETER_KINDS = {"number": _number_or_whole, "count": _count, "list": _strings, "bool": _flag}
+_PARAMETER_KINDS = {"number": number_or_int, "count": count, "list": strings, "bool": flag}
 
 
 def _document(item: Any) -> dict[str, Any]:
     if not isinstance(item, dict):
-        return {"id": None, "content": _text(item), "score": None, "metadata": None}
+        return {"id": None, "content": text(item), "score": None, "metadata": None}
     content = item.get("content")
     if content is None:
         content = item.get("text")
@@ -219,7 +157,7 @@ def _document(item: Any) -> dict[str, Any]:
     if metadata is None:
         extra = {k: v for k, v in item.items() if k not in ("id", "content", "text", "score", "metadata")}
         metadata = extra or None
-    return {"id": _text(item.get("id")), "content": content, "score": _number(item.get("score")), "metadata": metadata}
+    return {"id": text(item.get("id")), "content": content, "score": number(item.get("score")), "metadata": metadata}
 
 
 def retrieval_documents(value: Any) -> tuple[list[dict[str, Any]] | None, bool]:
@@ -230,15 +168,14 @@ def retrieval_documents(value: Any) -> tuple[list[dict[str, Any]] | None, bool]:
     if value is None or value == "":
         return None, True
     if isinstance(value, str):
-        try:
-            parsed = json_codec.loads(value)
-        except (ValueError, RecursionError):
+        parsed = loads(value)
+        if is_malformed(parsed):
             return [{"id": None, "content": value, "score": None, "metadata": None}], False
         value = parsed
     if isinstance(value, dict):
         value = [value]
     if not isinstance(value, (list, tuple)):
-        return [{"id": None, "content": _text(value), "score": None, "metadata": None}], False
+        return [{"id": None, "content": text(value), "score": None, "metadata": None}], False
     return [_document(item) for item in value] or None, True
 
 
@@ -249,7 +186,7 @@ def tool_messages(span: Span, attributes: dict[str, Any]) -> tuple[list[Message]
     if TOOL_CALL_ARGUMENTS in attributes:
         call = {
             "type": "tool_call",
-            "id": _text(attributes.get(TOOL_CALL_ID)),
+            "id": text(attributes.get(TOOL_CALL_ID)),
             "name": span.tool_name or "",
             "arguments": tool_arguments(attributes[TOOL_CALL_ARGUMENTS]),
         }
@@ -257,7 +194,7 @@ def tool_messages(span: Span, attributes: dict[str, Any]) -> tuple[list[Message]
     if TOOL_CALL_RESULT in attributes:
         response = {
             "type": "tool_call_response",
-            "id": _text(attributes.get(TOOL_CALL_ID)),
+            "id": text(attributes.get(TOOL_CALL_ID)),
             "response": attributes[TOOL_CALL_RESULT],
         }
         output_messages = [{"role": "tool", "parts": [response]}]
@@ -267,17 +204,26 @@ def tool_messages(span: Span, attributes: dict[str, Any]) -> tuple[list[Message]
 _tool_messages = tool_messages  # the name other mappers may already import
 
 
+def fill_provider_and_tokens(span: Span, get: Callable[[str], Any]) -> None:
+    """`span.provider` and its input/output token counts, under the semconv's names or the older ones."""
+    span.provider = text(get(PROVIDER) or get(SYSTEM))
+    tokens = get(INPUT_TOKENS)
+    span.input_tokens = count(tokens if tokens is not None else get(PROMPT_TOKENS))
+    tokens = get(OUTPUT_TOKENS)
+    span.output_tokens = count(tokens if tokens is not None else get(COMPLETION_TOKENS))
+
+
 def _detail_fields() -> dict[str, tuple[str | None, str, Callable[[Any], Any], int]]:
     """attribute -> (group (None: top level, or "request"), detail key, converter, priority)."""
     fields: dict[str, tuple[str | None, str, Callable[[Any], Any], int]] = {}
     for attribute, key in TEXT_DETAILS:
-        fields[attribute] = (None, key, _text, 0)
-    fields[CACHE_READ_TOKENS] = (None, "cache_read_input_tokens", _count, 0)
-    fields[CACHE_CREATION_TOKENS] = (None, "cache_creation_input_tokens", _count, 0)
-    fields[REASONING_TOKENS] = (None, "reasoning_tokens", _count, 1)  # the semconv name wins over
-    fields[REASONING_TOKENS_UNOFFICIAL] = (None, "reasoning_tokens", _count, 0)  # the name some emit
-    fields[FINISH_REASONS] = (None, "finish_reasons", _strings, 0)
-    fields[TIME_TO_FIRST_CHUNK] = (None, "time_to_first_token_s", _number, 0)
+        fields[attribute] = (None, key, text, 0)
+    fields[CACHE_READ_TOKENS] = (None, "cache_read_input_tokens", count, 0)
+    fields[CACHE_CREATION_TOKENS] = (None, "cache_creation_input_tokens", count, 0)
+    fields[REASONING_TOKENS] = (None, "reasoning_tokens", count, 1)  # the semconv name wins over
+    fields[REASONING_TOKENS_UNOFFICIAL] = (None, "reasoning_tokens", count, 0)  # the name some emit
+    fields[FINISH_REASONS] = (None, "finish_reasons", strings, 0)
+    fields[TIME_TO_FIRST_CHUNK] = (None, "time_to_first_token_s", number, 0)
     for attribute, key, kind in REQUEST_PARAMETERS:
         fields[attribute] = ("request", key, _PARAMETER_KINDS[kind], 0)
     return fields
@@ -331,23 +277,19 @@ class OtelGenAI:
     def apply(self, span: Span) -> None:
         attributes = span.attributes
         get = attributes.get
-        model = _text(get(RESPONSE_MODEL) or get(REQUEST_MODEL))
+        model = text(get(RESPONSE_MODEL) or get(REQUEST_MODEL))
         operation = get(OPERATION)
         step_type = STEP_TYPES.get(operation) if isinstance(operation, str) else None
         if step_type is None:
             step_type = "llm" if model else "other"
         span.step_type = step_type
         span.model = model
-        span.provider = _text(get(PROVIDER) or get(SYSTEM))
-        tokens = get(INPUT_TOKENS)
-        span.input_tokens = _count(tokens if tokens is not None else get(PROMPT_TOKENS))
-        tokens = get(OUTPUT_TOKENS)
-        span.output_tokens = _count(tokens if tokens is not None else get(COMPLETION_TOKENS))
-        span.tool_name = _text(get(TOOL_NAME))
-        span.session_id = _text(get(CONVERSATION_ID))
-        span.agent_name = _text(get(AGENT_NAME))
+        fill_provider_and_tokens(span, get)
+        span.tool_name = text(get(TOOL_NAME))
+        span.session_id = text(get(CONVERSATION_ID))
+        span.agent_name = text(get(AGENT_NAME))
         user = get(USER_ID)
-        span.user_id = _text(user if user is not None else get(ENDUSER_ID))
+        span.user_id = text(user if user is not None else get(ENDUSER_ID))
         span.error_type = span_error_type(span)
         fill_details(span, attributes)
 
@@ -356,17 +298,14 @@ class OtelGenAI:
         if operation == EXECUTE_TOOL:
             input_messages, output_messages = tool_messages(span, attributes)
         if input_messages is None and output_messages is None:
-            input_messages = semconv_messages(get(INPUT_MESSAGES), "user")
-            instructions = get(SYSTEM_INSTRUCTIONS)
-            if instructions is not None:
-                system = system_message(instructions)
-                if system is not None:
-                    input_messages = [system, *(input_messages or ())]
+            input_messages = with_system_instructions(
+                semconv_messages(get(INPUT_MESSAGES), "user"), get(SYSTEM_INSTRUCTIONS)
+            )
             output_messages = semconv_messages(get(OUTPUT_MESSAGES), "assistant")
         if input_messages is None and output_messages is None and span.events:
             input_messages, output_messages = messages_from_span_events(span.events)
         if operation == RETRIEVAL or RETRIEVAL_DOCUMENTS in attributes:
-            query = _text(get(RETRIEVAL_QUERY))
+            query = text(get(RETRIEVAL_QUERY))
             if input_messages is None and query is not None:
                 input_messages = [{"role": "user", "parts": [{"type": "text", "content": query}]}]
             documents, parsed = retrieval_documents(get(RETRIEVAL_DOCUMENTS))
