@@ -538,7 +538,10 @@ def run_one(args: argparse.Namespace, transport: str, payloads: list[bytes], wor
     exporter = config["exporters"]["clickhouse"]
     if args.no_normalize:
         config["processors"] = {}
-        config["service"]["pipelines"]["traces"]["processors"] = []
+        for pipeline in config["service"]["pipelines"].values():
+            pipeline["processors"] = []
+    elif args.mappers:
+        config["processors"]["normalize"] = {"mappers": args.mappers.split(",")}
     exporter.pop("flush_interval", None)  # the product defaults unless asked otherwise
     if args.flush_interval:
         exporter["flush_interval"] = args.flush_interval
@@ -711,6 +714,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--idle", action="store_true", help="py-spy --idle: count idle (waiting) threads too")
     p.add_argument("--no-normalize", action="store_true",
                    help="run the pipeline without the normalize processor (to see its share)")  # fmt: skip
+    p.add_argument("--mappers", metavar="NAMES",
+                   help="comma-separated normalize mappers to enable (default: all), e.g. otel_genai")  # fmt: skip
     p.add_argument("--gc-threshold", type=int, metavar="N",
                    help="experiment: run the collector with gc.set_threshold(N, 10, 10) (0: gc.disable()), "
                         "injected with a sitecustomize.py, to measure what the cyclic GC costs")  # fmt: skip
