@@ -1,0 +1,89 @@
+"""evalsi.cel: clear compile errors, errors at evaluation as "no match", and the trace and span activations."""
+
+from __future__ import annotations
+
+import pytest
+
+from evalsi import cel
+from evalsi.span import Span
+
+T0 = 1_700_000_000_000_000_000
+
+
+def _trace() -> list[Span]:
+    root = Span("ab" * 16, "1" * 16, "", "invoke_agent", "INTERNAL", T0, T0 + 3_000_000_000, step_type="agent")
+    root.session_id = "conv-9"
+    llm = Span(
+        "ab" * 16,
+        "2" * 16,
+        root.span_id,
+        "chat",
+        "CLIENT",
+        T0 + 100,
+        T0 + 1_000_000_000,
+        status_code="ERROR",
+        step_type="llm",
+        model="gpt-4o-mini",
+        input_tokens=120,
+        output_tokens=30,
+        attributes={"gen_ai.request.model": "gpt-4o-mini"},
+    )
+    tool = Span("ab" * 16, "3" * 16, root.span_id, "execute_tool", "INTERNAL", T0 + 50, T0 + 60, step_type="tool")
+    tool.tool_name = "search"
+    return [llm, tool, root]  # out of order on purpose
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ('trace.spans.exists(s, s.model == "gpt-4o-mini" && s.status_code == "ERROR")', True),
+        ('trace.root.step_type == "agent" && trace.root.span_id == "1111111111111111"', True),
+        ("trace.span_count == 3 && trace.error_count == 1 && trace.llm_calls == 1 && trace.tool_calls == 1", True),
+        ("trace.duration_ns == 3000000000 && trace.input_tokens == 120 && trace.output_tokens == 30", True),
+        ('trace.session_id == "conv-9" && "search" in trace.tool_names && trace.models == ["gpt-4o-mini"]', True),
+        ('trace.spans[0].name == "invoke_agent"', True),  # spans in start order
+        ('trace.spans.exists(s, s.attributes["gen_ai.request.model"].startsWith("gpt"))', True),
+        # errors are no match: a missing key, a null field used as a string, a type mismatch
+        ('trace.root.attributes["missing"] == "x"', False),
+        ('trace.nothing == 1 || trace.root.model.startsWith("gpt")', False),
+        ('trace.spans.all(s, s.model.startsWith("gpt"))', False),
+        ('trace.span_count == "3"', False),
+        ("has(trace.nothing)", False),
+    ],
+)
+def test_trace_conditions(expr: str, expected: bool) -> None:
+    program = cel.compile(expr)
+    assert program.matches(cel.trace_activation(_trace())) is expected
+    # span maps cut to the fields the expression names decide the same
+    assert program.matches(cel.trace_activation(_trace(), fields=program.fields)) is expected
+
+
+def test_fields_are_the_canonical_span_keys_the_expression_names() -> None:
+    program = cel.compile('trace.spans.exists(s, s.model == "x" && s["input_tokens"] > 1) && trace.span_count > 0')
+    assert program.fields == {"model", "input_tokens"}
+
+
+def test_span_conditions() -> None:
+    llm = _trace()[0]
+    assert cel.compile('span.step_type == "llm" && span.input_tokens > 100').matches(cel.span_activation(llm))
+    assert not cel.compile("span.cost_usd > 0.5").matches(cel.span_activation(llm))  # null > 0.5: no match
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("trace.spans.exists(s, ", "Syntax error"),
+        ("spans.size() > 0", "undeclared reference to 'spans'"),
+        ("trace.span_count + 1", "must be a condition (bool), not int"),
+        ("  ", "empty CEL expression"),
+    ],
+)
+def test_compile_errors_carry_the_cel_message(expr: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        cel.compile(expr)
+
+
+def test_data_the_runtime_cannot_take_is_no_match() -> None:
+    program = cel.compile("trace.span_count > 0")
+    assert program.matches({"trace": {"span_count": object()}}) is False
+    assert program.matches({}) is False
