@@ -111,7 +111,8 @@ class Normalize:
         self._unparsed = m.normalize_unparsed
         self._revised = m.normalize_spans_revised.labels(settings.id)
         self._join = EventJoin(config.event_wait, config.event_ttl, max_spans=config.max_waiting_spans)
-        self._due: list[Span] = []  # released spans the next consumer refused: sent again on the next tick
+        # spans (False) and revisions (True) the next consumer refused: handed on again on the next tick
+        self._due: dict[bool, list[Span]] = {False: [], True: []}
         self._ticker: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -121,17 +122,19 @@ class Normalize:
         period = min(0.1, max(0.01, self.config.event_wait / 4))
         while True:
             await asyncio.sleep(period)
-            await self._release(self._join.due())
+            await self._hand_on(self._join.due())
+            await self._hand_on([], revision=True)
 
-    async def _release(self, spans: list[Span]) -> None:
-        self._due.extend(spans)
-        if not self._due:
+    async def _hand_on(self, spans: list[Span], *, revision: bool = False) -> None:
+        due = self._due[revision]
+        due.extend(spans)
+        if not due:
             return
-        batch, self._due = self._due, []
+        self._due[revision] = []
         try:
-            await self.next.consume(SpanBatch(batch))
+            await self.next.consume(SpanBatch(due, revision))
         except Refused:
-            self._due = batch + self._due
+            self._due[revision] = due + self._due[revision]
 
     async def shutdown(self) -> None:
         if self._ticker is not None:
@@ -140,12 +143,14 @@ class Normalize:
                 await self._ticker
         spans = self._join.due(everything=True)
         for _ in range(50):  # the exporters still run: give a full queue a few seconds to drain
-            await self._release(spans)
+            await self._hand_on(spans)
+            await self._hand_on([], revision=True)
             spans = []
-            if not self._due:
+            if not self._due[False] and not self._due[True]:
                 return
             await asyncio.sleep(0.1)
-        self.settings.logger.error("normalize: %d spans could not be handed on at shutdown", len(self._due))
+        lost = len(self._due[False]) + len(self._due[True])
+        self.settings.logger.error("normalize: %d spans could not be handed on at shutdown", lost)
 
     async def consume(self, batch: SpanBatch) -> None:
         mappers = self.mappers
@@ -171,13 +176,10 @@ class Normalize:
     async def consume_logs(self, batch: LogBatch) -> None:
         released, revised = self._join.on_records(batch.records)
         if released:
-            await self._release(released)
+            await self._hand_on(released)
         if revised:
             self._revised.inc(len(revised))
-            try:
-                await self.next.consume(SpanBatch(revised, revision=True))
-            except Refused:
-                self.settings.logger.warning("normalize: %d span revisions refused downstream", len(revised))
+            await self._hand_on(revised, revision=True)
         if self.next.logs is not None:
             await self.next.consume_logs(batch)
 
