@@ -1,0 +1,211 @@
+"""The evaluator interface: what an evaluator declares, what it is given (a Target), and the registry of refs.
+
+Built-in evaluators are `builtin/<name>`; third-party ones register through the `evalsi.evaluators` entry point
+(an object with the Evaluator attributes, or a module whose import registers them with `@evaluator`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from evalsi.score import Score
+from evalsi.span import Span
+
+Scope = Literal["span", "trace", "session"]
+Requirement = Literal["input", "output", "context", "trajectory", "judge", "reference"]
+
+log = logging.getLogger("evalsi.evaluators")
+
+
+class Params(BaseModel):
+    """Base of every evaluator's params: unknown keys are errors (a typo must not silently change a verdict)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NoParams(Params):
+    pass
+
+
+def _texts(messages: list[dict[str, Any]] | None) -> list[str]:
+    return [
+        p["content"]
+        for m in messages or []
+        for p in m.get("parts", [])
+        if p.get("type") == "text" and isinstance(p.get("content"), str)
+    ]
+
+
+@dataclass
+class Target:
+    """What one evaluation looks at.
+
+    span scope: `span` is the span, `spans` is [span]. trace scope: `spans` is the whole trace, `span` its root
+    (or first) span, `trajectory` its trajectory. session scope: `spans` is every span of the session.
+    `reference` holds expected values from the policy or a dataset record (expected output, tools, trajectory).
+    """
+
+    spans: list[Span]
+    span: Span | None = None
+    trajectory: dict[str, Any] | None = None
+    reference: dict[str, Any] = field(default_factory=dict)
+    context: list[str] = field(default_factory=list)
+
+    @cached_property
+    def llm_spans(self) -> list[Span]:
+        return [s for s in self.spans if s.step_type == "llm"]
+
+    @cached_property
+    def input_text(self) -> str | None:
+        """The user's input: the span's last user message, or the trace's first LLM call's."""
+        for candidate in ([self.span] if self.span is not None else []) + self.llm_spans:
+            users = [m for m in candidate.input or [] if m.get("role") == "user"]
+            texts = _texts(users[-1:])
+            if texts:
+                return "\n".join(texts)
+        return None
+
+    @cached_property
+    def output_text(self) -> str | None:
+        """The answer: the trajectory's final output, else the span's (or last LLM call's) output text."""
+        if self.trajectory and self.trajectory.get("final_output"):
+            return str(self.trajectory["final_output"])
+        for candidate in ([self.span] if self.span is not None else []) + self.llm_spans[::-1]:
+            texts = _texts(candidate.output)
+            if texts:
+                return "\n".join(texts)
+        return None
+
+    @property
+    def has_content(self) -> bool:
+        return any(s.content_captured for s in self.spans)
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    name: str  # the ref, e.g. "builtin/contains"
+    version: str
+    scope: Scope
+    requires: tuple[Requirement, ...]
+    params: type[Params]
+    description: str
+
+    def evaluate(self, target: Target, params: Params) -> list[Score]: ...
+
+
+REGISTRY: dict[str, Evaluator] = {}
+_entry_points_loaded = False
+
+
+def register(ev: Evaluator) -> Evaluator:
+    if ev.name in REGISTRY and REGISTRY[ev.name] is not ev:
+        raise ValueError(f"evaluator {ev.name!r} is registered twice")
+    REGISTRY[ev.name] = ev
+    return ev
+
+
+@dataclass(frozen=True)
+class FunctionEvaluator:
+    """A plain function made an evaluator by `@evaluator`; it may return one Score or a list."""
+
+    name: str
+    version: str
+    scope: Scope
+    requires: tuple[Requirement, ...]
+    params: type[Params]
+    description: str
+    fn: Callable[[Target, Any], Score | list[Score]]
+
+    def evaluate(self, target: Target, params: Params) -> list[Score]:
+        result = self.fn(target, params)
+        return [result] if isinstance(result, Score) else list(result)
+
+
+def evaluator(
+    name: str,
+    *,
+    scope: Scope = "trace",
+    requires: tuple[Requirement, ...] = (),
+    params: type[Params] = NoParams,
+    version: str = "1",
+) -> Callable[[Callable[[Target, Any], Score | list[Score]]], FunctionEvaluator]:
+    """Make a function `(target, params) -> Score | list[Score]` an evaluator named `name` and register it."""
+
+    def decorate(fn: Callable[[Target, Any], Score | list[Score]]) -> FunctionEvaluator:
+        doc = (fn.__doc__ or "").strip().splitlines()
+        ev = FunctionEvaluator(name, version, scope, requires, params, doc[0] if doc else "", fn)
+        register(ev)
+        return ev
+
+    return decorate
+
+
+def load_evaluators() -> dict[str, Evaluator]:
+    """The built-in packs and every `evalsi.evaluators` entry point, loaded once."""
+    global _entry_points_loaded
+    import evalsi.evaluators.packs  # noqa: F401  (registers the built-in packs)
+
+    if not _entry_points_loaded:
+        _entry_points_loaded = True
+        for ep in importlib.metadata.entry_points(group="evalsi.evaluators"):
+            try:
+                loaded = ep.load()
+            except Exception as e:  # a broken plugin must not stop the collector
+                log.error("cannot load evaluator entry point %s: %s", ep.name, e)
+                continue
+            if isinstance(loaded, Evaluator) and loaded.name not in REGISTRY:
+                register(loaded)
+    return REGISTRY
+
+
+def parse_params(ev: Evaluator, raw: dict[str, Any] | None) -> Params:
+    """Validate params for `ev`; raises ValueError with every problem, each naming its key."""
+    try:
+        return ev.params.model_validate(raw or {})
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(params)'}: {err['msg'].removeprefix('Value error, ')}"
+            for err in e.errors()
+        )
+        raise ValueError(problems) from None
+
+
+def missing_requirement(ev: Evaluator, target: Target) -> str | None:
+    """The skip reason when the target lacks what `ev` requires, else None."""
+    for need in ev.requires:
+        if need in ("input", "output") and not target.has_content:
+            return "no content"
+        if need == "input" and target.input_text is None:
+            return "no input"
+        if need == "output" and target.output_text is None:
+            return "no output"
+        if need == "trajectory" and not (target.trajectory and target.trajectory.get("steps")):
+            return "no trajectory"
+        if need == "context" and not target.context:
+            return "no context"
+    return None
+
+
+def run(ev: Evaluator, target: Target, params: Params) -> list[Score]:
+    """Run one evaluator: requirements checked first (skipped, never scored), exceptions become error scores."""
+    short = ev.name.rsplit("/", 1)[-1]
+    reason = missing_requirement(ev, target)
+    if reason is not None:
+        scores = [Score.skipped(short, reason)]
+    else:
+        try:
+            scores = ev.evaluate(target, params)
+        except Exception as e:
+            log.debug("evaluator %s failed", ev.name, exc_info=True)
+            scores = [Score.error(short, type(e).__name__, str(e))]
+    for s in scores:
+        s.evaluator = ev.name
+        s.evaluator_version = ev.version
+    return scores

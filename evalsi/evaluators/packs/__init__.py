@@ -1,0 +1,1 @@
+"""The built-in evaluator packs; importing this package registers every `builtin/*` evaluator."""
