@@ -23,6 +23,10 @@ app = typer.Typer(help="evalsi: an OpenTelemetry collector that turns GenAI trac
                   no_args_is_help=True, add_completion=False)  # fmt: skip
 traces_app = typer.Typer(help="Read stored traces.", no_args_is_help=True)
 app.add_typer(traces_app, name="traces")
+scores_app = typer.Typer(help="Read stored scores.", no_args_is_help=True)
+app.add_typer(scores_app, name="scores")
+evaluators_app = typer.Typer(help="The evaluators this evalsi knows.", no_args_is_help=True)
+app.add_typer(evaluators_app, name="evaluators")
 
 # piped output gets a wide console so ids are never cut
 out = Console(width=None if sys.stdout.isatty() else 200)
@@ -193,6 +197,68 @@ def traces_show(
 
     add(tree, "")
     out.print(tree)
+
+
+@scores_app.command("list")
+def scores_list(
+    trace: Annotated[str | None, typer.Option("--trace", help="Only scores of this trace id.")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="Only scores of this policy.")] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many, newest first.")] = 100,
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+    api: ApiOpt = None,
+) -> None:
+    """List scores, newest first; each (trace, span, policy, evaluator, name, run, trial) once."""
+    reader = _reader(config, api)
+    rows = _read(reader, "list_scores", limit=limit, trace_id=trace, policy=policy)
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
+        return
+    if not rows:
+        out.print("no scores yet")
+        return
+    table = Table(box=None, header_style="bold")
+    columns = ("TIME (UTC)", "TRACE ID", "POLICY", "EVALUATOR", "NAME", "OUTCOME", "VALUE", "PASSED", "REASON / LABEL")
+    for col in columns:
+        table.add_column(col, no_wrap=col != "REASON / LABEL")
+    for r in rows:
+        value = "" if r["value"] is None else f"{r['value']:.4g}"
+        passed = "" if r["passed"] is None else ("yes" if r["passed"] else "[red]no[/]")
+        table.add_row(
+            _time(r["timestamp_unix_nano"]), r["trace_id"], r["policy"], r["evaluator"], r["name"], r["outcome"],
+            value, passed, r["reason"] or r["label"] or "",
+        )  # fmt: skip
+    out.print(table)
+
+
+@evaluators_app.command("list")
+def evaluators_list(as_json: JsonOpt = False) -> None:
+    """List every evaluator ref with its scope, requirements, version and params."""
+    from evalsi.evaluators import load_evaluators
+
+    rows = [
+        {
+            "ref": ev.name,
+            "scope": ev.scope,
+            "requires": list(ev.requires),
+            "version": ev.version,
+            "description": ev.description,
+            "params": ev.params.model_json_schema().get("properties", {}),
+        }
+        for ev in sorted(load_evaluators().values(), key=lambda e: e.name)
+    ]
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("REF", "SCOPE", "REQUIRES", "VERSION", "PARAMS", "DESCRIPTION"):
+        table.add_column(col, no_wrap=col in ("REF", "SCOPE"))
+    for r in rows:
+        table.add_row(
+            r["ref"], r["scope"], ", ".join(r["requires"]) or "-", r["version"], ", ".join(r["params"]) or "-",
+            r["description"],
+        )  # fmt: skip
+    out.print(table)
 
 
 @app.command("normalize")

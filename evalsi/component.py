@@ -10,12 +10,13 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 from evalsi.log_record import LogBatch
+from evalsi.score import ScoreBatch
 from evalsi.span import SpanBatch
 from evalsi.telemetry import SelfMetrics
 
 Kind = Literal["receiver", "processor", "exporter"]
-Signal = Literal["traces", "logs"]
-SIGNALS: tuple[Signal, ...] = ("traces", "logs")
+Signal = Literal["traces", "logs", "scores"]
+SIGNALS: tuple[Signal, ...] = ("traces", "logs", "scores")
 
 
 class ComponentConfig(BaseModel):
@@ -51,12 +52,24 @@ class LogConsumer(Protocol):
         ...
 
 
+@runtime_checkable
+class ScoreConsumer(Protocol):
+    async def consume_scores(self, batch: ScoreBatch) -> None:
+        """Take the scores or raise `Refused`."""
+        ...
+
+
 class Next:
-    """Where a component hands its output: one consumer per signal it is wired for in `service.pipelines`."""
+    """Where a component hands its output: one consumer per signal it is wired for in `service.pipelines`.
+
+    `scores` is the `scores` pipeline's exporters, wired for every processor when that pipeline exists:
+    a processor that evaluates hands its scores there.
+    """
 
     def __init__(self) -> None:
         self.traces: Consumer | None = None
         self.logs: LogConsumer | None = None
+        self.scores: ScoreConsumer | None = None
 
     @property
     def signals(self) -> set[Signal]:
@@ -65,6 +78,8 @@ class Next:
             wired.add("traces")
         if self.logs is not None:
             wired.add("logs")
+        if self.scores is not None:
+            wired.add("scores")
         return wired
 
     async def consume(self, batch: SpanBatch) -> None:
@@ -76,6 +91,11 @@ class Next:
         if self.logs is None:
             raise Refused("no logs pipeline takes this component's output", unavailable=True)
         await self.logs.consume_logs(batch)
+
+    async def consume_scores(self, batch: ScoreBatch) -> None:
+        if self.scores is None:
+            raise Refused("no scores pipeline takes this component's scores", unavailable=True)
+        await self.scores.consume_scores(batch)
 
 
 class Component(Protocol):

@@ -41,6 +41,14 @@ def build_api(store: TraceStore | None, status: Callable[[], dict[str, Any]]) ->
         s = need_store()
         return {"traces": await asyncio.to_thread(s.list_traces, limit=limit, service=service)}
 
+    @app.get("/api/v1/scores")
+    async def list_scores(
+        limit: int = Query(100, ge=1, le=100_000), trace_id: str | None = None, policy: str | None = None
+    ) -> dict[str, Any]:
+        s = need_store()
+        found = await asyncio.to_thread(s.list_scores, limit=limit, trace_id=trace_id, policy=policy)
+        return {"scores": found}
+
     @app.get("/api/v1/traces/{trace_id}")
     async def get_trace(trace_id: str) -> dict[str, Any]:
         if not TRACE_ID.match(trace_id):

@@ -197,7 +197,7 @@ def _pipeline_errors(service: ServiceConfig, sections: dict[str, dict[str, Any]]
         where = f"service.pipelines.{name}"
         if type_of(name) not in SIGNALS:
             errors.append(f"{where}: unsupported pipeline type {type_of(name)!r} (supported: {', '.join(SIGNALS)})")
-        if not pipe.receivers:
+        if not pipe.receivers and type_of(name) != "scores":  # scores come from processors that evaluate
             errors.append(f"{where}.receivers: at least one receiver is required")
         if not pipe.exporters:
             errors.append(f"{where}.exporters: at least one exporter is required")

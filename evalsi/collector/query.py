@@ -22,6 +22,8 @@ class TraceReader(Protocol):
 
     def get_trace(self, trace_id: str) -> list[dict[str, Any]]: ...
 
+    def list_scores(self, *, limit: int, trace_id: str | None, policy: str | None) -> list[dict[str, Any]]: ...
+
     def close(self) -> None: ...
 
 
@@ -43,6 +45,12 @@ class ApiReader:
         if resp.status_code != 200:
             raise QueryError(f"{self.where} answered {resp.status_code}: {_detail(resp)}")
         return resp.json()["traces"]
+
+    def list_scores(self, *, limit: int, trace_id: str | None, policy: str | None) -> list[dict[str, Any]]:
+        resp = self._get("/api/v1/scores", limit=limit, trace_id=trace_id, policy=policy)
+        if resp.status_code != 200:
+            raise QueryError(f"{self.where} answered {resp.status_code}: {_detail(resp)}")
+        return resp.json()["scores"]
 
     def get_trace(self, trace_id: str) -> list[dict[str, Any]]:
         resp = self._get(f"/api/v1/traces/{trace_id}")
@@ -73,6 +81,9 @@ class StoreReader:
 
     def get_trace(self, trace_id: str) -> list[dict[str, Any]]:
         return self._store.get_trace(trace_id)
+
+    def list_scores(self, *, limit: int, trace_id: str | None, policy: str | None) -> list[dict[str, Any]]:
+        return self._store.list_scores(limit=limit, trace_id=trace_id, policy=policy)
 
     def close(self) -> None:
         self._store.close()
@@ -105,4 +116,6 @@ def open_reader(config: Config, api: str | None) -> TraceReader:
         )
     except StoreLocked as e:
         raise QueryError(f"{e}, or read through that collector's API with --api URL (none answers at {url})") from None
-    return StoreReader(TraceStore(backend, table=c.traces_table_name))
+    return StoreReader(
+        TraceStore(backend, table=c.traces_table_name, logs_table=c.logs_table_name, scores_table=c.scores_table_name)
+    )

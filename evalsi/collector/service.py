@@ -16,9 +16,10 @@ from prometheus_client import make_asgi_app
 from evalsi import __version__
 from evalsi.collector.api import build_api
 from evalsi.collector.config import Config, type_of
-from evalsi.component import REGISTRY, Consumer, Kind, LogConsumer, Next, Settings, Signal
+from evalsi.component import REGISTRY, Consumer, Kind, LogConsumer, Next, ScoreConsumer, Settings, Signal
 from evalsi.exporters.clickhouse.store import TraceStore
 from evalsi.log_record import LogBatch
+from evalsi.score import ScoreBatch
 from evalsi.serving import AsgiServer
 from evalsi.span import SpanBatch
 from evalsi.telemetry import SelfMetrics
@@ -81,10 +82,22 @@ class LogFanOut:
             await consumer.consume_logs(batch)
 
 
+class ScoreFanOut:
+    """Hands one score batch to every scores exporter."""
+
+    def __init__(self, consumers: list[ScoreConsumer]) -> None:
+        self.consumers = consumers
+
+    async def consume_scores(self, batch: ScoreBatch) -> None:
+        for consumer in self.consumers:
+            await consumer.consume_scores(batch)
+
+
+_FANS: dict[str, type] = {"traces": FanOut, "logs": LogFanOut, "scores": ScoreFanOut}
+
+
 def _fan(data: Signal, consumers: list[Any]) -> Any:
-    if len(consumers) == 1:
-        return consumers[0]
-    return FanOut(consumers) if data == "traces" else LogFanOut(consumers)
+    return consumers[0] if len(consumers) == 1 else _FANS[data](consumers)
 
 
 class Service:
@@ -134,6 +147,12 @@ class Service:
             for rid in pipe.receivers:
                 receiver_heads.setdefault(rid, {}).setdefault(data, []).append(downstream)
         self.processors = [(pid, processors[pid]) for pid in _upstream_first(edges)]
+        scores = [
+            self.exporters[eid] for name, p in pipelines.items() if type_of(name) == "scores" for eid in p.exporters
+        ]
+        if scores:
+            for nxt in processor_next.values():
+                nxt.scores = _fan("scores", list(dict.fromkeys(scores)))
         for rid, by_signal in receiver_heads.items():
             nxt = Next()
             for data, heads in by_signal.items():

@@ -16,6 +16,7 @@ from evalsi.duration import Duration
 from evalsi.exporters.clickhouse.backend import StoreError, open_backend
 from evalsi.exporters.clickhouse.store import TraceStore
 from evalsi.log_record import LogBatch
+from evalsi.score import ScoreBatch
 from evalsi.span import SpanBatch
 
 
@@ -33,6 +34,7 @@ class ClickHouseConfig(ComponentConfig):
     password: str = ""
     traces_table_name: str = "otel_traces"
     logs_table_name: str = "otel_logs"
+    scores_table_name: str = "evalsi_scores"
     ttl_days: int = Field(default=0, ge=0)
     create_schema: bool = True
     timeout: Duration = 10.0
@@ -49,7 +51,7 @@ class ClickHouseConfig(ComponentConfig):
             raise ValueError(f"unsupported endpoint {v!r}: use chdb://PATH (embedded) or http(s)://host:8123")
         return v
 
-    @field_validator("traces_table_name", "logs_table_name")
+    @field_validator("traces_table_name", "logs_table_name", "scores_table_name")
     @classmethod
     def _identifier(cls, v: str) -> str:
         if not v.replace("_", "").isalnum():
@@ -68,7 +70,7 @@ class _Queue:
     items: list[Any] = field(default_factory=list)
 
 
-@exporter("clickhouse", config=ClickHouseConfig, signals=("traces", "logs"))
+@exporter("clickhouse", config=ClickHouseConfig, signals=("traces", "logs", "scores"))
 class ClickHouseExporter:
     def __init__(self, config: ClickHouseConfig, settings: Settings) -> None:
         self._config = config
@@ -90,7 +92,13 @@ class ClickHouseExporter:
             open_backend, c.endpoint, database=c.database, username=c.username, password=c.password,
             timeout=c.timeout,
         )  # fmt: skip
-        store = TraceStore(backend, table=c.traces_table_name, logs_table=c.logs_table_name, ttl_days=c.ttl_days)
+        store = TraceStore(
+            backend,
+            table=c.traces_table_name,
+            logs_table=c.logs_table_name,
+            scores_table=c.scores_table_name,
+            ttl_days=c.ttl_days,
+        )
         if c.create_schema:
             try:
                 await asyncio.to_thread(store.create_schema)
@@ -109,7 +117,15 @@ class ClickHouseExporter:
             m.exporter_sent_log_records.labels(cid),
             m.exporter_send_failed_log_records.labels(cid),
         )
-        self._queues = [self._spans, self._revisions, self._logs]
+        self._scores = _Queue(
+            "scores",
+            store.write_scores,
+            m.counter("evalsi_exporter_sent_scores", "Scores written to the store.", ["exporter"]).labels(cid),
+            m.counter("evalsi_exporter_send_failed_scores", "Scores the store would not take.", ["exporter"]).labels(
+                cid
+            ),
+        )
+        self._queues = [self._spans, self._revisions, self._logs, self._scores]
         self._log.info("store open", extra={"store": backend.description})
         self._task = asyncio.create_task(self._flush_loop())
 
@@ -139,6 +155,9 @@ class ClickHouseExporter:
 
     async def consume_logs(self, batch: LogBatch) -> None:
         self._enqueue(self._logs, batch.records)
+
+    async def consume_scores(self, batch: ScoreBatch) -> None:
+        self._enqueue(self._scores, batch.scores)
 
     async def _flush_loop(self) -> None:
         while True:

@@ -9,8 +9,9 @@ from typing import Any
 import pyarrow as pa
 
 from evalsi import json_codec
-from evalsi.exporters.clickhouse.schema import LOGS_SCHEMA, TRACES_SCHEMA
+from evalsi.exporters.clickhouse.schema import LOGS_SCHEMA, SCORES_SCHEMA, TRACES_SCHEMA
 from evalsi.log_record import LogRecord
+from evalsi.score import Score
 from evalsi.span import Span
 
 _COMPACT = (",", ":")
@@ -168,6 +169,34 @@ def logs_to_arrow(records: list[LogRecord]) -> pa.Table:
     ]
     arrays = [pa.array(c, type=f.type) for c, f in zip(columns, LOGS_SCHEMA, strict=True)]
     return pa.Table.from_arrays(arrays, schema=LOGS_SCHEMA)
+
+
+def scores_to_arrow(scores: list[Score]) -> pa.Table:
+    columns = [
+        [s.timestamp_unix_nano for s in scores],
+        [s.project for s in scores],
+        [s.trace_id for s in scores],
+        [s.span_id for s in scores],
+        [s.session_id for s in scores],
+        [s.policy for s in scores],
+        [s.evaluator for s in scores],
+        [s.evaluator_version for s in scores],
+        [s.name for s in scores],
+        [s.value for s in scores],
+        [s.passed for s in scores],
+        [s.label or "" for s in scores],
+        [s.explanation or "" for s in scores],
+        [s.outcome for s in scores],
+        [s.reason or "" for s in scores],
+        [s.source for s in scores],
+        [s.judge_cost_usd for s in scores],
+        [s.run_id for s in scores],
+        [s.trial for s in scores],
+        [s.task_id for s in scores],
+        [_json(s.metadata) if s.metadata else "" for s in scores],
+    ]
+    arrays = [pa.array(c, type=f.type) for c, f in zip(columns, SCORES_SCHEMA, strict=True)]
+    return pa.Table.from_arrays(arrays, schema=SCORES_SCHEMA)
 
 
 def _pairs(value: Any) -> dict[str, str]:

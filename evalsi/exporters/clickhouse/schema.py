@@ -128,6 +128,40 @@ SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1"""
     ]
 
 
+def scores_ddl(table: str) -> list[str]:
+    """Scores, one row per key (project, trace, span, policy, evaluator, name, run, trial): ReplacingMergeTree keeps
+    the newest, and reads use FINAL, so a retried or replayed write never counts twice. No partitions: two writes of
+    one key must meet in one part to be merged."""
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {table} (
+    Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),
+    Project LowCardinality(String) CODEC(ZSTD(1)),
+    TraceId String CODEC(ZSTD(1)),
+    SpanId String CODEC(ZSTD(1)),
+    SessionId String CODEC(ZSTD(1)),
+    Policy LowCardinality(String) CODEC(ZSTD(1)),
+    Evaluator LowCardinality(String) CODEC(ZSTD(1)),
+    EvaluatorVersion LowCardinality(String) CODEC(ZSTD(1)),
+    Name LowCardinality(String) CODEC(ZSTD(1)),
+    Value Nullable(Float64) CODEC(ZSTD(1)),
+    Passed Nullable(Bool) CODEC(ZSTD(1)),
+    Label String CODEC(ZSTD(1)),
+    Explanation String CODEC(ZSTD(3)),
+    Outcome LowCardinality(String) CODEC(ZSTD(1)),
+    Reason LowCardinality(String) CODEC(ZSTD(1)),
+    Source LowCardinality(String) CODEC(ZSTD(1)),
+    JudgeCostUsd Nullable(Float64) CODEC(ZSTD(1)),
+    RunId String CODEC(ZSTD(1)),
+    Trial UInt32 CODEC(ZSTD(1)),
+    TaskId String CODEC(ZSTD(1)),
+    Metadata String CODEC(ZSTD(3)),
+    INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1
+) ENGINE = ReplacingMergeTree(Timestamp)
+ORDER BY (Project, Policy, Evaluator, Name, TraceId, SpanId, RunId, Trial)
+SETTINGS index_granularity = 8192"""
+    ]
+
+
 STRING_MAP = pa.map_(pa.string(), pa.string())
 TIMESTAMP = pa.timestamp("ns")
 
@@ -192,6 +226,54 @@ LOGS_SCHEMA = pa.schema(
         ("EventName", pa.string()),
     ]
 )
+
+
+SCORES_SCHEMA = pa.schema(
+    [
+        ("Timestamp", TIMESTAMP),
+        ("Project", pa.string()),
+        ("TraceId", pa.string()),
+        ("SpanId", pa.string()),
+        ("SessionId", pa.string()),
+        ("Policy", pa.string()),
+        ("Evaluator", pa.string()),
+        ("EvaluatorVersion", pa.string()),
+        ("Name", pa.string()),
+        ("Value", pa.float64()),
+        ("Passed", pa.bool_()),
+        ("Label", pa.string()),
+        ("Explanation", pa.string()),
+        ("Outcome", pa.string()),
+        ("Reason", pa.string()),
+        ("Source", pa.string()),
+        ("JudgeCostUsd", pa.float64()),
+        ("RunId", pa.string()),
+        ("Trial", pa.uint32()),
+        ("TaskId", pa.string()),
+        ("Metadata", pa.string()),
+    ]
+)
+
+
+def list_scores_sql(table: str, *, with_trace: bool, with_policy: bool) -> str:
+    """Scores newest first, each key once (FINAL). Parameters: {limit:UInt32}, {trace_id:String}, {policy:String}."""
+    where = []
+    if with_trace:
+        where.append("TraceId = {trace_id:String}")
+    if with_policy:
+        where.append("Policy = {policy:String}")
+    clause = ("WHERE " + " AND ".join(where)) if where else ""
+    return f"""
+SELECT toUnixTimestamp64Nano(Timestamp) AS timestamp_unix_nano, Project AS project, TraceId AS trace_id,
+    SpanId AS span_id, SessionId AS session_id, Policy AS policy, Evaluator AS evaluator,
+    EvaluatorVersion AS evaluator_version, Name AS name, Value AS value, Passed AS passed, Label AS label,
+    Explanation AS explanation, Outcome AS outcome, Reason AS reason, Source AS source,
+    JudgeCostUsd AS judge_cost_usd, RunId AS run_id, Trial AS trial, TaskId AS task_id
+FROM {table} FINAL
+{clause}
+ORDER BY Timestamp DESC
+LIMIT {{limit:UInt32}}
+"""
 
 
 def insert_sql(table: str, schema: pa.Schema, source: str) -> str:

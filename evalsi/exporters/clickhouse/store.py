@@ -6,15 +6,18 @@ import re
 from typing import Any
 
 from evalsi.exporters.clickhouse.backend import Backend
-from evalsi.exporters.clickhouse.rows import canonical_from_row, logs_to_arrow, to_arrow
+from evalsi.exporters.clickhouse.rows import canonical_from_row, logs_to_arrow, scores_to_arrow, to_arrow
 from evalsi.exporters.clickhouse.schema import (
     delete_spans_sql,
+    list_scores_sql,
     list_traces_sql,
     logs_ddl,
+    scores_ddl,
     trace_spans_sql,
     traces_ddl,
 )
 from evalsi.log_record import LogRecord
+from evalsi.score import Score
 from evalsi.span import Span
 
 _HEX = re.compile(r"^[0-9a-f]+$")
@@ -22,11 +25,18 @@ _HEX = re.compile(r"^[0-9a-f]+$")
 
 class TraceStore:
     def __init__(
-        self, backend: Backend, *, table: str = "otel_traces", logs_table: str = "otel_logs", ttl_days: int = 0
+        self,
+        backend: Backend,
+        *,
+        table: str = "otel_traces",
+        logs_table: str = "otel_logs",
+        scores_table: str = "evalsi_scores",
+        ttl_days: int = 0,
     ) -> None:
         self.backend = backend
         self.table = table
         self.logs_table = logs_table
+        self.scores_table = scores_table
         self.ttl_days = ttl_days
 
     @property
@@ -34,7 +44,8 @@ class TraceStore:
         return self.backend.description
 
     def create_schema(self) -> None:
-        for statement in traces_ddl(self.table, self.ttl_days) + logs_ddl(self.logs_table, self.ttl_days):
+        ddl = traces_ddl(self.table, self.ttl_days) + logs_ddl(self.logs_table, self.ttl_days)
+        for statement in ddl + scores_ddl(self.scores_table):
             self.backend.command(statement)
 
     def write(self, spans: list[Span]) -> None:
@@ -51,6 +62,29 @@ class TraceStore:
     def write_logs(self, records: list[LogRecord]) -> None:
         if records:
             self.backend.insert(self.logs_table, logs_to_arrow(records))
+
+    def write_scores(self, scores: list[Score]) -> None:
+        if scores:
+            self.backend.insert(self.scores_table, scores_to_arrow(scores))
+
+    def list_scores(
+        self, *, limit: int = 100, trace_id: str | None = None, policy: str | None = None
+    ) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit}
+        if trace_id:
+            params["trace_id"] = trace_id.lower()
+        if policy:
+            params["policy"] = policy
+        sql = list_scores_sql(self.scores_table, with_trace=bool(trace_id), with_policy=bool(policy))
+        rows = self.backend.query(sql, params)
+        for r in rows:
+            r["timestamp_unix_nano"] = int(r["timestamp_unix_nano"])
+            r["trial"] = int(r["trial"])
+            r["passed"] = None if r["passed"] is None else bool(r["passed"])
+            r["value"] = None if r["value"] is None else float(r["value"])
+            for key in ("label", "explanation", "reason"):
+                r[key] = r[key] or None
+        return rows
 
     def list_traces(self, *, limit: int = 20, service: str | None = None) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"limit": limit}
