@@ -1,0 +1,356 @@
+"""Redaction rules: built-in PII patterns, your regex rules and the OTel redaction processor's key rules. Value rules
+run over a whole batch of strings at once in the Rust regex engine (polars), then Python checks and replaces."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from fnmatch import translate
+
+import polars as pl
+
+from evalsi.processors.redact.config import BUILTIN_RULE_NAMES, RedactConfig
+
+MASK = "****"  # what the OTel redaction processor puts in place of a masked value
+
+# --- content keys ----------------------------------------------------------------------------------
+
+# Attributes that carry prompts, completions, tool arguments and results, retrieved documents, in the
+# conventions normalize maps (docs/conventions.md). Values may be JSON text or structured (lists, maps).
+CONTENT_KEYS = frozenset(
+    (
+        # OTel GenAI semconv
+        "gen_ai.input.messages",
+        "gen_ai.output.messages",
+        "gen_ai.system_instructions",
+        "gen_ai.tool.call.arguments",
+        "gen_ai.tool.call.result",
+        "gen_ai.retrieval.documents",
+        "gen_ai.retrieval.query.text",
+        # older semconv span events, Semantic Kernel, OpenLIT's older attributes
+        "gen_ai.prompt",
+        "gen_ai.completion",
+        "gen_ai.event.content",
+        "gen_ai.content.prompt",
+        "gen_ai.content.completion",
+        "gen_ai.tool.input",
+        "gen_ai.tool.output",
+        # OpenInference
+        "input.value",
+        "output.value",
+        "llm.prompts",
+        "reranker.query",
+        "tool_call.function.arguments",
+        "message.content",
+        "message.function_call_arguments_json",
+        # MLflow
+        "mlflow.spanInputs",
+        "mlflow.spanOutputs",
+        "mlflow.traceInputs",
+        "mlflow.traceOutputs",
+        # OpenLLMetry / Traceloop
+        "traceloop.entity.input",
+        "traceloop.entity.output",
+    )
+)
+CONTENT_KEY_GLOBS = (
+    "gen_ai.prompt.*",  # OpenLLMetry, agentgateway: gen_ai.prompt.N.content
+    "gen_ai.completion.*",
+    "llm.input_messages.*",  # OpenInference: llm.input_messages.N.message.content, ...
+    "llm.output_messages.*",
+    "llm.prompts.*",
+    "llm.prompt_template.*",
+    "embedding.embeddings.*",
+    "retrieval.documents.*",
+    "reranker.input_documents.*",
+    "reranker.output_documents.*",
+)
+
+
+def key_matcher(keys: Sequence[str]) -> Callable[[str], bool]:
+    """Exact keys and globs (`*`, `?`, `[...]`) as one test."""
+    exact = frozenset(k for k in keys if not any(c in k for c in "*?["))
+    globs = [k for k in keys if k not in exact]
+    pattern = re.compile("|".join(translate(g) for g in globs)) if globs else None
+
+    def matches(key: str) -> bool:
+        return key in exact or (pattern is not None and pattern.match(key) is not None)
+
+    return matches
+
+
+# --- hashing ---------------------------------------------------------------------------------------
+
+
+class Hasher:
+    """The hex digest of a masked text: sha256, or hmac-sha256 with the configured key."""
+
+    def __init__(self, function: str, key: bytes | None = None) -> None:
+        if function == "hmac-sha256" and not key:
+            raise ValueError("hmac-sha256 needs a key")
+        self.key = key if function == "hmac-sha256" else None
+
+    def __call__(self, text: str) -> str:
+        data = text.encode("utf-8", "surrogatepass")
+        if self.key is not None:
+            return hmac.new(self.key, data, hashlib.sha256).hexdigest()
+        return hashlib.sha256(data).hexdigest()
+
+
+def hasher_of(config: RedactConfig) -> Hasher:
+    key = config.hmac_key.get_secret_value().encode() if config.hmac_key is not None else None
+    return Hasher(config.hash_function, key)
+
+
+# --- value rules -----------------------------------------------------------------------------------
+
+# A match may begin right after a JSON escape (`\n`, `\u00a0`) when the text is raw JSON (most content attributes
+# are): the escape's letters would hide the word boundary the patterns start with, so the patterns take the
+# escape in, and the rule masks what follows it.
+_ESCAPE = r"(?:\\u[0-9A-Fa-f]{4}|\\[nrtbf])"
+_LEADING_ESCAPE = re.compile(r"\\u[0-9A-Fa-f]{4}|\\[nrtbf]")
+_START = rf"(?:{_ESCAPE}|\b)"
+
+EMAIL_PATTERN = rf"{_ESCAPE}?[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{{2,}}"
+# 13-19 digits, single spaces or dashes between them; the Luhn check decides
+CARD_PATTERN = rf"{_START}(?:\d[ -]?){{12,18}}\d\b"
+PHONE_PATTERN = (
+    r"\+\d{1,3}(?:[ .-]?\(?\d{1,4}\)?){2,5}"  # international: +1 415 555 0134, +44 20 7946 0958, +4930123456
+    rf"|(?:\(\d{{3}}\) ?|{_START}\d{{3}}[ .-])\d{{3}}[ .-]\d{{4}}\b"  # North American: (415) 555-0134, 415.555.0134
+    rf"|{_START}0\d{{1,4}}(?:[ .-]?\d{{2,4}}){{2,4}}\b"  # trunk prefix 0: 020 7946 0958, 01 23 45 67 89, 030 1234567
+)
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+IPV4_PATTERN = rf"{_START}(?:{_OCTET}\.){{3}}{_OCTET}\b"
+
+_DIGITS = re.compile(r"\d+")
+_NOT_DIGIT = re.compile(r"\D")
+# first digits of the card networks' numbers (2 and 5 Mastercard, 3 Amex/Diners/JCB, 4 Visa, 6 Discover/UnionPay):
+# 13-digit millisecond timestamps and most ids start with 1
+_ISSUERS = frozenset("23456")
+_DATE = re.compile(r"\d{1,2}[./-]\d{1,2}[./-]\d{2,4}")
+
+
+def _after_escape(match: str) -> str:
+    m = _LEADING_ESCAPE.match(match)
+    return match[m.end() :] if m else match
+
+
+def luhn(digits: str) -> bool:
+    total = 0
+    for i, c in enumerate(reversed(digits)):
+        d = int(c)
+        if i % 2:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def card_parts(match: str) -> list[str]:
+    """The card number in a match: all of it if it is one (13-19 digits, a card network's first digit, the Luhn
+    check), else the longest run of whole digit groups that is, e.g. in `12 4111 1111 1111 1111`; else nothing."""
+    text = _after_escape(match)
+    if _is_card(_NOT_DIGIT.sub("", text)):
+        return [text]
+    groups = [(m.start(), m.end()) for m in _DIGITS.finditer(text)]
+    runs = sorted(
+        ((i, j) for i in range(len(groups)) for j in range(i, len(groups)) if (i, j) != (0, len(groups) - 1)),
+        key=lambda r: groups[r[0]][0] - groups[r[1]][1],
+    )
+    for i, j in runs:
+        if _is_card("".join(text[a:b] for a, b in groups[i : j + 1])):
+            return [text[groups[i][0] : groups[j][1]]]
+    return []
+
+
+def _is_card(digits: str) -> bool:
+    return 13 <= len(digits) <= 19 and digits[0] in _ISSUERS and luhn(digits)
+
+
+def phone_parts(match: str) -> list[str]:
+    """A phone number has 9+ digits (8+ after a `+`) and is not a date such as 01.02.2024 12."""
+    text = _after_escape(match)
+    digits = sum(c.isdigit() for c in text)
+    if digits >= 9 or (digits >= 8 and text.startswith("+")):
+        return [] if _DATE.match(text) else [text]
+    return []
+
+
+def whole_match(match: str) -> list[str]:
+    return [_after_escape(match)]
+
+
+def as_is(match: str) -> list[str]:
+    return [match]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A value rule: each text its `pattern` matches (the parts `parts` keeps of it) becomes `replacement(text)`."""
+
+    name: str
+    pattern: str
+    replacement: Callable[[str], str]
+    parts: Callable[[str], list[str]] = as_is
+
+
+@dataclass(frozen=True)
+class _Builtin:
+    pattern: str
+    label: str
+    parts: Callable[[str], list[str]]
+
+
+BUILTIN_RULES: dict[str, _Builtin] = {
+    "email": _Builtin(EMAIL_PATTERN, "<EMAIL_ADDRESS>", whole_match),
+    "card": _Builtin(CARD_PATTERN, "<CREDIT_CARD>", card_parts),
+    "phone": _Builtin(PHONE_PATTERN, "<PHONE_NUMBER>", phone_parts),
+    "ipv4": _Builtin(IPV4_PATTERN, "<IP_ADDRESS>", whole_match),
+}
+assert tuple(BUILTIN_RULES) == BUILTIN_RULE_NAMES
+
+
+def _fixed(text: str) -> Callable[[str], str]:
+    return lambda _match: text
+
+
+def content_rules(config: RedactConfig, hasher: Hasher) -> list[Rule]:
+    """The rules over content, in order: the built-in ones, yours, then `blocked_values`."""
+    own = {r.name: r for r in config.rules}
+    rules: list[Rule] = []
+
+    def make(name: str) -> Rule:
+        builtin = BUILTIN_RULES.get(name)
+        user = own.get(name)
+        if user is None:
+            assert builtin is not None
+            return Rule(name, builtin.pattern, _fixed(builtin.label), builtin.parts)
+        if user.pattern is not None:
+            pattern, parts = user.pattern, as_is
+        else:
+            assert builtin is not None
+            pattern, parts = builtin.pattern, builtin.parts
+        if user.hash:
+            replacement: Callable[[str], str] = hasher
+        elif user.replace is not None:
+            replacement = _fixed(user.replace)
+        else:
+            replacement = _fixed(builtin.label if builtin else f"<{name.upper()}>")
+        return Rule(name, pattern, replacement, parts)
+
+    for name in config.default_rules:
+        rules.append(make(name))
+    for r in config.rules:
+        if r.name not in config.default_rules:
+            rules.append(make(r.name))
+    return rules + value_rules(config, hasher)
+
+
+def value_rules(config: RedactConfig, hasher: Hasher) -> list[Rule]:
+    """`blocked_values`: over every attribute value, as the OTel redaction processor does."""
+    mask = _fixed(MASK) if config.hash_function == "none" else hasher
+    return [Rule("blocked_values", p, mask) for p in config.blocked_values]
+
+
+@dataclass
+class Change:
+    """One string the rules changed: its index in the input, its new text, matches masked per rule."""
+
+    index: int
+    text: str
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class RuleSet:
+    """Rules applied in order over a list of strings."""
+
+    def __init__(self, rules: list[Rule]) -> None:
+        self.rules = rules
+        self.names = [r.name for r in rules]
+        # one pass of every pattern at once picks the strings any rule may change
+        self._any = "|".join(f"(?:{r.pattern})" for r in rules)
+        if rules:
+            pl.Series([""], dtype=pl.String).str.contains(self._any)  # fails here, not on the first batch
+
+    def __bool__(self) -> bool:
+        return bool(self.rules)
+
+    def apply(self, texts: list[str]) -> list[Change]:
+        """The strings that change. Every occurrence of a masked text in a string is masked."""
+        if not texts or not self.rules:
+            return []
+        series = pl.Series(texts, dtype=pl.String)
+        hits = series.str.contains(self._any).arg_true()
+        if hits.len() == 0:
+            return []
+        candidates = series.gather(hits)
+        changes = [Change(i, texts[i]) for i in hits.to_list()]
+        for rule in self.rules:
+            found = candidates.str.extract_all(rule.pattern).to_list()
+            # the same match recurs (a span's raw attribute and its canonical content): judge and hash it once
+            masks: dict[str, list[tuple[str, str]]] = {}
+            for change, matches in zip(changes, found, strict=True):
+                if not matches:
+                    continue
+                text = change.text
+                n = 0
+                for match in dict.fromkeys(matches):
+                    pairs = masks.get(match)
+                    if pairs is None:
+                        pairs = masks[match] = [(part, rule.replacement(part)) for part in rule.parts(match)]
+                    for part, replacement in pairs:
+                        k = text.count(part)
+                        if k:
+                            text = text.replace(part, replacement)
+                            n += k
+                if n:
+                    change.text = text
+                    change.counts[rule.name] = change.counts.get(rule.name, 0) + n
+        return [c for c in changes if c.counts]
+
+
+# --- key rules -------------------------------------------------------------------------------------
+
+# What a key's value gets (decided once per key, then cached)
+PASS = 0  # nothing
+CONTENT = 1  # the content rules (and blocked_values)
+VALUES = 2  # blocked_values only
+IGNORE = 3  # ignored_keys, and our own summary attributes: never touched
+REMOVE = 4  # not in allowed_keys (allow_all_keys false)
+BLOCK = 5  # blocked_key_patterns: the whole value masked
+
+SUMMARY_PREFIX = "redaction."
+_CACHE_LIMIT = 100_000
+
+
+class KeyRules:
+    """The OTel redaction processor's key vocabulary, plus which keys carry content."""
+
+    def __init__(self, config: RedactConfig) -> None:
+        self.ignored = frozenset(config.ignored_keys)
+        self.allowed = None if config.allow_all_keys else frozenset(config.allowed_keys)
+        self.blocked = [re.compile(p) for p in config.blocked_key_patterns]
+        self.scan_values = bool(config.blocked_values)
+        self.is_content = key_matcher([*CONTENT_KEYS, *CONTENT_KEY_GLOBS, *config.attribute_keys])
+        self.cache: dict[str, int] = {}  # key -> action; read directly on the hot path
+
+    def action(self, key: str) -> int:
+        a = self.cache.get(key)
+        if a is None:
+            if len(self.cache) >= _CACHE_LIMIT:  # keys with ids in them must not grow it without bound
+                self.cache.clear()
+            a = self.cache[key] = self._decide(key)
+        return a
+
+    def _decide(self, key: str) -> int:
+        if key in self.ignored or key.startswith(SUMMARY_PREFIX):
+            return IGNORE
+        if self.allowed is not None and key not in self.allowed:
+            return REMOVE
+        if any(p.search(key) for p in self.blocked):
+            return BLOCK
+        if self.is_content(key):
+            return CONTENT
+        return VALUES if self.scan_values else PASS
