@@ -1,1 +1,7 @@
 """The built-in evaluator packs; importing this package registers every `builtin/*` evaluator."""
+
+from evalsi.evaluators.packs import (
+    agent,  # noqa: F401
+    core,  # noqa: F401
+    safety,  # noqa: F401
+)
