@@ -6,9 +6,11 @@ import asyncio
 import datetime as dt
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
+import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -27,6 +29,8 @@ scores_app = typer.Typer(help="Read stored scores.", no_args_is_help=True)
 app.add_typer(scores_app, name="scores")
 evaluators_app = typer.Typer(help="The evaluators this evalsi knows.", no_args_is_help=True)
 app.add_typer(evaluators_app, name="evaluators")
+policies_app = typer.Typer(help="Online evaluation policies: their window aggregates.", no_args_is_help=True)
+app.add_typer(policies_app, name="policies")
 
 # piped output gets a wide console so ids are never cut
 out = Console(width=None if sys.stdout.isatty() else 200)
@@ -258,6 +262,74 @@ def evaluators_list(as_json: JsonOpt = False) -> None:
             r["ref"], r["scope"], ", ".join(r["requires"]) or "-", r["version"], ", ".join(r["params"]) or "-",
             r["description"],
         )  # fmt: skip
+    out.print(table)
+
+
+def _policy_stats(reader: TraceReader, window: str, policy: str | None) -> dict[str, Any]:
+    from evalsi.collector.query import ApiReader, StoreReader
+    from evalsi.collector.score_api import window_stats
+    from evalsi.duration import parse_duration
+
+    try:
+        seconds = parse_duration(window)
+    except ValueError as e:
+        raise _fail(f"--window: {e}") from None
+    try:
+        if isinstance(reader, ApiReader):
+            params = {"window": window, **({"policy": policy} if policy else {})}
+            try:
+                resp = httpx.get(reader.url + "/api/v1/policies/stats", params=params, timeout=30)
+            except httpx.HTTPError as e:
+                raise _fail(f"cannot reach the evalsi API at {reader.url}: {e}; is `evalsi serve` running?") from None
+            if resp.status_code != 200:
+                detail = (
+                    resp.json().get("detail", resp.text)
+                    if "json" in resp.headers.get("content-type", "")
+                    else resp.text
+                )
+                raise _fail(f"{reader.where} answered {resp.status_code}: {detail}")
+            return resp.json()
+        assert isinstance(reader, StoreReader)
+        since_ns = time.time_ns() - int(seconds * 1e9)
+        rows = reader._store.score_window_stats(since_ns=since_ns, policy=policy)  # no collector runs: read the store
+        return {"window": window, "since_unix_nano": since_ns, "stats": window_stats(rows)}
+    except typer.Exit:
+        raise
+    except Exception as e:  # a store error from the engine: say where, not a traceback
+        raise _fail(f"reading from the {reader.where} failed: {e}") from None
+    finally:
+        reader.close()
+
+
+def _num(v: float | None) -> str:
+    return "" if v is None else f"{v:.4g}"
+
+
+@policies_app.command("stats")
+def policies_stats(
+    window: Annotated[str, typer.Option("--window", help="How far back: the last 5m, 1h, ...")] = "5m",
+    policy: Annotated[str | None, typer.Option("--policy", help="Only this policy.")] = None,
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+    api: ApiOpt = None,
+) -> None:
+    """Scored scores of the last window per policy, evaluator and name: n, mean with a 95% interval, p50/p95."""
+    doc = _policy_stats(_reader(config, api), window, policy)
+    if as_json:
+        sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+        return
+    if not doc["stats"]:
+        out.print(f"no scored scores in the last {window}")
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("POLICY", "EVALUATOR", "NAME", "N", "MEAN", "95% INTERVAL", "P50", "P95"):
+        table.add_column(col, no_wrap=True)
+    for r in doc["stats"]:
+        mean = _num(r["mean"]) + (" pass" if r["kind"] == "pass_fail" else "")
+        interval = f"{_num(r['interval'][0])} .. {_num(r['interval'][1])}" if r["interval"] else ""
+        table.add_row(
+            r["policy"], r["evaluator"], r["name"], str(r["n"]), mean, interval, _num(r["p50"]), _num(r["p95"])
+        )
     out.print(table)
 
 

@@ -1,14 +1,18 @@
-"""The collector's HTTP API: liveness, readiness, and the trace queries `evalsi traces` reads through."""
+"""The collector's HTTP API: liveness, readiness, the trace queries `evalsi traces` reads through, and the Score
+API (`/v1/evaluate`, `/v1/feedback`, policy stats)."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Query
+from fastapi import Body, FastAPI, HTTPException, Query
 
+from evalsi.collector import score_api
+from evalsi.duration import parse_duration
 from evalsi.exporters.clickhouse.store import TraceStore
 
 TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
@@ -57,5 +61,36 @@ def build_api(store: TraceStore | None, status: Callable[[], dict[str, Any]]) ->
         if not spans:
             raise HTTPException(404, f"trace {trace_id} not found")
         return {"trace_id": trace_id.lower(), "spans": spans}
+
+    # --- the Score API -------------------------------------------------------------------------------------
+
+    @app.post("/v1/evaluate")
+    async def evaluate(body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+        try:
+            plan = score_api.plan_evaluation(body)
+        except score_api.RequestError as e:
+            raise HTTPException(e.status, str(e)) from None
+        return await asyncio.to_thread(score_api.evaluate, plan)
+
+    @app.post("/v1/feedback")
+    async def feedback(body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+        try:
+            score = score_api.feedback_score(body)
+        except score_api.RequestError as e:
+            raise HTTPException(e.status, str(e)) from None
+        await asyncio.to_thread(need_store().write_scores, [score])
+        return {"stored": score_api.score_record(score)}
+
+    @app.get("/api/v1/policies/stats")
+    async def policy_stats(window: str = "5m", policy: str | None = None) -> dict[str, Any]:
+        try:
+            seconds = parse_duration(window)
+        except ValueError as e:
+            raise HTTPException(400, f"window: {e}") from None
+        if seconds <= 0:
+            raise HTTPException(400, "window: must be longer than 0s")
+        since_ns = time.time_ns() - int(seconds * 1e9)
+        rows = await asyncio.to_thread(need_store().score_window_stats, since_ns=since_ns, policy=policy)
+        return {"window": window, "since_unix_nano": since_ns, "stats": score_api.window_stats(rows)}
 
     return app

@@ -139,9 +139,12 @@ def _pydantic_errors(e: ValidationError, prefix: tuple[Any, ...]) -> list[str]:
     return out
 
 
-def parse_config(raw: Any, source: str = "") -> Config:
-    """Validate a config document (already parsed from YAML); raise ConfigError listing every problem."""
+def parse_config(raw: Any, source: str = "", base_dir: Path | None = None) -> Config:
+    """Validate a config document (already parsed from YAML); raise ConfigError listing every problem.
+
+    `base_dir` (the config file's directory) is what components resolve relative file paths against."""
     load_builtin_components()
+    context = {"base_dir": base_dir} if base_dir is not None else None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -177,7 +180,7 @@ def parse_config(raw: Any, source: str = "") -> Config:
                 errors.append(f"{section}.{cid}: must be a mapping of settings")
                 continue
             try:
-                components[(kind, cid)] = factory.config.model_validate(body or {})
+                components[(kind, cid)] = factory.config.model_validate(body or {}, context=context)
             except ValidationError as e:
                 errors.extend(m for m in _pydantic_errors(e, (section, cid)) if m.split(": ", 1)[0] not in unset)
 
@@ -240,4 +243,4 @@ def load_config(path: str | Path | None) -> Config:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError([f"not valid YAML: {e}"], str(p)) from None
-    return parse_config(raw, str(p))
+    return parse_config(raw, str(p), base_dir=p.resolve().parent)

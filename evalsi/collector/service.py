@@ -54,6 +54,16 @@ def _tune_gc() -> None:
     gc.set_threshold(100_000, 50, 100)
 
 
+class _JudgeMetrics:
+    """The judge's counters (calls, tokens, USD, budget exhausted) live in its own registry, since evaluators run
+    outside any service; each service's /metrics serves them too."""
+
+    def collect(self) -> Any:
+        from evalsi.evaluators.packs.judge import JUDGE_REGISTRY
+
+        return JUDGE_REGISTRY.collect()
+
+
 class StartError(Exception):
     """The service could not start; the message says why and what to do."""
 
@@ -104,6 +114,7 @@ class Service:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.metrics = SelfMetrics()
+        self.metrics.registry.register(_JudgeMetrics())
         self.receivers: dict[str, Any] = {}
         self.processors: list[tuple[str, Any]] = []  # upstream before downstream
         self.exporters: dict[str, Any] = {}

@@ -1,0 +1,11 @@
+"""Online policies (OnlineEvalPolicy): CEL selectors, sampling, cascades of evaluators, windows, alerts, promotion."""
+
+from evalsi.policies.engine import Policy, PolicySet, PolicyStats, sampling_hash
+from evalsi.policies.load import PolicyError, load_policies
+from evalsi.policies.model import OnlineEvalPolicy
+from evalsi.policies.window import AlertEvent, Notifier, WindowStats
+
+__all__ = [
+    "AlertEvent", "Notifier", "OnlineEvalPolicy", "Policy", "PolicyError", "PolicySet", "PolicyStats",
+    "WindowStats", "load_policies", "sampling_hash",
+]  # fmt: skip

@@ -337,3 +337,19 @@ WHERE TraceId = {{trace_id:String}}
   AND Timestamp >= t_start AND Timestamp <= t_end
 ORDER BY Timestamp, SpanId
 """
+
+
+def score_window_stats_sql(table: str, *, with_policy: bool) -> str:
+    """Per (policy, evaluator, name): scored scores since {since_ns:Int64}, each key once (FINAL): n, the values'
+    count, mean, sample sd and p50/p95 (linear interpolation, as numpy), and pass counts. Optional {policy:String}."""
+    policy = "AND Policy = {policy:String}" if with_policy else ""
+    return f"""
+SELECT Policy AS policy, Evaluator AS evaluator, Name AS name, count() AS n,
+    count(Value) AS value_n, avg(Value) AS value_mean, stddevSamp(Value) AS value_sd,
+    quantileExactInclusive(0.5)(Value) AS p50, quantileExactInclusive(0.95)(Value) AS p95,
+    count(Passed) AS pass_n, countIf(Passed) AS passed
+FROM {table} FINAL
+WHERE Outcome = 'scored' AND Timestamp >= fromUnixTimestamp64Nano({{since_ns:Int64}}) {policy}
+GROUP BY Policy, Evaluator, Name
+ORDER BY Policy, Evaluator, Name
+"""

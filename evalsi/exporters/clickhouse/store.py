@@ -12,6 +12,7 @@ from evalsi.exporters.clickhouse.schema import (
     list_scores_sql,
     list_traces_sql,
     logs_ddl,
+    score_window_stats_sql,
     scores_ddl,
     trace_spans_sql,
     traces_ddl,
@@ -84,6 +85,21 @@ class TraceStore:
             r["value"] = None if r["value"] is None else float(r["value"])
             for key in ("label", "explanation", "reason"):
                 r[key] = r[key] or None
+        return rows
+
+    def score_window_stats(self, *, since_ns: int, policy: str | None = None) -> list[dict[str, Any]]:
+        """Per (policy, evaluator, name), the scored scores since `since_ns`: n, value_n, value_mean, value_sd,
+        p50, p95, pass_n, passed (None where a series has no values)."""
+        params: dict[str, Any] = {"since_ns": since_ns}
+        if policy:
+            params["policy"] = policy
+        rows = self.backend.query(score_window_stats_sql(self.scores_table, with_policy=bool(policy)), params)
+        for r in rows:
+            for key in ("n", "value_n", "pass_n", "passed"):
+                r[key] = int(r[key])
+            for key in ("value_mean", "value_sd", "p50", "p95"):
+                v = r[key]
+                r[key] = None if v is None or not r["value_n"] or v != v else float(v)
         return rows
 
     def list_traces(self, *, limit: int = 20, service: str | None = None) -> list[dict[str, Any]]:

@@ -1,0 +1,268 @@
+"""The Score API's logic: evaluating records a caller already has (`POST /v1/evaluate`), taking late human
+feedback as scores (`POST /v1/feedback`), and summing stored scores into window aggregates (policy stats).
+
+Aggregates count `scored` outcomes only: a numeric score gets its mean with a Student t interval, a pass/fail
+score its pass rate with a Wilson interval (the same choice the policy windows make).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from evalsi.evaluators import Evaluator, Params, Target, load_evaluators, parse_params, run
+from evalsi.processors.normalize.trajectory import build_trajectory
+
+# isort: split
+# after the processors: importing evalsi.policies first runs into its import cycle with processors.evaluate
+from evalsi.policies.intervals import t_interval, wilson_interval
+from evalsi.score import Score
+from evalsi.span import Span
+
+MAX_RECORDS = 1000
+MAX_EVALUATORS = 50
+CONFIDENCE = 0.95
+
+_TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
+_SPAN_ID = re.compile(r"^[0-9a-fA-F]{16}$")
+
+
+class RequestError(Exception):
+    """A request the API refuses: `status` is the HTTP status, the message says what to fix."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EvaluateRecord(_Body):
+    input: str | None = None
+    output: str | None = None
+    reference: str | dict[str, Any] | None = None
+    context: list[str] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvaluatorSpec(_Body):
+    ref: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvaluateRequest(_Body):
+    records: list[EvaluateRecord]
+    evaluators: list[EvaluatorSpec] = Field(min_length=1)
+
+
+class FeedbackRequest(_Body):
+    trace_id: str
+    name: str = Field(min_length=1)
+    # bool first: JSON true must stay a verdict, not become 1.0
+    value: bool | int | float | str
+    comment: str | None = None
+    span_id: str | None = None
+
+
+def _validation_message(e: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '(body)'}: {err['msg'].removeprefix('Value error, ')}"
+        for err in e.errors()
+    )
+
+
+def _parse(model: type[_Body], body: Any) -> Any:
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise RequestError(400, _validation_message(e)) from None
+
+
+# --- POST /v1/evaluate ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvaluationPlan:
+    """A validated request: the records and each evaluator with its parsed params."""
+
+    records: list[EvaluateRecord]
+    evaluators: list[tuple[Evaluator, Params]]
+
+
+def plan_evaluation(body: Any) -> EvaluationPlan:
+    """Validate an evaluate request; RequestError (400, or 413 past MAX_RECORDS) names the offending key."""
+    if isinstance(body, dict) and isinstance(body.get("records"), list) and len(body["records"]) > MAX_RECORDS:
+        raise RequestError(
+            413, f"records: {len(body['records'])} records in one request; at most {MAX_RECORDS}, split the batch"
+        )
+    request: EvaluateRequest = _parse(EvaluateRequest, body)
+    if len(request.evaluators) > MAX_EVALUATORS:
+        raise RequestError(400, f"evaluators: at most {MAX_EVALUATORS} per request, not {len(request.evaluators)}")
+    known = load_evaluators()
+    evaluators = []
+    for i, spec in enumerate(request.evaluators):
+        ev = known.get(spec.ref)
+        if ev is None:
+            raise RequestError(
+                400, f"evaluators.{i}.ref: unknown evaluator {spec.ref!r}; `evalsi evaluators list` shows the refs"
+            )
+        if ev.scope == "session":
+            raise RequestError(400, f"evaluators.{i}.ref: {spec.ref} is session-scoped; records have no sessions")
+        try:
+            params = parse_params(ev, spec.params)
+        except ValueError as e:
+            problems = "; ".join(
+                f"evaluators.{i}.params" + (p.removeprefix("(params)") if p.startswith("(params)") else f".{p}")
+                for p in str(e).split("; ")
+            )
+            raise RequestError(400, problems) from None
+        evaluators.append((ev, params))
+    return EvaluationPlan(request.records, evaluators)
+
+
+def _message(role: str, text: str) -> dict[str, Any]:
+    return {"role": role, "parts": [{"type": "text", "content": text}]}
+
+
+def record_target(record: EvaluateRecord) -> Target:
+    """A one-span trace standing for the record: an LLM call whose input and output are the record's texts."""
+    now = time.time_ns()
+    span = Span(
+        trace_id=os.urandom(16).hex(), span_id=os.urandom(8).hex(), parent_span_id="", name="evaluate",
+        kind="INTERNAL", start_time_unix_nano=now, end_time_unix_nano=now, step_type="llm",
+        input=[_message("user", record.input)] if record.input is not None else [],
+        output=[{**_message("assistant", record.output), "finish_reason": "stop"}] if record.output is not None else [],
+        content_captured=True,
+    )  # fmt: skip
+    reference = record.reference
+    if isinstance(reference, str):
+        reference = {"expected_output": reference}
+    return Target(
+        spans=[span], span=span, trajectory=build_trajectory([span]), reference=reference or {},
+        context=list(record.context),
+    )  # fmt: skip
+
+
+def _score_dict(s: Score) -> dict[str, Any]:
+    return {
+        "name": s.name, "evaluator": s.evaluator, "evaluator_version": s.evaluator_version, "outcome": s.outcome,
+        "value": s.value, "passed": s.passed, "label": s.label, "explanation": s.explanation, "reason": s.reason,
+    }  # fmt: skip
+
+
+def score_record(s: Score) -> dict[str, Any]:
+    """A stored score as the API shows it: the verdict and where it belongs."""
+    return {
+        **_score_dict(s), "trace_id": s.trace_id, "span_id": s.span_id, "policy": s.policy, "source": s.source,
+        "timestamp_unix_nano": s.timestamp_unix_nano,
+    }  # fmt: skip
+
+
+def summarize(
+    *, n: int, value_n: int, value_mean: float | None, value_sd: float | None, pass_n: int, passed: int
+) -> dict[str, Any]:
+    """The headline of one score series: numeric → mean with a t interval; pass/fail → rate with Wilson."""
+    rate = passed / pass_n if pass_n else None
+    if value_n:
+        kind, mean = "numeric", value_mean
+        interval = t_interval(value_mean or 0.0, value_sd or 0.0, value_n, CONFIDENCE)
+    elif pass_n:
+        kind, mean = "pass_fail", rate
+        interval = wilson_interval(passed, pass_n, CONFIDENCE)
+    else:
+        kind, mean, interval = "label", None, None
+    return {
+        "kind": kind, "n": n, "mean": mean, "interval": list(interval) if interval else None,
+        "confidence": CONFIDENCE, "pass_n": pass_n, "passed": passed, "pass_rate": rate,
+    }  # fmt: skip
+
+
+def aggregate(scores: list[Score]) -> list[dict[str, Any]]:
+    """Per (evaluator, score name): scored n, mean and interval; skipped and errors counted beside them."""
+    groups: dict[tuple[str, str], list[Score]] = {}
+    for s in scores:
+        groups.setdefault((s.evaluator, s.name), []).append(s)
+    out = []
+    for (evaluator, name), group in groups.items():
+        scored = [s for s in group if s.outcome == "scored"]
+        values = [float(s.value) for s in scored if s.value is not None]
+        verdicts = [s.passed for s in scored if s.passed is not None]
+        mean = math.fsum(values) / len(values) if values else None
+        sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+        out.append(
+            {
+                "evaluator": evaluator, "name": name,
+                **summarize(n=len(scored), value_n=len(values), value_mean=mean, value_sd=sd,
+                            pass_n=len(verdicts), passed=sum(verdicts)),
+                "skipped": sum(s.outcome == "skipped" for s in group),
+                "errors": sum(s.outcome == "error" for s in group),
+            }
+        )  # fmt: skip
+    return out
+
+
+def evaluate(plan: EvaluationPlan) -> dict[str, Any]:
+    """Run every evaluator on every record; blocking (the API runs it in a thread)."""
+    results = []
+    every: list[Score] = []
+    for i, record in enumerate(plan.records):
+        target = record_target(record)
+        scores = [s for ev, params in plan.evaluators for s in run(ev, target, params)]
+        every.extend(scores)
+        results.append({"index": i, "metadata": record.metadata, "scores": [_score_dict(s) for s in scores]})
+    return {"results": results, "aggregates": aggregate(every)}
+
+
+# --- POST /v1/feedback ----------------------------------------------------------------------------------------
+
+
+def feedback_score(body: Any) -> Score:
+    """A human's verdict on a trace as a Score: bool → passed, number → value, string → label."""
+    request: FeedbackRequest = _parse(FeedbackRequest, body)
+    if not _TRACE_ID.match(request.trace_id):
+        raise RequestError(400, f"trace_id: invalid trace id {request.trace_id!r}: expected 32 hex digits")
+    if request.span_id is not None and not _SPAN_ID.match(request.span_id):
+        raise RequestError(400, f"span_id: invalid span id {request.span_id!r}: expected 16 hex digits")
+    if not request.name.strip():
+        raise RequestError(400, "name: must not be blank")
+    score = Score(
+        request.name.strip(), explanation=request.comment, trace_id=request.trace_id.lower(),
+        span_id=(request.span_id or "").lower(), policy="feedback", evaluator="feedback", source="human",
+    )  # fmt: skip
+    value = request.value
+    if isinstance(value, bool):
+        score.passed = value
+    elif isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise RequestError(400, "value: must be a finite number")
+        score.value = float(value)
+    else:
+        score.label = value
+    return score
+
+
+# --- policy stats ---------------------------------------------------------------------------------------------
+
+
+def window_stats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Store rows (see TraceStore.score_window_stats) as aggregates with intervals."""
+    out = []
+    for r in rows:
+        value_n = int(r["value_n"])
+        out.append(
+            {
+                "policy": r["policy"], "evaluator": r["evaluator"], "name": r["name"],
+                **summarize(n=int(r["n"]), value_n=value_n, value_mean=r["value_mean"], value_sd=r["value_sd"],
+                            pass_n=int(r["pass_n"]), passed=int(r["passed"])),
+                "p50": r["p50"] if value_n else None, "p95": r["p95"] if value_n else None,
+            }
+        )  # fmt: skip
+    return out

@@ -1,0 +1,547 @@
+"""Running the online policies over a completed trace or session: select, sample, cascade, window, alert, promote.
+
+For each policy, in file order: the CEL `selector` over the trace; sampling by a hash of the trace id (so every
+replica decides alike), unless an `always` condition holds; then the cascade in order, each stage's `when` seeing
+the earlier stages' `scores`. A stage whose `when` does not hold emits no score; it is counted in
+`PolicyStats.when_not_met`. Scores go into the policy's window, alerts are checked over it, and traces matching
+`promote.when` are appended to a dataset.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+import re
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from evalsi import cel
+from evalsi.evaluators import Evaluator, Params, Target, run
+from evalsi.policies.intervals import percentile
+from evalsi.policies.promote import Datasets, record
+from evalsi.policies.window import AlertEvent, AlertRule, PolicyWindow, WindowStats
+from evalsi.processors.normalize.trajectory import build_trajectory
+from evalsi.score import Score
+from evalsi.span import Span
+
+__all__ = [
+    "TRACE_VARIABLES", "WHEN_VARIABLES", "Condition", "LatencyAbove", "Policy", "PolicySet", "PolicyStats", "Stage",
+    "TraceView", "sampling_hash",
+]  # fmt: skip
+
+TRACE_VARIABLES = ("trace", "span", "resource", "session")
+"""What selectors and `always` conditions see."""
+WHEN_VARIABLES = (*TRACE_VARIABLES, "scores")
+"""What cascade `when` and `promote.when` see."""
+SPAN_VARIABLES = ("span",)
+
+_SALT = b"evalsi.policy"
+_TWO_64 = 2**64
+_LATENCY_MIN_TRACES = 20
+_LATENCY_RECENT = 1000
+
+
+def sampling_hash(key: str) -> int:
+    """A 64-bit hash of a trace (or session) id, the same in every process: BLAKE2b keyed apart from the
+    tail sampler's FNV hash, so a policy's sample is independent of what tail sampling kept."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8, person=_SALT).digest(), "big")
+
+
+def _uses(source: str, variables: Iterable[str]) -> tuple[str, ...]:
+    return tuple(v for v in variables if re.search(rf"(?<![\w.]){v}\b", source))
+
+
+class Condition:
+    """A compiled CEL condition; only the variables it names are built and handed to CEL."""
+
+    __slots__ = ("program", "source", "uses")
+
+    def __init__(self, source: str, variables: Iterable[str]) -> None:
+        variables = tuple(variables)
+        self.source = source
+        self.program = cel.compile(source, variables)  # ValueError with CEL's message
+        self.uses = _uses(source, variables)
+
+    @property
+    def fields(self) -> frozenset[str]:
+        return self.program.fields
+
+    def matches(self, view: TraceView, scores: dict[str, Any] | None = None) -> bool:
+        data = {v: (scores if scores is not None else {}) if v == "scores" else view.variable(v) for v in self.uses}
+        return self.program.matches(data)
+
+    def matches_span(self, span: Span) -> bool:
+        return self.program.matches(cel.span_activation(span, self.program.fields))
+
+    def __repr__(self) -> str:
+        return f"Condition({self.source!r})"
+
+
+class LatencyAbove:
+    """`always: [latency > p95]`: the trace took longer than the given percentile of the policy's last 1,000
+    selected traces (false until 20 have been seen)."""
+
+    __slots__ = ("_ordered", "_recent", "q", "source")
+    uses = ()
+
+    def __init__(self, source: str, q: float) -> None:
+        self.source = source
+        self.q = q
+        self._recent: deque[int] = deque()
+        self._ordered: list[int] = []
+
+    def matches(self, view: TraceView, scores: dict[str, Any] | None = None) -> bool:
+        if len(self._ordered) < _LATENCY_MIN_TRACES:
+            return False
+        threshold = percentile(self._ordered, self.q)  # type: ignore[arg-type]
+        return threshold is not None and view.duration_ns > threshold
+
+    def observe(self, duration_ns: int) -> None:
+        if len(self._recent) >= _LATENCY_RECENT:
+            old = self._recent.popleft()
+            del self._ordered[bisect.bisect_left(self._ordered, old)]
+        self._recent.append(duration_ns)
+        bisect.insort(self._ordered, duration_ns)
+
+
+class TraceView:
+    """One trace (or session) as the policies see it, each part built at most once and only when asked for."""
+
+    is_session = False
+
+    def __init__(
+        self,
+        spans: list[Span],
+        *,
+        trace_fields: frozenset[str] | None = None,
+        span_fields: frozenset[str] | None = None,
+        trajectory: dict[str, Any] | None = None,
+    ) -> None:
+        self.spans = sorted(spans, key=lambda s: s.start_time_unix_nano)
+        self.root = next((s for s in self.spans if not s.parent_span_id), self.spans[0])
+        self.trace_id = self.root.trace_id
+        self._trace_fields = trace_fields
+        self._span_fields = span_fields
+        self._trajectory = trajectory
+        self._variables: dict[str, Any] = {}
+
+    @cached_property
+    def session_id(self) -> str:
+        if self.root.session_id:
+            return self.root.session_id
+        return next((s.session_id for s in self.spans if s.session_id), None) or ""
+
+    @cached_property
+    def duration_ns(self) -> int:
+        start = self.spans[0].start_time_unix_nano
+        return max(0, max(s.end_time_unix_nano for s in self.spans) - start)
+
+    @cached_property
+    def run_ids(self) -> tuple[str, int, str]:
+        """(run id, trial, task id) from harness spans' `evalsi.*` attributes; empty for production traces."""
+        for span in (self.root, *self.spans):
+            a = span.attributes
+            if "evalsi.run_id" in a:
+                try:
+                    trial = int(a.get("evalsi.trial", 0))
+                except (TypeError, ValueError):
+                    trial = 0
+                return str(a["evalsi.run_id"]), trial, str(a.get("evalsi.task_id", ""))
+        return "", 0, ""
+
+    def variable(self, name: str) -> Any:
+        value = self._variables.get(name)
+        if value is None:
+            value = self._variables[name] = getattr(self, f"_build_{name}")()
+        return value
+
+    def _build_trace(self) -> dict[str, Any]:
+        trace = cel.trace_activation(self.spans, self.trace_id, self._trace_fields)["trace"]
+        steps = Counter(s.step_type for s in self.spans)
+        trace["error"] = trace["error_count"] > 0
+        trace["steps"] = dict(steps)
+        return trace
+
+    def _build_span(self) -> dict[str, Any]:
+        return cel.span_activation(self.root, self._span_fields)["span"]
+
+    def _build_resource(self) -> dict[str, Any]:
+        return self.root.resource_attributes
+
+    def _build_session(self) -> dict[str, Any]:
+        return {"id": self.session_id or None}
+
+    @property
+    def trajectory(self) -> dict[str, Any]:
+        if self._trajectory is None:
+            self._trajectory = build_trajectory(self.spans)
+        return self._trajectory
+
+    @cached_property
+    def context(self) -> list[str]:
+        """Retrieved documents' text, from retriever spans, for evaluators that require `context`."""
+        return [
+            d["content"]
+            for s in self.spans
+            for d in s.details.get("documents") or ()
+            if isinstance(d, dict) and isinstance(d.get("content"), str)
+        ]
+
+    @cached_property
+    def target(self) -> Target:
+        return Target(self.spans, span=self.root, trajectory=self.trajectory, context=self.context)
+
+
+class SessionView(TraceView):
+    """A session's spans: `trace` aggregates every span of the session, `span` is its first trace's root, and
+    `session` has `id`, `trace_ids`, `trace_count`, `span_count`, `duration_ns`, `error`, `llm_calls`,
+    `tool_calls`. Its scores belong to the first trace's root span (a stable key when a session is re-evaluated)."""
+
+    is_session = True
+
+    def _build_session(self) -> dict[str, Any]:
+        trace_ids = list(dict.fromkeys(s.trace_id for s in self.spans))
+        return {
+            "id": self.session_id or None,
+            "trace_ids": trace_ids,
+            "trace_count": len(trace_ids),
+            "span_count": len(self.spans),
+            "duration_ns": self.duration_ns,
+            "error": any(s.status_code == "ERROR" for s in self.spans),
+            "llm_calls": sum(1 for s in self.spans if s.step_type == "llm"),
+            "tool_calls": sum(1 for s in self.spans if s.step_type == "tool"),
+        }
+
+
+@dataclass
+class Stage:
+    """One cascade stage: an evaluator with validated params, its `when`, and (span scope) its span filter."""
+
+    ref: str
+    key: str
+    evaluator: Evaluator
+    params: Params
+    when: Condition | None = None
+    spans: Callable[[Span], bool] | None = None
+
+    @property
+    def scope(self) -> str:
+        return self.evaluator.scope
+
+    def run(self, view: TraceView) -> list[Score]:
+        ev = self.evaluator
+        if ev.scope != "span":
+            scores = run(ev, view.target, self.params)
+            for s in scores:
+                s.span_id = s.span_id or view.root.span_id
+            return scores
+        chosen = self.spans or _is_llm
+        out: list[Score] = []
+        for span in view.spans:
+            if not chosen(span):
+                continue
+            target = Target([span], span=span, context=view.context)
+            for s in run(ev, target, self.params):
+                s.span_id = span.span_id
+                out.append(s)
+        if not out:
+            skipped = Score.skipped(ev.name.rsplit("/", 1)[-1], "no matching spans")
+            skipped.evaluator, skipped.evaluator_version = ev.name, ev.version
+            skipped.span_id = view.root.span_id
+            out.append(skipped)
+        return out
+
+
+def _is_llm(span: Span) -> bool:
+    return span.step_type == "llm"
+
+
+def _summary(scores: list[Score]) -> dict[str, Any]:
+    """What a later `when` sees of one score name: the score itself, or for several (span scope) their summary:
+    scored if any is, passed only if every scored verdict passed, the mean scored value."""
+    if len(scores) == 1:
+        s = scores[0]
+        return {"passed": s.passed, "value": s.value, "label": s.label, "outcome": s.outcome, "reason": s.reason,
+                "n": 1}  # fmt: skip
+    scored = [s for s in scores if s.outcome == "scored"]
+    if not scored:
+        first = scores[0]
+        return {"passed": None, "value": None, "label": None, "outcome": first.outcome, "reason": first.reason,
+                "n": len(scores)}  # fmt: skip
+    verdicts = [s.passed for s in scored if s.passed is not None]
+    values = [s.value for s in scored if s.value is not None]
+    return {
+        "passed": all(verdicts) if verdicts else None,
+        "value": sum(values) / len(values) if values else None,
+        "label": next((s.label for s in scored if s.label is not None), None),
+        "outcome": "scored",
+        "reason": None,
+        "n": len(scores),
+    }
+
+
+@dataclass
+class PolicyStats:
+    """Counters of one policy (traces and sessions alike), for tests, metrics and `evalsi policies stats`."""
+
+    seen: int = 0
+    """Traces (sessions) the policy looked at."""
+    selected: int = 0
+    """...whose selector held."""
+    sampled: int = 0
+    """...that were then evaluated (by the rate or an `always` condition)."""
+    sampled_always: int = 0
+    """...of which an `always` condition brought in."""
+    not_sampled: int = 0
+    when_not_met: Counter[str] = field(default_factory=Counter)
+    """Per stage key: traces where the stage's `when` did not hold, so it did not run and emitted nothing."""
+    stage_runs: Counter[str] = field(default_factory=Counter)
+    scores: Counter[str] = field(default_factory=Counter)
+    """Scores produced, by outcome."""
+    promoted: int = 0
+    promote_duplicates: int = 0
+    promote_no_content: int = 0
+    alerts: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f: (dict(v) if isinstance(v, Counter) else v) for f, v in self.__dict__.items()}
+
+
+@dataclass
+class Promotion:
+    when: Condition
+    path: Path
+
+
+class Policy:
+    """One loaded OnlineEvalPolicy, compiled."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        stages: list[Stage],
+        selector: Condition | None = None,
+        rate: float = 1.0,
+        always: list[Condition | LatencyAbove] | None = None,
+        window: float = 300.0,
+        alerts: list[AlertRule] | None = None,
+        promote: Promotion | None = None,
+        labels: dict[str, str] | None = None,
+        source: str = "",
+        alert_check_interval: float = 1.0,
+    ) -> None:
+        self.name = name
+        self.labels = dict(labels or {})
+        self.source = source
+        self.selector = selector
+        self.rate = rate
+        self.threshold = _TWO_64 if rate >= 1 else math.floor(rate * _TWO_64)
+        self.always = list(always or [])
+        self.latency = [a for a in self.always if isinstance(a, LatencyAbove)]
+        self.trace_stages = [s for s in stages if s.scope != "session"]
+        self.session_stages = [s for s in stages if s.scope == "session"]
+        self.stages = stages
+        self.promote = promote
+        self.window = PolicyWindow(name, window, list(alerts or []), self.labels, alert_check_interval)
+        self.stats = PolicyStats()
+
+    def conditions(self) -> list[Condition]:
+        found = [c for c in (self.selector, *self.always) if isinstance(c, Condition)]
+        found += [s.when for s in self.stages if s.when is not None]
+        if self.promote is not None:
+            found.append(self.promote.when)
+        return found
+
+    def sampled(self, key: str) -> bool:
+        return sampling_hash(key) < self.threshold
+
+    def _admit(self, view: TraceView, key: str) -> bool:
+        st = self.stats
+        st.seen += 1
+        if self.selector is not None and not self.selector.matches(view):
+            return False
+        st.selected += 1
+        admitted = self.sampled(key)
+        if not admitted:
+            for condition in self.always:
+                if condition.matches(view):
+                    admitted = True
+                    st.sampled_always += 1
+                    break
+        if not view.is_session:  # a session's length says nothing of its traces' latency
+            for rule in self.latency:
+                rule.observe(view.duration_ns)
+        if admitted:
+            st.sampled += 1
+        else:
+            st.not_sampled += 1
+        return admitted
+
+    def _cascade(self, view: TraceView, stages: list[Stage], now: float) -> tuple[list[Score], dict[str, Any]]:
+        st = self.stats
+        out: list[Score] = []
+        seen: dict[str, Any] = {}
+        keys: set[str] = set()
+        run_id, trial, task_id = view.run_ids
+        stamp = int(now * 1e9)
+        for stage in stages:
+            if stage.when is not None and not stage.when.matches(view, seen):
+                st.when_not_met[stage.key] += 1
+                continue
+            st.stage_runs[stage.key] += 1
+            produced = stage.run(view)
+            by_name: dict[str, list[Score]] = {}
+            for s in produced:
+                s.trace_id = view.trace_id
+                s.session_id = s.session_id or view.session_id
+                s.policy = self.name
+                if run_id and not s.run_id:
+                    s.run_id, s.trial, s.task_id = run_id, trial, task_id
+                s.timestamp_unix_nano = stamp
+                st.scores[s.outcome] += 1
+                by_name.setdefault(s.name, []).append(s)
+            # a stage's key (its `name:`, else the ref's last part) always names its own scores; a score name
+            # names its scores unless an earlier stage already goes by it
+            for name, group in by_name.items():
+                if name not in keys:
+                    seen[name] = _summary(group)
+            if produced:
+                seen[stage.key] = _summary(by_name.get(stage.key) or by_name[produced[0].name])
+            keys.add(stage.key)
+            out.extend(produced)
+        return out, seen
+
+    def evaluate(
+        self, view: TraceView, now: float, stages: list[Stage], datasets: Datasets | None, key: str
+    ) -> tuple[list[Score], list[AlertEvent]]:
+        if not stages or not self._admit(view, key):
+            return [], []
+        scores, seen = self._cascade(view, stages, now)
+        self.window.add(view.trace_id, scores)
+        fired = self.window.check(now)
+        self.stats.alerts += len(fired)
+        if datasets is not None and self.promote is not None and self.promote.when.matches(view, seen):
+            self._promote(view, scores, datasets, now)
+        return scores, fired
+
+    def _promote(self, view: TraceView, scores: list[Score], datasets: Datasets, now: float) -> None:
+        assert self.promote is not None
+        target = view.target
+        if target.input_text is None and target.output_text is None:
+            self.stats.promote_no_content += 1
+            return
+        trace = view.root
+        metadata = {
+            "service_name": trace.service_name or None,
+            "session_id": view.session_id or None,
+            "models": list(dict.fromkeys(s.model for s in view.spans if s.model)),
+            "labels": self.labels,
+        }
+        row = record(
+            trace_id=view.trace_id, input=target.input_text, output=target.output_text, policy=self.name,
+            scores=scores, metadata=metadata, reference=target.reference or None, now=now,
+        )  # fmt: skip
+        if datasets.append(self.promote.path, row):
+            self.stats.promoted += 1
+        else:
+            self.stats.promote_duplicates += 1
+
+
+class PolicySet:
+    """The loaded policies. `evaluate_trace` / `evaluate_session` return scores; alerts that fired and windows
+    that closed wait in `drain_alerts()` / `drain_windows()` for the caller to send or store."""
+
+    def __init__(
+        self, policies: list[Policy], *, datasets_dir: Path | None = None, sources: list[str] | None = None
+    ) -> None:
+        self.policies = policies
+        self.by_name = {p.name: p for p in policies}
+        self.datasets_dir = datasets_dir
+        self.sources = list(sources or [])
+        self.datasets = Datasets()
+        self._alerts: deque[AlertEvent] = deque(maxlen=10_000)
+        self._windows: deque[WindowStats] = deque(maxlen=100_000)
+        conditions = [c for p in policies for c in p.conditions()]
+        self._trace_fields = frozenset().union(*(c.fields for c in conditions if "trace" in c.uses))
+        self._span_fields = frozenset().union(*(c.fields for c in conditions if "span" in c.uses))
+        self._has_trace_stages = any(p.trace_stages for p in policies)
+        self._has_session_stages = any(p.session_stages for p in policies)
+
+    def __len__(self) -> int:
+        return len(self.policies)
+
+    @property
+    def stats(self) -> dict[str, PolicyStats]:
+        return {p.name: p.stats for p in self.policies}
+
+    def _roll(self, now: float) -> list[WindowStats]:
+        closed_all: list[WindowStats] = []
+        for p in self.policies:
+            closed, fired = p.window.roll(now)
+            closed_all.extend(closed)
+            self._alerts.extend(fired)
+            p.stats.alerts += len(fired)
+        self._windows.extend(closed_all)
+        return closed_all
+
+    def _view(self, cls: type[TraceView], spans: list[Span], trajectory: dict[str, Any] | None) -> TraceView:
+        return cls(spans, trace_fields=self._trace_fields, span_fields=self._span_fields, trajectory=trajectory)
+
+    def evaluate_trace(
+        self, spans: list[Span], *, trajectory: dict[str, Any] | None = None, now: float | None = None
+    ) -> list[Score]:
+        """Every policy's trace- and span-scope stages over one completed trace; `now` (epoch seconds) places the
+        scores in their windows."""
+        now = time.time() if now is None else now
+        self._roll(now)
+        if not spans or not self._has_trace_stages:
+            return []
+        view = self._view(TraceView, spans, trajectory)
+        out: list[Score] = []
+        datasets = self.datasets if self.datasets_dir is not None else None
+        for p in self.policies:
+            scores, fired = p.evaluate(view, now, p.trace_stages, datasets, view.trace_id)
+            out.extend(scores)
+            self._alerts.extend(fired)
+        return out
+
+    def evaluate_session(self, spans: list[Span], *, now: float | None = None) -> list[Score]:
+        """Every policy's session-scope stages over the spans of one completed session; sampled by session id."""
+        now = time.time() if now is None else now
+        self._roll(now)
+        if not spans or not self._has_session_stages:
+            return []
+        view = self._view(SessionView, spans, None)
+        key = view.session_id or view.trace_id
+        out: list[Score] = []
+        for p in self.policies:
+            scores, fired = p.evaluate(view, now, p.session_stages, None, key)
+            out.extend(scores)
+            self._alerts.extend(fired)
+        return out
+
+    def close_windows(self, now: float | None = None) -> list[WindowStats]:
+        """Close the windows that ended by `now` (a timer calls this when traffic is quiet); returns what closed,
+        which is also left for `drain_windows()`. `now=math.inf` closes every window (shutdown)."""
+        return self._roll(time.time() if now is None else now)
+
+    def windows(self) -> list[WindowStats]:
+        """The open windows' aggregates, every policy, evaluator and score name."""
+        return [w for p in self.policies for w in p.window.snapshot()]
+
+    def drain_alerts(self) -> list[AlertEvent]:
+        out = list(self._alerts)
+        self._alerts.clear()
+        return out
+
+    def drain_windows(self) -> list[WindowStats]:
+        out = list(self._windows)
+        self._windows.clear()
+        return out

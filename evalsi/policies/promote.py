@@ -1,0 +1,93 @@
+"""Promotion: traces a policy's `promote.when` picks are appended to a JSONL dataset, once per trace id.
+
+A record is what the harness reads as a dataset row: `input`, `output`, `reference` (only when known), `trace_id`
+and `metadata` (policy, service, session, models, this policy's scores, when it was promoted).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from evalsi.score import Score
+
+log = logging.getLogger("evalsi.policies")
+
+
+def dataset_path(dataset: str, datasets_dir: Path, base_dir: Path) -> Path:
+    """A name goes to `<datasets_dir>/<name>.jsonl`; a value ending in `.jsonl` is a path (relative: to base_dir)."""
+    if dataset.endswith(".jsonl"):
+        path = Path(dataset).expanduser()
+        return path if path.is_absolute() else base_dir / path
+    return datasets_dir / f"{dataset}.jsonl"
+
+
+def record(
+    *,
+    trace_id: str,
+    input: str | None,
+    output: str | None,
+    policy: str,
+    scores: list[Score],
+    metadata: dict[str, Any],
+    reference: Any = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """One dataset row for a promoted trace."""
+    row: dict[str, Any] = {"id": trace_id, "input": input, "output": output}
+    if reference is not None:
+        row["reference"] = reference
+    row["trace_id"] = trace_id
+    row["metadata"] = {
+        "policy": policy,
+        **metadata,
+        "scores": {
+            s.name: {"value": s.value, "passed": s.passed, "label": s.label, "outcome": s.outcome} for s in scores
+        },
+        "promoted_at": datetime.fromtimestamp(time.time() if now is None else now, UTC)
+        .isoformat()
+        .replace("+00:00", "Z"),
+    }
+    return row
+
+
+class Datasets:
+    """Appends rows to JSONL files, each trace id at most once per file (the ids already in a file are read the
+    first time it is written to, so a restart does not promote a trace twice)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[Path, set[str]] = {}
+        self._lock = threading.Lock()
+
+    def _ids(self, path: Path) -> set[str]:
+        seen = self._seen.get(path)
+        if seen is None:
+            seen = self._seen[path] = set()
+            if path.exists():
+                with path.open(encoding="utf-8") as f:
+                    for number, line in enumerate(f, 1):
+                        if not line.strip():
+                            continue
+                        try:
+                            seen.add(json.loads(line)["trace_id"])
+                        except (ValueError, KeyError, TypeError):
+                            log.warning("%s:%d: not a promoted record (no trace_id); ignored for dedup", path, number)
+        return seen
+
+    def append(self, path: Path, row: dict[str, Any]) -> bool:
+        """Append `row` unless its trace id is already in the file; True when written."""
+        trace_id = row["trace_id"]
+        with self._lock:
+            seen = self._ids(path)
+            if trace_id in seen:
+                return False
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+            seen.add(trace_id)
+            return True

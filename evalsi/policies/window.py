@@ -1,0 +1,460 @@
+"""Tumbling windows of scores per policy, evaluator and score name; the alerts checked over them; their webhooks.
+
+Only `scored` scores count toward n, means, intervals and percentiles (skipped and error scores are counted
+beside them). A window closes when time passes its end; an alert fires at most once per window per condition.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import math
+import queue
+import random
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from evalsi import cel
+from evalsi.policies.intervals import percentile, t_interval, wilson_interval
+from evalsi.score import Score
+
+__all__ = ["AlertEvent", "AlertRule", "Notifier", "PolicyWindow", "Series", "WindowStats", "compile_alert"]
+
+log = logging.getLogger("evalsi.policies")
+
+RESERVOIR = 10_000
+"""Values kept per series and window for percentiles; past it, a uniform sample of this size (reservoir)."""
+EXAMPLES = 5
+CONFIDENCE = 0.95
+
+# `mean('x')` and friends are shorthand for `window.<map>["x"]`; string literals are matched first so that a
+# name inside a string is never rewritten.
+_FUNCTIONS = {"mean": "mean", "rate": "rate", "count": "n", "p50": "p50", "p90": "p90", "p95": "p95", "p99": "p99"}
+_STRING = r"""[rRbB]{0,2}(?:'''[\s\S]*?'''|\"\"\"[\s\S]*?\"\"\"|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*")"""
+_ALERT_TOKEN = re.compile(
+    rf"(?P<string>{_STRING})"
+    rf"|(?<![\w.])(?P<fn>{'|'.join(_FUNCTIONS)})\s*\(\s*(?P<arg>'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\")\s*\)"
+    r"|(?<![\w.])(?P<count>count)\b"
+    r"|(?<![\w.])(?P<window>window)\b"
+)
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(slots=True)
+class WindowStats:
+    """The aggregate of one score series over one window.
+
+    `mean`/`low`/`high` are the headline: the mean value with a Student t interval when the score has values,
+    else the pass rate with a Wilson interval (`kind` says which). `pass_*` is the pass rate whenever the score
+    has a verdict; `p50`/`p95` are over values. Intervals are None below the observations they need.
+    """
+
+    policy: str
+    evaluator: str
+    name: str
+    start: float
+    end: float
+    kind: str  # "numeric" or "pass_fail"
+    n: int
+    mean: float | None
+    low: float | None
+    high: float | None
+    pass_n: int
+    passed: int
+    pass_rate: float | None
+    pass_low: float | None
+    pass_high: float | None
+    p50: float | None
+    p95: float | None
+    skipped: int
+    errors: int
+    example_trace_ids: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+class Series:
+    """Running aggregates of one (evaluator, score name) in one window: Welford mean/variance, pass counts, a
+    reservoir of values for percentiles and a few example trace ids (failures first)."""
+
+    __slots__ = (
+        "_rng", "_sorted", "errors", "evaluator", "examples", "failures", "m2", "n", "name", "pass_n", "passed",
+        "seen_values", "skipped", "value_mean", "value_n", "values",
+    )  # fmt: skip
+
+    def __init__(self, evaluator: str, name: str) -> None:
+        self.evaluator = evaluator
+        self.name = name
+        self.n = self.value_n = self.pass_n = self.passed = self.skipped = self.errors = self.seen_values = 0
+        self.value_mean = self.m2 = 0.0
+        self.values: list[float] = []
+        self._sorted: list[float] | None = None
+        self._rng: random.Random | None = None
+        self.examples: deque[str] = deque(maxlen=EXAMPLES)
+        self.failures: deque[str] = deque(maxlen=EXAMPLES)
+
+    def add(self, score: Score) -> None:
+        if score.outcome != "scored":
+            if score.outcome == "skipped":
+                self.skipped += 1
+            else:
+                self.errors += 1
+            return
+        self.n += 1
+        value = score.value
+        if value is not None and math.isfinite(value):
+            self.value_n += 1
+            delta = value - self.value_mean
+            self.value_mean += delta / self.value_n
+            self.m2 += delta * (value - self.value_mean)
+            self._keep(float(value))
+        if score.passed is not None:
+            self.pass_n += 1
+            if score.passed:
+                self.passed += 1
+            elif score.trace_id:
+                self.failures.append(score.trace_id)
+        if score.trace_id:
+            self.examples.append(score.trace_id)
+
+    def _keep(self, value: float) -> None:
+        self.seen_values += 1
+        self._sorted = None
+        if len(self.values) < RESERVOIR:
+            self.values.append(value)
+            return
+        if self._rng is None:
+            self._rng = random.Random(0)  # deterministic: the same scores give the same percentiles
+        j = self._rng.randrange(self.seen_values)
+        if j < RESERVOIR:
+            self.values[j] = value
+
+    @property
+    def ordered(self) -> list[float]:
+        if self._sorted is None:
+            self._sorted = sorted(self.values)
+        return self._sorted
+
+    @property
+    def pass_rate(self) -> float | None:
+        return self.passed / self.pass_n if self.pass_n else None
+
+    @property
+    def mean(self) -> float | None:
+        """The mean value; for a score with verdicts only, the pass rate."""
+        if self.value_n:
+            return self.value_mean
+        return self.pass_rate
+
+    def percentile(self, q: float) -> float | None:
+        return percentile(self.ordered, q)
+
+    def example_ids(self) -> list[str]:
+        return list(dict.fromkeys([*self.failures, *self.examples]))[:EXAMPLES]
+
+    def stats(self, policy: str, start: float, end: float) -> WindowStats:
+        rate = self.pass_rate
+        wilson = wilson_interval(self.passed, self.pass_n, CONFIDENCE)
+        if self.value_n:
+            kind = "numeric"
+            mean: float | None = self.value_mean
+            sd = math.sqrt(self.m2 / (self.value_n - 1)) if self.value_n > 1 else 0.0
+            interval = t_interval(self.value_mean, sd, self.value_n, CONFIDENCE)
+        else:
+            kind, mean, interval = "pass_fail", rate, wilson
+        return WindowStats(
+            policy=policy, evaluator=self.evaluator, name=self.name, start=start, end=end, kind=kind, n=self.n,
+            mean=mean, low=interval[0] if interval else None, high=interval[1] if interval else None,
+            pass_n=self.pass_n, passed=self.passed, pass_rate=rate,
+            pass_low=wilson[0] if wilson else None, pass_high=wilson[1] if wilson else None,
+            p50=self.percentile(50), p95=self.percentile(95), skipped=self.skipped, errors=self.errors,
+            example_trace_ids=self.example_ids(),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AlertRule:
+    """A compiled alert: the condition as written, the CEL program over `window`, and which aggregates it reads."""
+
+    name: str
+    condition: str
+    program: cel.Program
+    uses: tuple[tuple[str, str], ...]  # (window map, score name) pairs, e.g. ("rate", "contains")
+    whole: bool  # names `window` itself: hand over every aggregate
+    notify: str | None = None
+
+
+def compile_alert(when: str, *, name: str | None = None, notify: str | None = None) -> AlertRule:
+    """Compile an alert condition; raises ValueError with CEL's message. `mean('x')` becomes `window.mean["x"]`."""
+    uses: dict[tuple[str, str], None] = {}
+    whole = False
+
+    def rewrite(m: re.Match[str]) -> str:
+        nonlocal whole
+        if m.group("string") is not None:
+            return m.group(0)
+        if m.group("fn") is not None:
+            key = _FUNCTIONS[m.group("fn")]
+            arg = m.group("arg")
+            uses[(key, ast.literal_eval(arg))] = None
+            return f"window.{key}[{arg}]"
+        if m.group("count") is not None:
+            return "window.count"
+        whole = True
+        return m.group(0)
+
+    if not isinstance(when, str) or not when.strip():
+        raise ValueError("empty alert condition")
+    try:
+        rewritten = _ALERT_TOKEN.sub(rewrite, when)
+    except (SyntaxError, ValueError) as e:
+        raise ValueError(f"invalid alert condition: {e}") from None
+    try:
+        program = cel.compile(rewritten, variables=("window",))
+    except ValueError as e:
+        shown = "" if rewritten == when else f" (read as {rewritten!r})"
+        raise ValueError(f"{e}{shown}") from None
+    return AlertRule(name or when, when, program, tuple(uses), whole, notify)
+
+
+@dataclass(slots=True)
+class AlertEvent:
+    """An alert that fired: what the webhook gets (`body()`), and where it goes (`notify`, None: recorded only)."""
+
+    policy: str
+    alert: str
+    condition: str
+    notify: str | None
+    window_start: float
+    window_end: float
+    count: int
+    aggregates: dict[str, dict[str, Any]]
+    example_trace_ids: list[str]
+    labels: dict[str, str]
+    fired_at: float
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "alert": self.alert,
+            "condition": self.condition,
+            "labels": self.labels,
+            "window": {"start": _iso(self.window_start), "end": _iso(self.window_end), "count": self.count},
+            "aggregates": self.aggregates,
+            "example_trace_ids": self.example_trace_ids,
+            "fired_at": _iso(self.fired_at),
+        }
+
+
+_BODY_FIELDS = ("evaluator", "kind", "n", "mean", "low", "high", "pass_rate", "pass_low", "pass_high", "p50", "p95")
+
+
+class PolicyWindow:
+    """The current tumbling window of one policy: its series, trace count and alert state.
+
+    Windows are aligned to multiples of their length since the epoch, so replicas agree on their bounds.
+    """
+
+    def __init__(
+        self,
+        policy: str,
+        seconds: float,
+        alerts: list[AlertRule],
+        labels: dict[str, str] | None = None,
+        check_interval: float = 1.0,
+    ) -> None:
+        self.policy = policy
+        self.seconds = seconds
+        self.alerts = alerts
+        self.labels = dict(labels or {})
+        self.check_interval = check_interval
+        self.start: float | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.count = 0
+        self.trace_ids: deque[str] = deque(maxlen=EXAMPLES)
+        self.series: dict[tuple[str, str], Series] = {}
+        self.by_name: dict[str, Series] = {}
+        self.fired: set[int] = set()
+        self.last_check = -math.inf
+        self.dirty = False
+
+    @property
+    def end(self) -> float:
+        return (self.start or 0.0) + self.seconds
+
+    def roll(self, now: float) -> tuple[list[WindowStats], list[AlertEvent]]:
+        """Close the window if `now` is past its end (a last alert check first); open the one `now` is in."""
+        if self.start is None and not math.isfinite(now):
+            return [], []
+        if self.start is not None and now < self.end:
+            return [], []
+        closed: list[WindowStats] = []
+        fired: list[AlertEvent] = []
+        if self.start is not None and self.count:
+            fired = self.check(self.end, final=True)
+            closed = self.snapshot()
+        # now = inf (shutdown) closes the window without opening another
+        self.start = math.floor(now / self.seconds) * self.seconds if math.isfinite(now) else None
+        self._reset()
+        return closed, fired
+
+    def add(self, trace_id: str, scores: Iterable[Score]) -> None:
+        """Count one evaluated trace (or session) and its scores in the current window."""
+        self.count += 1
+        self.dirty = True
+        if trace_id:
+            self.trace_ids.append(trace_id)
+        for s in scores:
+            key = (s.evaluator, s.name)
+            series = self.series.get(key)
+            if series is None:
+                series = self.series[key] = Series(s.evaluator, s.name)
+                self.by_name.setdefault(s.name, series)
+            series.add(s)
+
+    def _aggregate(self, series: Series, key: str) -> float | int | None:
+        if key == "mean":
+            return series.mean
+        if key == "rate":
+            return series.pass_rate
+        if key == "n":
+            return series.n
+        return series.percentile(float(key[1:]))
+
+    def _activation(self, rule: AlertRule) -> dict[str, Any]:
+        window: dict[str, Any] = {"count": self.count, **{k: {} for k in _FUNCTIONS.values()}}
+        if rule.whole:
+            wanted = [(k, name) for name in self.by_name for k in _FUNCTIONS.values()]
+        else:
+            wanted = list(rule.uses)
+        for key, name in wanted:
+            series = self.by_name.get(name)
+            if series is None or not series.n:
+                continue  # no data: the key is missing, so the condition cannot hold
+            value = self._aggregate(series, key)
+            if value is not None:
+                window[key][name] = value
+        return {"window": window}
+
+    def check(self, now: float, final: bool = False) -> list[AlertEvent]:
+        """Evaluate the alerts not yet fired in this window; at most once per `check_interval` unless final."""
+        if not self.alerts or not self.dirty or (not final and now - self.last_check < self.check_interval):
+            return []
+        self.last_check = now
+        self.dirty = False
+        fired: list[AlertEvent] = []
+        for i, rule in enumerate(self.alerts):
+            if i in self.fired or not rule.program.matches(self._activation(rule)):
+                continue
+            self.fired.add(i)
+            fired.append(self._event(rule, now))
+        return fired
+
+    def _event(self, rule: AlertRule, now: float) -> AlertEvent:
+        aggregates: dict[str, dict[str, Any]] = {}
+        for key, series in self.series.items():
+            # a score name two evaluators share is told apart by its evaluator after the first
+            shown = series.name if self.by_name.get(series.name) is series else f"{key[0]}:{key[1]}"
+            stats = series.stats(self.policy, self.start or 0.0, self.end)
+            aggregates[shown] = {f: getattr(stats, f) for f in _BODY_FIELDS}
+        examples: list[str] = []
+        for _, name in rule.uses:
+            series = self.by_name.get(name)
+            if series is not None:
+                examples.extend(series.example_ids())
+        examples.extend(self.trace_ids)
+        return AlertEvent(
+            policy=self.policy, alert=rule.name, condition=rule.condition, notify=rule.notify,
+            window_start=self.start or 0.0, window_end=self.end, count=self.count, aggregates=aggregates,
+            example_trace_ids=list(dict.fromkeys(examples))[:EXAMPLES], labels=self.labels, fired_at=now,
+        )  # fmt: skip
+
+    def snapshot(self) -> list[WindowStats]:
+        if self.start is None:
+            return []
+        return [s.stats(self.policy, self.start, self.end) for s in self.series.values()]
+
+
+class Notifier:
+    """Sends alert webhooks from one background thread, so the caller never waits: a JSON POST per alert, retried
+    with exponential backoff on connection errors, 429 and 5xx. Other 4xx answers are not retried."""
+
+    def __init__(
+        self,
+        *,
+        retries: int = 3,
+        backoff: float = 0.5,
+        timeout: float = 5.0,
+        max_pending: int = 1000,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.retries = retries
+        self.backoff = backoff
+        self.sent = self.failed = self.dropped = 0
+        self.max_pending = max_pending
+        self._queue: queue.Queue[AlertEvent | None] = queue.Queue(max_pending)
+        self._client = httpx.Client(timeout=timeout, transport=transport)
+        self._thread = threading.Thread(target=self._loop, name="evalsi-alert-notifier", daemon=True)
+        self._thread.start()
+
+    def send(self, event: AlertEvent) -> None:
+        """Queue `event` for its webhook (nothing to send without `notify`); drops it when the queue is full."""
+        if not event.notify:
+            return
+        try:
+            self._queue.put_nowait(event)
+        except queue.Full:
+            self.dropped += 1
+            log.warning(
+                "alert %r of policy %s dropped: %d webhooks pending", event.alert, event.policy, self.max_pending
+            )
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Send what is queued (up to `timeout`), then stop."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+        self._client.close()
+
+    def _loop(self) -> None:
+        while True:
+            event = self._queue.get()
+            if event is None:
+                return
+            if self._post(event):
+                self.sent += 1
+            else:
+                self.failed += 1
+
+    def _post(self, event: AlertEvent) -> bool:
+        assert event.notify is not None
+        body = event.body()
+        problem = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                response = self._client.post(event.notify, json=body)
+            except httpx.HTTPError as e:
+                problem = f"{type(e).__name__}: {e}"
+                continue
+            if response.status_code < 300:
+                return True
+            problem = f"HTTP {response.status_code}"
+            if response.status_code != 429 and response.status_code < 500:
+                break
+        log.warning("alert %r of policy %s: webhook failed (%s)", event.alert, event.policy, problem)
+        return False
