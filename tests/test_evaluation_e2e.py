@@ -187,3 +187,44 @@ def test_judge_runs_where_cheap_checks_pass_and_stops_at_its_budget(tmp_path: Pa
     finally:
         fake.server.shutdown()
         assert c.stop() == 0
+
+
+def test_evaluation_results_sent_as_otlp_log_events_are_stored_as_external_scores(tmp_path: Path) -> None:
+    cfg = serve_config(tmp_path / "store")
+    cfg["processors"]["evaluate"] = {}
+    pipelines = cfg["service"]["pipelines"]
+    pipelines["logs"]["processors"] = ["normalize", "evaluate"]
+    pipelines["scores"] = {"exporters": ["clickhouse"]}
+    c = start_collector(tmp_path, cfg)
+    trace_id, span_id = "5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174"
+
+    def attr(key: str, value: dict[str, Any]) -> dict[str, Any]:
+        return {"key": key, "value": value}
+
+    record = {
+        "timeUnixNano": str(time.time_ns()),
+        "eventName": "gen_ai.evaluation.result",
+        "traceId": trace_id,
+        "spanId": span_id,
+        "attributes": [
+            attr("gen_ai.evaluation.name", {"stringValue": "relevance"}),
+            attr("gen_ai.evaluation.score.value", {"doubleValue": 0.75}),
+            attr("gen_ai.evaluation.score.label", {"stringValue": "relevant"}),
+            attr("gen_ai.evaluation.explanation", {"stringValue": "on topic"}),
+        ],
+    }
+    body = {"resourceLogs": [{"scopeLogs": [{"scope": {"name": "my.evaluator"}, "logRecords": [record]}]}]}
+    try:
+        r = httpx.post(c.http + "/v1/logs", json=body)
+        assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 20
+        found: dict[str, Any] = {}
+        while time.monotonic() < deadline and not found:
+            found = _scores(c, trace_id)
+            time.sleep(0.2)
+        score = found["relevance"]
+        assert score["source"] == "external" and score["outcome"] == "scored"
+        assert (score["value"], score["label"], score["explanation"]) == (0.75, "relevant", "on topic")
+        assert score["span_id"] == span_id and score["evaluator"] == "my.evaluator"
+    finally:
+        assert c.stop() == 0

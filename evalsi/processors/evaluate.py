@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
 from evalsi.component import ComponentConfig, Next, Refused, Settings, processor
+from evalsi.log_record import LogBatch, LogRecord
 from evalsi.score import Score, ScoreBatch
 from evalsi.span import Span, SpanBatch
 
@@ -65,7 +66,41 @@ class _Work:
     completed: float  # monotonic time the trace (or session) was handed to us
 
 
-@processor("evaluate", config=EvaluateConfig)
+EVALUATION_EVENT = "gen_ai.evaluation.result"
+
+
+def score_from_event(record: LogRecord) -> Score | None:
+    """A `gen_ai.evaluation.result` log record (GenAI semantic conventions) as an external score."""
+    a = record.attributes
+    name = a.get("gen_ai.evaluation.name")
+    if record.event_name != EVALUATION_EVENT or not isinstance(name, str) or not name or not record.trace_id:
+        return None
+    value = a.get("gen_ai.evaluation.score.value")
+    label = a.get("gen_ai.evaluation.score.label")
+    explanation = a.get("gen_ai.evaluation.explanation")
+    error = a.get("error.type")
+    score = Score(
+        name,
+        value=float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None,
+        passed=value if isinstance(value, bool) else None,
+        label=label if isinstance(label, str) else None,
+        explanation=explanation if isinstance(explanation, str) else None,
+        outcome="error" if error else "scored",
+        reason=str(error) if error else None,
+        trace_id=record.trace_id,
+        span_id=record.span_id,
+        policy=str(a.get("evalsi.policy") or "external"),
+        evaluator=str(a.get("evalsi.evaluator") or record.scope_name or "external"),
+        source="external",
+        timestamp_unix_nano=record.timestamp or time.time_ns(),
+    )
+    response_id = a.get("gen_ai.response.id")
+    if response_id:
+        score.metadata["gen_ai.response.id"] = response_id
+    return score
+
+
+@processor("evaluate", config=EvaluateConfig, signals=("traces", "logs"))
 class Evaluate:
     """Spans go on at once; whole traces queue for evaluation on one worker thread (the policy engine keeps
     windows and budgets, so it runs single-threaded), and their scores follow into the scores pipeline. A slow
@@ -208,6 +243,17 @@ class Evaluate:
         elif batch.unit == "session" and batch.spans:
             self._enqueue("session", batch.spans)
         await self.next.consume(batch)
+
+    async def consume_logs(self, batch: LogBatch) -> None:
+        """Evaluation results other tools sent as `gen_ai.evaluation.result` events are stored as external scores."""
+        scores = [s for s in map(score_from_event, batch.records) if s is not None]
+        if scores:
+            for s in scores:
+                s.project = self.config.project
+                self._scores.labels(self.settings.id, s.outcome).inc()
+            await self._hand_on(scores)
+        if self.next.logs is not None:
+            await self.next.consume_logs(batch)
 
     async def shutdown(self) -> None:
         """Evaluate everything queued, close the open windows (their alerts still go out), then stop."""
