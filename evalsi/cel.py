@@ -19,6 +19,12 @@ _BOOL = _cel.Type.BOOL
 _DYN = _cel.Type.DYN
 _ENVS: dict[tuple[str, ...], Any] = {}
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# `trace` used as a whole (size(trace), trace.exists(k, ...), trace[k], trace == {...}): any key may matter;
+# `trace.name` and `trace['name']` (not a macro) read one key
+_TRACE_WHOLE = re.compile(
+    r"(?<![\w.])trace\b(?!\s*(?:\.\s*(?!(?:all|exists|exists_one|map|filter)\b)[A-Za-z_]|\[\s*['\"]))"
+)
+_TRACE_SPAN_KEYS = re.compile(r"\b(?:spans|root)\b")
 
 SPAN_FIELDS = frozenset(Span("", "", "", "", "", 0, 0).canonical())
 """The keys of a canonical span map."""
@@ -48,14 +54,21 @@ class Program:
     so span maps carry only the canonical fields the expression names.
     """
 
-    __slots__ = ("_expression", "fields", "source")
+    __slots__ = ("_expression", "fields", "names", "source", "trace_spans")
 
     def __init__(self, source: str, expression: Any) -> None:
         self.source = source
         self._expression = expression
         # a name in the text (even inside a string, as in s["model"]) is enough to keep that field
-        self.fields: frozenset[str] = SPAN_FIELDS.intersection(_IDENTIFIER.findall(source))
+        self.names: frozenset[str] = frozenset(_IDENTIFIER.findall(source))
+        """Every name in the text, strings' words included."""
+        self.fields: frozenset[str] = SPAN_FIELDS & self.names
         """The canonical span fields the expression names."""
+        self.trace_spans: bool = bool(_TRACE_SPAN_KEYS.search(source) or _TRACE_WHOLE.search(source))
+        """Whether a `trace` activation must carry `spans` and `root`: the text names either (even inside a
+        string) or uses `trace` as a whole. When false, the expression reads `trace` only key by key (`trace.k`,
+        `trace['k']`), so `trace_activation(..., span_maps=False, keys=program.names)` gives the same result for
+        less."""
 
     def matches(self, activation: Mapping[str, Any]) -> bool:
         """True when the expression evaluates to boolean true; an evaluation error counts as no match."""
@@ -97,9 +110,16 @@ def span_activation(span: Span, fields: Iterable[str] | None = None) -> dict[str
 
 
 def trace_activation(
-    spans: list[Span], trace_id: str | None = None, fields: Iterable[str] | None = None
+    spans: list[Span],
+    trace_id: str | None = None,
+    fields: Iterable[str] | None = None,
+    *,
+    span_maps: bool = True,
+    keys: frozenset[str] | None = None,
 ) -> dict[str, Any]:
-    """`{"trace": ...}` for trace-level conditions; `fields` limits each span map to those keys.
+    """`{"trace": ...}` for trace-level conditions; `fields` limits each span map to those keys,
+    `span_maps=False` leaves out `spans` and `root`, and `keys` keeps only those keys of `trace` (both for
+    expressions whose `Program.trace_spans` is false).
 
     `trace` has `trace_id`, `spans` (canonical span dicts in start order), `root` (the span with no parent, else
     the earliest; a canonical span dict), `duration_ns` (latest end minus earliest start), `start_time_unix_nano`,
@@ -112,7 +132,7 @@ def trace_activation(
     root = ordered[root_at] if ordered else None
     if fields is not None:
         fields = tuple(fields)
-    canonical = [_span_map(s, fields) for s in ordered]
+    canonical = [_span_map(s, fields) for s in ordered] if span_maps else []
     models: dict[str, None] = {}
     tools: dict[str, None] = {}
     errors = llm = tool = tokens_in = tokens_out = 0
@@ -139,11 +159,12 @@ def trace_activation(
             return getattr(root, field)
         return next((getattr(s, field) for s in ordered if getattr(s, field)), None)
 
-    return {
-        "trace": {
-            "trace_id": trace_id if trace_id is not None else (root.trace_id if root else ""),
-            "spans": canonical,
-            "root": canonical[root_at] if ordered else None,
+    trace: dict[str, Any] = {"trace_id": trace_id if trace_id is not None else (root.trace_id if root else "")}
+    if span_maps:
+        trace["spans"] = canonical
+        trace["root"] = canonical[root_at] if ordered else None
+    trace.update(
+        {
             "start_time_unix_nano": start,
             "duration_ns": max(0, end - start),
             "span_count": len(ordered),
@@ -159,4 +180,7 @@ def trace_activation(
             "models": list(models),
             "tool_names": list(tools),
         }
-    }
+    )
+    if keys is not None:
+        trace = {k: v for k, v in trace.items() if k in keys}
+    return {"trace": trace}

@@ -9,12 +9,14 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from evalsi.processors.normalize.trajectory import STEP_TYPES, build_trajectory, span_tree
+from evalsi.processors.normalize.trajectory import _text as _trajectory_text
 from evalsi.score import Score
 from evalsi.span import Span
 
@@ -43,20 +45,98 @@ def _texts(messages: list[dict[str, Any]] | None) -> list[str]:
     ]
 
 
-@dataclass
+def _final_output(spans: list[Span]) -> str | None:
+    """`build_trajectory(spans)["final_output"]` without building the trajectory: the same walk (roots, then each
+    span's children, in (start, span id) order), reading only what the final output depends on."""
+    roots, children = span_tree(spans)
+    top_output: list[dict[str, Any]] | None = None  # the last top-level llm/agent step's output, if any
+    last_llm: Span | None = None
+    order = sorted(roots, key=lambda r: (r.start_time_unix_nano, r.span_id))
+    stack: list[tuple[Span, bool]] = [(r, True) for r in reversed(order)]  # (span, no step above it)
+    while stack:
+        span, top = stack.pop()
+        step_type = span.step_type
+        include = step_type in STEP_TYPES
+        if include:
+            if step_type == "llm":
+                last_llm = span
+            if top and step_type in ("llm", "agent") and span.output:
+                top_output = span.output
+        kids = children.get(span.span_id)
+        if kids:
+            below = top and not include
+            for child in sorted(kids, key=lambda c: (c.start_time_unix_nano, c.span_id), reverse=True):
+                stack.append((child, below))
+    final = _trajectory_text(top_output) if top_output is not None else None
+    if final is None and last_llm is not None:
+        final = _trajectory_text(last_llm.output)
+    return final
+
+
+_LAZY: Any = object()
+
+
+class _FromSpans:
+    def __repr__(self) -> str:
+        return "FROM_SPANS"
+
+
+FROM_SPANS: Any = _FromSpans()
+"""`Target(spans, trajectory=FROM_SPANS)`: the trajectory is `build_trajectory(spans)`, built when first read."""
+
+
 class Target:
     """What one evaluation looks at.
 
     span scope: `span` is the span, `spans` is [span]. trace scope: `spans` is the whole trace, `span` its root
     (or first) span, `trajectory` its trajectory. session scope: `spans` is every span of the session.
     `reference` holds expected values from the policy or a dataset record (expected output, tools, trajectory).
+    `trajectory` may be given lazily, built the first time it is read (an evaluator that does not read it never
+    pays for it): `FROM_SPANS` for `build_trajectory(spans)` (then `output_text` does not need it either), or
+    any function of no arguments.
     """
 
-    spans: list[Span]
-    span: Span | None = None
-    trajectory: dict[str, Any] | None = None
-    reference: dict[str, Any] = field(default_factory=dict)
-    context: list[str] = field(default_factory=list)
+    def __init__(
+        self,
+        spans: list[Span],
+        span: Span | None = None,
+        trajectory: dict[str, Any] | Callable[[], dict[str, Any] | None] | None = None,
+        reference: dict[str, Any] | None = None,
+        context: list[str] | None = None,
+    ) -> None:
+        self.spans = spans
+        self.span = span
+        self._from_spans = trajectory is FROM_SPANS
+        if self._from_spans:
+            self._build_trajectory: Callable[[], dict[str, Any] | None] | None = lambda: build_trajectory(spans)
+            self._trajectory: dict[str, Any] | None = _LAZY
+        elif callable(trajectory):
+            self._build_trajectory = trajectory
+            self._trajectory = _LAZY
+        else:
+            self._build_trajectory = None
+            self._trajectory = trajectory
+        self.reference: dict[str, Any] = {} if reference is None else reference
+        self.context: list[str] = [] if context is None else context
+
+    @property
+    def trajectory(self) -> dict[str, Any] | None:
+        if self._trajectory is _LAZY:
+            assert self._build_trajectory is not None
+            self._trajectory = self._build_trajectory()
+            self._build_trajectory = None
+        return self._trajectory
+
+    @trajectory.setter
+    def trajectory(self, value: dict[str, Any] | None) -> None:
+        self._trajectory, self._build_trajectory, self._from_spans = value, None, False
+
+    def __repr__(self) -> str:
+        trajectory = ("FROM_SPANS" if self._from_spans else "<lazy>") if self._trajectory is _LAZY else self._trajectory
+        return (
+            f"Target(spans={self.spans!r}, span={self.span!r}, trajectory={trajectory!r}, "
+            f"reference={self.reference!r}, context={self.context!r})"
+        )
 
     @cached_property
     def llm_spans(self) -> list[Span]:
@@ -75,7 +155,12 @@ class Target:
     @cached_property
     def output_text(self) -> str | None:
         """The answer: the trajectory's final output, else the span's (or last LLM call's) output text."""
-        if self.trajectory and self.trajectory.get("final_output"):
+        if self._trajectory is _LAZY and self._from_spans:
+            # build_trajectory(spans)["final_output"], without building the trajectory
+            final = _final_output(self.spans)
+            if final:
+                return str(final)
+        elif self.trajectory and self.trajectory.get("final_output"):
             return str(self.trajectory["final_output"])
         for candidate in ([self.span] if self.span is not None else []) + self.llm_spans[::-1]:
             texts = _texts(candidate.output)

@@ -23,6 +23,7 @@ from typing import Any
 
 from evalsi import cel
 from evalsi.evaluators import Evaluator, Params, Target, run
+from evalsi.evaluators.base import FROM_SPANS
 from evalsi.policies.intervals import percentile
 from evalsi.policies.promote import Datasets, record
 from evalsi.policies.window import AlertEvent, AlertRule, PolicyWindow, WindowStats
@@ -122,12 +123,19 @@ class TraceView:
         trace_fields: frozenset[str] | None = None,
         span_fields: frozenset[str] | None = None,
         trajectory: dict[str, Any] | None = None,
+        trace_span_maps: bool = True,
+        trace_keys: frozenset[str] | None = None,
     ) -> None:
+        """`span_fields` limits the `span` map, `trace_fields` the maps in `trace.spans` / `trace.root` (None: every
+        canonical field); `trace_span_maps=False` leaves `trace.spans` and `trace.root` out and `trace_keys` keeps
+        only those keys of `trace` (no condition uses them, or `trace` as a whole: see `cel.Program.trace_spans`)."""
         self.spans = sorted(spans, key=lambda s: s.start_time_unix_nano)
         self.root = next((s for s in self.spans if not s.parent_span_id), self.spans[0])
         self.trace_id = self.root.trace_id
         self._trace_fields = trace_fields
         self._span_fields = span_fields
+        self._trace_span_maps = trace_span_maps
+        self._trace_keys = trace_keys
         self._trajectory = trajectory
         self._variables: dict[str, Any] = {}
 
@@ -162,10 +170,14 @@ class TraceView:
         return value
 
     def _build_trace(self) -> dict[str, Any]:
-        trace = cel.trace_activation(self.spans, self.trace_id, self._trace_fields)["trace"]
-        steps = Counter(s.step_type for s in self.spans)
-        trace["error"] = trace["error_count"] > 0
-        trace["steps"] = dict(steps)
+        keys = self._trace_keys
+        trace = cel.trace_activation(
+            self.spans, self.trace_id, self._trace_fields, span_maps=self._trace_span_maps, keys=keys
+        )["trace"]
+        if keys is None or "error" in keys:
+            trace["error"] = any(s.status_code == "ERROR" for s in self.spans)
+        if keys is None or "steps" in keys:
+            trace["steps"] = dict(Counter(s.step_type for s in self.spans))
         return trace
 
     def _build_span(self) -> dict[str, Any]:
@@ -195,7 +207,9 @@ class TraceView:
 
     @cached_property
     def target(self) -> Target:
-        return Target(self.spans, span=self.root, trajectory=self.trajectory, context=self.context)
+        # the trajectory is built only if an evaluator reads it (Target.trajectory is lazy)
+        trajectory = self._trajectory if self._trajectory is not None else FROM_SPANS
+        return Target(self.spans, span=self.root, trajectory=trajectory, context=self.context)
 
 
 class SessionView(TraceView):
@@ -469,7 +483,14 @@ class PolicySet:
         self._alerts: deque[AlertEvent] = deque(maxlen=10_000)
         self._windows: deque[WindowStats] = deque(maxlen=100_000)
         conditions = [c for p in policies for c in p.conditions()]
-        self._trace_fields = frozenset().union(*(c.fields for c in conditions if "trace" in c.uses))
+        # `span` maps carry the fields of the conditions that use `span`; `trace.spans` / `trace.root` are built
+        # only for conditions that read them, with those conditions' fields
+        trace_users = [c for c in conditions if "trace" in c.uses]
+        trace_span_users = [c for c in trace_users if c.program.trace_spans]
+        self._trace_span_maps = bool(trace_span_users)
+        self._trace_fields = frozenset().union(*(c.fields for c in trace_span_users))
+        # when no condition uses `trace` as a whole, `trace` carries only the keys the conditions name
+        self._trace_keys = None if trace_span_users else frozenset().union(*(c.program.names for c in trace_users))
         self._span_fields = frozenset().union(*(c.fields for c in conditions if "span" in c.uses))
         self._has_trace_stages = any(p.trace_stages for p in policies)
         self._has_session_stages = any(p.session_stages for p in policies)
@@ -492,7 +513,14 @@ class PolicySet:
         return closed_all
 
     def _view(self, cls: type[TraceView], spans: list[Span], trajectory: dict[str, Any] | None) -> TraceView:
-        return cls(spans, trace_fields=self._trace_fields, span_fields=self._span_fields, trajectory=trajectory)
+        return cls(
+            spans,
+            trace_fields=self._trace_fields,
+            span_fields=self._span_fields,
+            trajectory=trajectory,
+            trace_span_maps=self._trace_span_maps,
+            trace_keys=self._trace_keys,
+        )
 
     def evaluate_trace(
         self, spans: list[Span], *, trajectory: dict[str, Any] | None = None, now: float | None = None

@@ -104,13 +104,16 @@ def contains(target: Target, p: ContainsParams) -> Score:
     text = target.output_text or ""
     if p.case_insensitive:
         text = text.casefold()
+    # one dict read for the folded strings: each `p._x` goes through pydantic's (slow) __getattr__
+    private = p.__pydantic_private__ or {}
+    any_, all_, none_ = private["_any"], private["_all"], private["_none"]
     problems = []
-    if p._any and not any(s in text for s in p._any):
+    if any_ and not any(s in text for s in any_):
         problems.append(f"none of {_quoted(p.any)}")
-    missing = [orig for orig, s in zip(p.all, p._all, strict=True) if s not in text]
+    missing = [orig for orig, s in zip(p.all, all_, strict=True) if s not in text]
     if missing:
         problems.append(f"missing {_quoted(missing)}")
-    forbidden = [orig for orig, s in zip(p.none, p._none, strict=True) if s in text]
+    forbidden = [orig for orig, s in zip(p.none, none_, strict=True) if s in text]
     if forbidden:
         problems.append(f"contains forbidden {_quoted(forbidden)}")
     if problems:
@@ -395,6 +398,10 @@ def _innermost(spans: list[Span], has: Callable[[Span], bool]) -> list[Span]:
     or chain span) that reports its children's totals must not count them twice."""
     marked = [s for s in spans if has(s)]
     if len(marked) < 2:
+        return marked
+    # fast path: a span encloses another only if some span names it as parent; usually no marked span does
+    parents = {s.parent_span_id for s in spans}
+    if not any(s.span_id in parents for s in marked):
         return marked
     by_id = {s.span_id: s for s in spans}
     enclosing: set[str] = set()

@@ -77,8 +77,8 @@ def _step(span: Span, parent: str | None, depth: int) -> dict[str, Any]:
     return step
 
 
-def build_trajectory(spans: list[Span]) -> dict[str, Any]:
-    """One trace's trajectory. `spans` are the trace's normalized spans, in any order."""
+def span_tree(spans: list[Span]) -> tuple[list[Span], dict[str, list[Span]]]:
+    """(roots, children by parent span id): a span whose parent is not among `spans` is a root."""
     by_id = {s.span_id: s for s in spans}
     children: dict[str, list[Span]] = {}
     roots: list[Span] = []
@@ -87,6 +87,12 @@ def build_trajectory(spans: list[Span]) -> dict[str, Any]:
             children.setdefault(s.parent_span_id, []).append(s)
         else:
             roots.append(s)
+    return roots, children
+
+
+def build_trajectory(spans: list[Span]) -> dict[str, Any]:
+    """One trace's trajectory. `spans` are the trace's normalized spans, in any order."""
+    roots, children = span_tree(spans)
     steps: list[dict[str, Any]] = []
 
     def walk(span: Span, parent: str | None, depth: int) -> None:
