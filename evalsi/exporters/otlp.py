@@ -1,0 +1,375 @@
+"""The `otlp` exporter: scores as `gen_ai.evaluation.result` log records, and optionally the spans, to an OTLP backend.
+
+Delivery: `consume*` only appends to a bounded in-memory queue; when it is full the OLDEST items are dropped
+and counted (`otelcol_exporter_enqueue_failed_*`), so ingest never waits on the backend and the newest verdicts
+win. A background task sends batches, retrying what the OTLP spec calls retryable with exponential backoff and
+jitter (honouring `Retry-After` / `RetryInfo`); permanent failures are logged, counted and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import gzip
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import grpc
+import httpx
+from google.rpc import error_details_pb2, status_pb2
+from pydantic import Field, field_validator
+
+from evalsi.component import ComponentConfig, Settings, exporter
+from evalsi.duration import Duration
+from evalsi.exporters.otlp_encode import logs_request, traces_request
+from evalsi.score import ScoreBatch
+from evalsi.span import SpanBatch
+
+LOGS_METHOD = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
+TRACES_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+RETRYABLE_HTTP = {429, 502, 503, 504}
+# the OTLP spec's retryable codes; RESOURCE_EXHAUSTED only when the server says when to come back (RetryInfo)
+RETRYABLE_GRPC = {
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.OUT_OF_RANGE,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DATA_LOSS,
+}
+
+
+class RetryConfig(ComponentConfig):
+    enabled: bool = True
+    initial_interval: Duration = 5.0
+    max_interval: Duration = 30.0
+    max_elapsed_time: Duration = 300.0
+
+
+class TlsConfig(ComponentConfig):
+    # None: insecure for `http://` or no scheme, TLS for `https://`
+    insecure: bool | None = None
+    ca_file: str | None = None
+
+
+class OtlpExporterConfig(ComponentConfig):
+    endpoint: str
+    protocol: Literal["grpc", "http/protobuf"] = "grpc"
+    headers: dict[str, str] = {}
+    compression: Literal["gzip", "none"] = "gzip"
+    timeout: Duration = 5.0
+    tls: TlsConfig = TlsConfig()
+    queue_size: int = Field(default=10_000, gt=0)
+    batch_size: int = Field(default=512, gt=0)
+    # how long a partial batch waits for more before it is sent
+    flush_interval: Duration = 0.2
+    # how long shutdown keeps sending what is queued before it drops the rest
+    shutdown_timeout: Duration = 10.0
+    retry_on_failure: RetryConfig = RetryConfig()
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        if not v or v.endswith("://") or ("://" in v and not v.startswith(("http://", "https://"))):
+            raise ValueError(f"unsupported endpoint {v!r}: use host:port, http://host:port or https://host:port")
+        return v.rstrip("/")
+
+    @property
+    def insecure(self) -> bool:
+        if self.tls.insecure is None:
+            return not self.endpoint.startswith("https://")
+        return self.tls.insecure
+
+
+class SendFailed(Exception):
+    """One export attempt failed; `retryable` says whether trying again may help, `retry_after` when."""
+
+    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+# --- transports -----------------------------------------------------------------------------------
+
+
+class _GrpcSender:
+    def __init__(self, config: OtlpExporterConfig) -> None:
+        target = config.endpoint.split("://", 1)[-1]
+        options = [("grpc.so_reuseport", 0)]
+        if config.insecure:
+            self._channel = grpc.aio.insecure_channel(target, options=options)
+        else:
+            root = Path(config.tls.ca_file).read_bytes() if config.tls.ca_file else None
+            self._channel = grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(root), options=options)
+        self._metadata = tuple((k.lower(), v) for k, v in config.headers.items())
+        self._compression = grpc.Compression.Gzip if config.compression == "gzip" else grpc.Compression.NoCompression
+        self._timeout = config.timeout
+        self._calls = {
+            m: self._channel.unary_unary(m, request_serializer=None, response_deserializer=None)
+            for m in (LOGS_METHOD, TRACES_METHOD)
+        }
+
+    async def send(self, method: str, body: bytes) -> None:
+        try:
+            await self._calls[method](
+                body, timeout=self._timeout, metadata=self._metadata, compression=self._compression
+            )
+        except grpc.aio.AioRpcError as e:
+            code = e.code()
+            retry_after = _retry_info(e.trailing_metadata())
+            retryable = code in RETRYABLE_GRPC or (
+                code == grpc.StatusCode.RESOURCE_EXHAUSTED and retry_after is not None
+            )
+            raise SendFailed(f"gRPC {code.name}: {e.details()}", retryable=retryable, retry_after=retry_after) from None
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+def _retry_info(metadata: Any) -> float | None:
+    for key, value in metadata or ():
+        if key != "grpc-status-details-bin":
+            continue
+        status = status_pb2.Status.FromString(value)
+        for detail in status.details:
+            info = error_details_pb2.RetryInfo()
+            if detail.Unpack(info):
+                return info.retry_delay.ToNanoseconds() / 1e9
+    return None
+
+
+class _HttpSender:
+    def __init__(self, config: OtlpExporterConfig) -> None:
+        base = config.endpoint if "://" in config.endpoint else f"http://{config.endpoint}"
+        self._urls = {LOGS_METHOD: f"{base}/v1/logs", TRACES_METHOD: f"{base}/v1/traces"}
+        verify: Any = True
+        if config.insecure:
+            verify = False
+        elif config.tls.ca_file:
+            verify = config.tls.ca_file
+        self._gzip = config.compression == "gzip"
+        headers = {**config.headers, "Content-Type": "application/x-protobuf"}
+        if self._gzip:
+            headers["Content-Encoding"] = "gzip"
+        self._client = httpx.AsyncClient(headers=headers, timeout=config.timeout, verify=verify)
+
+    async def send(self, method: str, body: bytes) -> None:
+        url = self._urls[method]
+        try:
+            resp = await self._client.post(url, content=gzip.compress(body) if self._gzip else body)
+        except httpx.HTTPError as e:
+            raise SendFailed(f"POST {url}: {type(e).__name__}: {e}", retryable=True) from None
+        if resp.status_code < 300:
+            return
+        retryable = resp.status_code in RETRYABLE_HTTP
+        raise SendFailed(
+            f"POST {url}: HTTP {resp.status_code} {resp.text[:200]}",
+            retryable=retryable,
+            retry_after=_retry_after(resp.headers.get("retry-after")) if retryable else None,
+        )
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        when = email.utils.parsedate_to_datetime(value)
+        return max(0.0, when.timestamp() - time.time()) if when else None
+
+
+# --- the exporter ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Queue:
+    """Items of one signal waiting to be sent, and how to encode them."""
+
+    kind: str  # "scores" or "spans": for logs
+    method: str
+    encode: Callable[[list[Any]], Any]
+    sent: Any
+    failed: Any
+    dropped: Any
+    items: deque[Any] = field(default_factory=deque)
+
+
+@exporter("otlp", config=OtlpExporterConfig, signals=("traces", "scores"))
+class OtlpExporter:
+    def __init__(self, config: OtlpExporterConfig, settings: Settings) -> None:
+        self._config = config
+        self._log = settings.logger
+        m, cid = settings.metrics, settings.id
+        self._queue_gauge = m.exporter_queue_size.labels(cid)
+        m.exporter_queue_capacity.labels(cid).set(config.queue_size)
+        self.scores = _Queue(
+            "scores",
+            LOGS_METHOD,
+            logs_request,
+            m.exporter_sent_log_records.labels(cid),
+            m.exporter_send_failed_log_records.labels(cid),
+            m.counter(
+                "otelcol_exporter_enqueue_failed_log_records",
+                "Log records (scores) dropped because the exporter's queue was full.",
+                ["exporter"],
+            ).labels(cid),
+        )
+        self.spans = _Queue(
+            "spans",
+            TRACES_METHOD,
+            traces_request,
+            m.exporter_sent_spans.labels(cid),
+            m.exporter_send_failed_spans.labels(cid),
+            m.counter(
+                "otelcol_exporter_enqueue_failed_spans",
+                "Spans dropped because the exporter's queue was full.",
+                ["exporter"],
+            ).labels(cid),
+        )
+        self._queues = (self.scores, self.spans)
+        self._sender: _GrpcSender | _HttpSender | None = None
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._deadline = float("inf")  # when shutdown stops sending
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def held(self) -> int:
+        return len(self.scores.items) + len(self.spans.items)
+
+    async def start(self) -> None:
+        c = self._config
+        self._sender = _GrpcSender(c) if c.protocol == "grpc" else _HttpSender(c)
+        self._task = asyncio.create_task(self._send_loop())
+
+    def _enqueue(self, queue: _Queue, items: list[Any]) -> None:
+        if self._stopping:
+            queue.dropped.inc(len(items))
+            return
+        queue.items.extend(items)
+        over = self.held - self._config.queue_size
+        if over > 0:
+            # drop the oldest: scores are most useful fresh, and ingest must never wait for the backend
+            for q in self._queues:
+                n = min(over, len(q.items))
+                for _ in range(n):
+                    q.items.popleft()
+                q.dropped.inc(n)
+                over -= n
+            self._log.warning("otlp export queue full; dropped the oldest items", extra={"queue": self.held})
+        self._queue_gauge.set(self.held)
+        if len(queue.items) >= self._config.batch_size:
+            self._wake.set()
+
+    async def consume(self, batch: SpanBatch) -> None:
+        if batch.unit == "session" or batch.revision:
+            # a session's spans were forwarded as their traces completed; a revision only adds canonical
+            # fields to spans already forwarded, and their OTLP fields are unchanged
+            return
+        spans = [s for s in batch.spans if s.sampled]
+        if spans:
+            self._enqueue(self.spans, spans)
+
+    async def consume_scores(self, batch: ScoreBatch) -> None:
+        if batch.scores:
+            self._enqueue(self.scores, list(batch.scores))
+
+    async def _send_loop(self) -> None:
+        while True:
+            if not self._stopping:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=self._config.flush_interval)
+                except TimeoutError:
+                    pass
+            self._wake.clear()
+            while any(q.items for q in self._queues):
+                for queue in self._queues:
+                    if not queue.items:
+                        continue
+                    n = min(self._config.batch_size, len(queue.items))
+                    chunk = [queue.items.popleft() for _ in range(n)]
+                    await self._send(queue, chunk)
+                    self._queue_gauge.set(self.held)
+                if self._stopping and time.monotonic() >= self._deadline:
+                    for queue in self._queues:
+                        if queue.items:
+                            queue.failed.inc(len(queue.items))
+                            self._log.error(
+                                f"shutdown timeout: dropping {queue.kind} not yet sent",
+                                extra={"count": len(queue.items), "endpoint": self._config.endpoint},
+                            )
+                            queue.items.clear()
+                    self._queue_gauge.set(0)
+            if self._stopping:
+                return
+
+    async def _send(self, queue: _Queue, chunk: list[Any]) -> None:
+        assert self._sender is not None
+        try:
+            body = queue.encode(chunk).SerializeToString()
+        except Exception as e:  # e.g. an id that is not hex: the batch can never be sent, the loop must live
+            queue.failed.inc(len(chunk))
+            self._log.error(
+                f"cannot encode {queue.kind} as OTLP; dropped", extra={"count": len(chunk), "error": str(e)}
+            )
+            return
+        retry = self._config.retry_on_failure
+        started = time.monotonic()
+        delay = retry.initial_interval
+        while True:
+            try:
+                await self._sender.send(queue.method, body)
+                queue.sent.inc(len(chunk))
+                return
+            except SendFailed as e:
+                failure = e
+            except Exception as e:  # a transport bug must not kill the sender task
+                failure = SendFailed(f"{type(e).__name__}: {e}", retryable=True)
+            wait = failure.retry_after if failure.retry_after is not None else delay * random.uniform(0.8, 1.2)
+            now = time.monotonic()
+            if (
+                not failure.retryable
+                or not retry.enabled
+                or now - started + wait > retry.max_elapsed_time
+                or now + wait > self._deadline
+            ):
+                queue.failed.inc(len(chunk))
+                self._log.error(
+                    f"dropping {queue.kind} the OTLP backend would not take",
+                    extra={
+                        "count": len(chunk),
+                        "error": str(failure),
+                        "retryable": failure.retryable,
+                        "endpoint": self._config.endpoint,
+                    },
+                )
+                return
+            self._log.warning(
+                f"exporting {queue.kind} failed; retrying",
+                extra={"error": str(failure), "retry_in_s": round(wait, 2)},
+            )
+            await asyncio.sleep(wait)
+            delay = min(delay * 2, retry.max_interval)
+
+    async def shutdown(self) -> None:
+        """Stop taking work and send what is queued, for at most `shutdown_timeout`."""
+        self._stopping = True
+        self._deadline = time.monotonic() + self._config.shutdown_timeout
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout=self._config.shutdown_timeout + self._config.timeout + 1)
+            except TimeoutError:
+                self._log.error("otlp exporter did not drain in time", extra={"endpoint": self._config.endpoint})
+        if self._sender is not None:
+            await self._sender.close()

@@ -1,0 +1,266 @@
+"""The `prometheus` exporter: scores as Prometheus metrics on an endpoint of their own, with trace exemplars."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_asgi_app
+from prometheus_client.core import GaugeMetricFamily, Metric
+from pydantic import Field, field_validator
+
+from evalsi.component import ComponentConfig, Refused, Settings, exporter
+from evalsi.duration import Duration
+from evalsi.policies.intervals import t_interval, wilson_interval
+from evalsi.score import Score, ScoreBatch
+from evalsi.serving import AsgiServer, parse_endpoint
+
+CONFIDENCE = 0.95
+SERIES = ["policy", "evaluator", "name"]
+# scores are mostly 0..1; the wide buckets keep counts and latencies in ms from landing all in +Inf
+DEFAULT_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 10.0, 100.0, 1_000.0, 10_000.0)
+
+
+class PrometheusConfig(ComponentConfig):
+    endpoint: str = "127.0.0.1:9464"
+    window: Duration = 300.0
+    max_series: int = Field(default=10_000, gt=0)
+    buckets: tuple[float, ...] = DEFAULT_BUCKETS
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        parse_endpoint(v)  # raises naming the endpoint
+        return v
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("window must be longer than 0s, e.g. 5m")
+        return v
+
+    @field_validator("buckets")
+    @classmethod
+    def _buckets(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if not v or list(v) != sorted(set(v)):
+            raise ValueError("buckets must be a non-empty list of increasing upper bounds")
+        return v
+
+
+@dataclass(slots=True)
+class _Window:
+    """One series' scored outcomes in one tumbling window: Welford mean and variance of values, pass counts."""
+
+    start: float
+    value_n: int = 0
+    value_mean: float = 0.0
+    m2: float = 0.0
+    pass_n: int = 0
+    passed: int = 0
+
+    def add(self, score: Score) -> None:
+        value = score.value
+        if value is not None and math.isfinite(value):
+            self.value_n += 1
+            delta = value - self.value_mean
+            self.value_mean += delta / self.value_n
+            self.m2 += delta * (value - self.value_mean)
+        if score.passed is not None:
+            self.pass_n += 1
+            self.passed += bool(score.passed)
+
+    def summary(self) -> tuple[int, float | None, tuple[float, float] | None]:
+        """n, mean and interval: the mean value with a t interval when the score has values, else the pass rate
+        with a Wilson interval (as the policy windows do)."""
+        if self.value_n:
+            sd = math.sqrt(self.m2 / (self.value_n - 1)) if self.value_n > 1 else 0.0
+            return self.value_n, self.value_mean, t_interval(self.value_mean, sd, self.value_n, CONFIDENCE)
+        if self.pass_n:
+            return self.pass_n, self.passed / self.pass_n, wilson_interval(self.passed, self.pass_n, CONFIDENCE)
+        return 0, None, None
+
+
+class _WindowCollector:
+    """Exposes every series' current window at scrape time; a series whose window has closed reports n=0."""
+
+    def __init__(self, owner: PrometheusExporter) -> None:
+        self._owner = owner
+
+    def collect(self) -> Iterator[Metric]:
+        mean = GaugeMetricFamily(
+            "evalsi_policy_window_mean", "Mean score value (or pass rate) in the current window.", labels=SERIES
+        )
+        lower = GaugeMetricFamily(
+            "evalsi_policy_window_lower",
+            "Lower bound of the 95% interval of the window mean (t for values, Wilson for pass rates).",
+            labels=SERIES,
+        )
+        upper = GaugeMetricFamily(
+            "evalsi_policy_window_upper",
+            "Upper bound of the 95% interval of the window mean (t for values, Wilson for pass rates).",
+            labels=SERIES,
+        )
+        count = GaugeMetricFamily(
+            "evalsi_policy_window_n", "Scored outcomes counted in the current window.", labels=SERIES
+        )
+        owner = self._owner
+        current = owner.window_start(owner.clock())
+        with owner.lock:
+            windows = list(owner.windows.items())
+        for key, window in windows:
+            labels = list(key)
+            if window.start != current:
+                count.add_metric(labels, 0)
+                continue
+            n, m, interval = window.summary()
+            count.add_metric(labels, n)
+            if m is not None:
+                mean.add_metric(labels, m)
+            if interval is not None:
+                lower.add_metric(labels, interval[0])
+                upper.add_metric(labels, interval[1])
+        yield from (mean, lower, upper, count)
+
+
+@exporter("prometheus", config=PrometheusConfig, signals=("scores",))
+class PrometheusExporter:
+    """Each score updates in-memory metrics as it arrives (no I/O, so no queue: ingest never waits on a scrape);
+    Prometheus scrapes them from `endpoint`. Label sets are (policy, evaluator, name), at most `max_series`."""
+
+    def __init__(self, config: PrometheusConfig, settings: Settings) -> None:
+        self._config = config
+        self._log = settings.logger
+        m, cid = settings.metrics, settings.id
+        self._sent = m.counter("evalsi_exporter_sent_scores", "Scores the exporter delivered.", ["exporter"]).labels(
+            cid
+        )
+        self._failed = m.counter(
+            "evalsi_exporter_send_failed_scores", "Scores the exporter gave up on.", ["exporter"]
+        ).labels(cid)
+        self.clock: Callable[[], float] = time.time
+        self.lock = threading.Lock()
+        self.windows: dict[tuple[str, str, str], _Window] = {}
+        self._series: set[tuple[str, str, str]] = set()
+        self._stopping = False
+        self._server: AsgiServer | None = None
+        self.endpoint = config.endpoint
+
+        r = self.registry = CollectorRegistry()
+        outcome_labels = [*SERIES, "outcome"]
+        self._scores = Counter(
+            "evalsi_scores", "Scores by outcome (scored, skipped, error).", outcome_labels, registry=r
+        )
+        self._value = Histogram(
+            "evalsi_score_value", "Values of scored outcomes; exemplars carry the trace.", SERIES,
+            buckets=config.buckets, registry=r,
+        )  # fmt: skip
+        self._passed = Counter("evalsi_score_passed", "Scored outcomes that passed.", SERIES, registry=r)
+        self._failed_scores = Counter("evalsi_score_failed", "Scored outcomes that failed.", SERIES, registry=r)
+        judge = ["policy", "evaluator"]
+        self._judge_tokens = Counter("evalsi_judge_tokens", "Tokens judges used (input + output).", judge, registry=r)
+        self._judge_cost = Counter("evalsi_judge_cost_usd", "USD spent on judges.", judge, registry=r)
+        self._budget = Counter(
+            "evalsi_judge_budget_exhausted", "Judgments skipped because a judge budget was spent.", judge, registry=r
+        )
+        self._dropped = Counter(
+            "evalsi_prometheus_series_dropped",
+            "Scores not recorded because their (policy, evaluator, name) would pass max_series.",
+            registry=r,
+        )
+        r.register(_WindowCollector(self))  # type: ignore[arg-type]
+
+    def window_start(self, now: float) -> float:
+        w = self._config.window
+        return math.floor(now / w) * w
+
+    async def start(self) -> None:
+        app = make_asgi_app(self.registry)
+
+        async def metrics_only(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope.get("type") == "http" and scope.get("path") == "/metrics":
+                await app(scope, receive, send)
+                return
+            await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"scrape /metrics\n"})
+
+        self._server = AsgiServer(metrics_only, self._config.endpoint)
+        self.endpoint = self._server.endpoint
+        await self._server.start()
+        self._log.info("prometheus exporter listening", extra={"endpoint": self.endpoint})
+
+    async def consume_scores(self, batch: ScoreBatch) -> None:
+        if self._stopping:
+            raise Refused("the collector is shutting down", unavailable=True, retry_after=5)
+        recorded = dropped = 0
+        now = self.clock()
+        for score in batch:
+            if self._record(score, now):
+                recorded += 1
+            else:
+                dropped += 1
+        if recorded:
+            self._sent.inc(recorded)
+        if dropped:
+            self._failed.inc(dropped)
+            self._dropped.inc(dropped)
+
+    def _record(self, score: Score, now: float) -> bool:
+        key = (score.policy, score.evaluator, score.name)
+        if key not in self._series:
+            if len(self._series) >= self._config.max_series:
+                return False
+            self._series.add(key)
+        self._scores.labels(*key, score.outcome).inc()
+        if score.source == "llm_judge":
+            judge = (score.policy, score.evaluator)
+            if score.judge_cost_usd:
+                self._judge_cost.labels(*judge).inc(score.judge_cost_usd)
+            tokens = _tokens(score.metadata)
+            if tokens:
+                self._judge_tokens.labels(*judge).inc(tokens)
+        if score.outcome == "skipped" and score.reason == "budget exhausted":
+            self._budget.labels(score.policy, score.evaluator).inc()
+        if score.outcome != "scored":
+            return True  # only scored outcomes count in values, verdicts and windows
+        if score.value is not None and math.isfinite(score.value):
+            self._value.labels(*key).observe(score.value, exemplar=_exemplar(score))
+        if score.passed is not None:
+            (self._passed if score.passed else self._failed_scores).labels(*key).inc()
+        start = self.window_start(now)
+        with self.lock:
+            window = self.windows.get(key)
+            if window is None or window.start != start:
+                window = self.windows[key] = _Window(start)
+            window.add(score)
+        return True
+
+    async def shutdown(self) -> None:
+        """Nothing is held between scores; stop serving the endpoint."""
+        self._stopping = True
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
+
+
+def _tokens(metadata: dict[str, Any]) -> int:
+    total = 0
+    for key in ("input_tokens", "output_tokens"):
+        value = metadata.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            total += int(value)
+    return total
+
+
+def _exemplar(score: Score) -> dict[str, str] | None:
+    """The trace (and span) a value came from; OpenMetrics caps an exemplar's labels at 128 characters."""
+    exemplar = {"trace_id": score.trace_id}
+    if score.span_id:
+        exemplar["span_id"] = score.span_id
+    if not score.trace_id or sum(len(k) + len(v) for k, v in exemplar.items()) > 128:
+        return None
+    return exemplar
