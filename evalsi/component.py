@@ -168,4 +168,5 @@ def load_builtin_components() -> None:
     """Import the built-in component modules so their registry lines run."""
     import evalsi.exporters
     import evalsi.processors
-    import evalsi.receivers  # noqa: F401
+    import evalsi.receivers
+    import evalsi.writeback  # noqa: F401

@@ -1,0 +1,297 @@
+"""The `langfuse` exporter: writes scores to Langfuse's public API (`POST /api/public/scores`), one idempotent id each.
+
+Delivery: `consume_scores` only appends to a bounded in-memory queue; when it is full the OLDEST scores are dropped
+and counted, so ingest never waits on Langfuse. A background task sends up to `batch_size` scores at a time (the
+API takes one score per request, so a batch is that many requests in flight on one keep-alive client), retrying
+429/502/503/504 and network errors with exponential backoff and jitter, honouring `Retry-After`; other 4xx are
+permanent: logged, counted, dropped. Each score's `id` is derived from `Score.key`, so a retry or a replay upserts
+the same Langfuse score instead of adding one. Only `scored` outcomes are sent: skipped and error verdicts are not
+scores in Langfuse's model; they are counted in `evalsi_exporter_scores_not_sent`.
+
+Plain httpx, not the langfuse SDK: the SDK registers its own global tracer provider and drops scores for traces it
+did not sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import random
+import re
+import time
+import uuid
+from collections import deque
+from typing import Any, Literal
+
+import httpx
+from pydantic import Field, field_validator
+
+from evalsi.component import ComponentConfig, Settings, exporter
+from evalsi.duration import Duration
+from evalsi.exporters.otlp import RETRYABLE_HTTP, RetryConfig, SendFailed, _retry_after
+from evalsi.score import Score, ScoreBatch
+
+SCORES_PATH = "/api/public/scores"
+# a fixed namespace so the same Score.key always gives the same Langfuse score id, in any process
+SCORE_ID_NAMESPACE = uuid.UUID("5b0f7c1e-3f7a-5d4e-9a51-6c1a2f0e8d47")
+DataType = Literal["NUMERIC", "BOOLEAN", "CATEGORICAL"]
+_TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
+_SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
+
+
+class LangfuseConfig(ComponentConfig):
+    host: str  # e.g. http://langfuse:3000 or https://cloud.langfuse.com
+    public_key: str  # usually `env:LANGFUSE_PUBLIC_KEY`
+    secret_key: str  # usually `env:LANGFUSE_SECRET_KEY`
+    timeout: Duration = 10.0
+    queue_size: int = Field(default=10_000, gt=0)
+    # scores in flight at once (one request each)
+    batch_size: int = Field(default=50, gt=0)
+    # how long a partial batch waits for more before it is sent
+    flush_interval: Duration = 0.2
+    # how long shutdown keeps sending what is queued before it drops the rest
+    shutdown_timeout: Duration = 10.0
+    retry_on_failure: RetryConfig = RetryConfig()
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")) or v.endswith("://"):
+            raise ValueError(f"unsupported host {v!r}: use http://host:port or https://host")
+        return v.rstrip("/")
+
+    @field_validator("public_key", "secret_key")
+    @classmethod
+    def _key(cls, v: str) -> str:
+        if not v:
+            raise ValueError("empty: set it, usually as `env:VAR` (the project's API keys in Langfuse settings)")
+        return v
+
+
+def score_id(score: Score) -> str:
+    """The Langfuse score id for this verdict: a UUID5 of its idempotency key, the same on every retry and replay."""
+    return str(uuid.uuid5(SCORE_ID_NAMESPACE, "\x1f".join(str(part) for part in score.key)))
+
+
+def not_sendable(score: Score) -> str | None:
+    """Why this score is not written to Langfuse, or None when it is."""
+    if score.outcome != "scored":
+        return score.outcome
+    if score.value is None and score.passed is None and score.label is None:
+        return "no value"
+    if not score.trace_id and not score.session_id:
+        return "no trace or session"
+    return None
+
+
+def score_body(score: Score) -> dict[str, Any]:
+    """The `CreateScoreRequest` JSON for a scored verdict. Raises ValueError on ids Langfuse cannot link."""
+    data_type: DataType
+    value: float | str
+    if score.value is not None:
+        data_type, value = "NUMERIC", float(score.value)
+    elif score.passed is not None:
+        data_type, value = "BOOLEAN", 1 if score.passed else 0
+    else:
+        data_type, value = "CATEGORICAL", str(score.label)
+    body: dict[str, Any] = {"id": score_id(score), "name": score.name, "value": value, "dataType": data_type}
+    if score.trace_id:
+        trace_id = score.trace_id.lower()
+        if not _TRACE_ID.match(trace_id):
+            raise ValueError(f"trace id {score.trace_id!r} is not 32 hex digits")
+        body["traceId"] = trace_id
+        if score.span_id:
+            span_id = score.span_id.lower()
+            if not _SPAN_ID.match(span_id):
+                raise ValueError(f"span id {score.span_id!r} is not 16 hex digits")
+            body["observationId"] = span_id
+    else:
+        body["sessionId"] = score.session_id
+    if score.explanation:
+        body["comment"] = score.explanation
+    metadata: dict[str, Any] = {
+        "policy": score.policy,
+        "evaluator": score.evaluator,
+        "evaluator_version": score.evaluator_version,
+        "outcome": score.outcome,
+        "reason": score.reason,
+        "source": score.source,
+    }
+    if score.label is not None and data_type != "CATEGORICAL":
+        metadata["label"] = score.label
+    if score.passed is not None and data_type != "BOOLEAN":
+        metadata["passed"] = score.passed
+    if score.run_id:
+        metadata["run_id"], metadata["trial"] = score.run_id, score.trial
+    body["metadata"] = metadata
+    ts = datetime.datetime.fromtimestamp(score.timestamp_unix_nano / 1e9, tz=datetime.UTC)
+    body["timestamp"] = ts.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return body
+
+
+@exporter("langfuse", config=LangfuseConfig, signals=("scores",))
+class LangfuseExporter:
+    def __init__(self, config: LangfuseConfig, settings: Settings) -> None:
+        self._config = config
+        self._log = settings.logger
+        m, cid = settings.metrics, settings.id
+        self._queue_gauge = m.exporter_queue_size.labels(cid)
+        m.exporter_queue_capacity.labels(cid).set(config.queue_size)
+        self._sent = m.counter("otelcol_exporter_sent_scores", "Scores the backend accepted.", ["exporter"]).labels(cid)
+        self._failed = m.counter(
+            "otelcol_exporter_send_failed_scores",
+            "Scores dropped after a permanent failure or when retries ran out.",
+            ["exporter"],
+        ).labels(cid)
+        self._dropped = m.counter(
+            "otelcol_exporter_enqueue_failed_scores",
+            "Scores dropped because the exporter's queue was full or it was shutting down.",
+            ["exporter"],
+        ).labels(cid)
+        self._not_sent = m.counter(
+            "evalsi_exporter_scores_not_sent",
+            "Scores the exporter does not write by design (skipped or error outcomes, no value, no trace).",
+            ["exporter", "reason"],
+        )
+        self._cid = cid
+        self._items: deque[dict[str, Any]] = deque()
+        self._client: httpx.AsyncClient | None = None
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._deadline = float("inf")  # when shutdown stops sending
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def held(self) -> int:
+        return len(self._items)
+
+    async def start(self) -> None:
+        c = self._config
+        self._client = httpx.AsyncClient(
+            base_url=c.host,
+            auth=(c.public_key, c.secret_key),
+            timeout=c.timeout,
+            headers={"Accept": "application/json"},
+            limits=httpx.Limits(max_connections=c.batch_size, max_keepalive_connections=c.batch_size),
+        )
+        self._task = asyncio.create_task(self._send_loop())
+
+    async def consume_scores(self, batch: ScoreBatch) -> None:
+        bodies: list[dict[str, Any]] = []
+        for score in batch:
+            reason = not_sendable(score)
+            if reason is not None:
+                self._not_sent.labels(self._cid, reason).inc()
+                continue
+            try:
+                bodies.append(score_body(score))
+            except ValueError as e:  # cannot ever be linked in Langfuse; counting beats a 400 later
+                self._failed.inc()
+                self._log.error("score not sent to Langfuse", extra={"error": str(e), "score": score.name})
+        if not bodies:
+            return
+        if self._stopping:
+            self._dropped.inc(len(bodies))
+            return
+        self._items.extend(bodies)
+        over = len(self._items) - self._config.queue_size
+        if over > 0:
+            # drop the oldest: ingest must never wait for Langfuse, and fresh verdicts matter most
+            for _ in range(over):
+                self._items.popleft()
+            self._dropped.inc(over)
+            self._log.warning("langfuse export queue full; dropped the oldest scores", extra={"dropped": over})
+        self._queue_gauge.set(self.held)
+        if len(self._items) >= self._config.batch_size:
+            self._wake.set()
+
+    async def _send_loop(self) -> None:
+        while True:
+            if not self._stopping:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=self._config.flush_interval)
+                except TimeoutError:
+                    pass
+            self._wake.clear()
+            while self._items:
+                n = min(self._config.batch_size, len(self._items))
+                chunk = [self._items.popleft() for _ in range(n)]
+                await asyncio.gather(*(self._send(body) for body in chunk))
+                self._queue_gauge.set(self.held)
+                if self._stopping and time.monotonic() >= self._deadline and self._items:
+                    self._failed.inc(len(self._items))
+                    self._log.error(
+                        "shutdown timeout: dropping scores not yet sent to Langfuse",
+                        extra={"count": len(self._items), "host": self._config.host},
+                    )
+                    self._items.clear()
+                    self._queue_gauge.set(0)
+            if self._stopping:
+                return
+
+    async def _post(self, body: dict[str, Any]) -> None:
+        assert self._client is not None
+        try:
+            resp = await self._client.post(SCORES_PATH, json=body)
+        except httpx.HTTPError as e:
+            raise SendFailed(f"POST {SCORES_PATH}: {type(e).__name__}: {e}", retryable=True) from None
+        if resp.status_code < 300:
+            return
+        retryable = resp.status_code in RETRYABLE_HTTP
+        raise SendFailed(
+            f"POST {SCORES_PATH}: HTTP {resp.status_code} {resp.text[:200]}",
+            retryable=retryable,
+            retry_after=_retry_after(resp.headers.get("retry-after")) if retryable else None,
+        )
+
+    async def _send(self, body: dict[str, Any]) -> None:
+        retry = self._config.retry_on_failure
+        started = time.monotonic()
+        delay = retry.initial_interval
+        while True:
+            try:
+                await self._post(body)
+                self._sent.inc()
+                return
+            except SendFailed as e:
+                failure = e
+            except Exception as e:  # a client bug must not kill the sender task
+                failure = SendFailed(f"{type(e).__name__}: {e}", retryable=True)
+            wait = failure.retry_after if failure.retry_after is not None else delay * random.uniform(0.8, 1.2)
+            now = time.monotonic()
+            if (
+                not failure.retryable
+                or not retry.enabled
+                or now - started + wait > retry.max_elapsed_time
+                or now + wait > self._deadline
+            ):
+                self._failed.inc()
+                self._log.error(
+                    "dropping a score Langfuse would not take",
+                    extra={
+                        "error": str(failure),
+                        "retryable": failure.retryable,
+                        "score_id": body["id"],
+                        "host": self._config.host,
+                    },
+                )
+                return
+            self._log.warning(
+                "sending a score to Langfuse failed; retrying",
+                extra={"error": str(failure), "retry_in_s": round(wait, 2)},
+            )
+            await asyncio.sleep(wait)
+            delay = min(delay * 2, retry.max_interval)
+
+    async def shutdown(self) -> None:
+        """Stop taking scores and send what is queued, for at most `shutdown_timeout`."""
+        self._stopping = True
+        self._deadline = time.monotonic() + self._config.shutdown_timeout
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout=self._config.shutdown_timeout + self._config.timeout + 1)
+            except TimeoutError:
+                self._log.error("langfuse exporter did not drain in time", extra={"host": self._config.host})
+        if self._client is not None:
+            await self._client.aclose()
