@@ -9,9 +9,7 @@ jitter (honouring `Retry-After` / `RetryInfo`); permanent failures are logged, c
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import gzip
-import random
 import time
 from collections import deque
 from collections.abc import Callable
@@ -26,13 +24,13 @@ from pydantic import Field, field_validator
 
 from evalsi.component import ComponentConfig, Settings, exporter
 from evalsi.duration import Duration
+from evalsi.exporters.delivery import RETRYABLE_HTTP, RetryConfig, SendFailed, deliver, retry_after
 from evalsi.exporters.otlp_encode import logs_request, traces_request
 from evalsi.score import ScoreBatch
 from evalsi.span import SpanBatch
 
 LOGS_METHOD = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
 TRACES_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
-RETRYABLE_HTTP = {429, 502, 503, 504}
 # the OTLP spec's retryable codes; RESOURCE_EXHAUSTED only when the server says when to come back (RetryInfo)
 RETRYABLE_GRPC = {
     grpc.StatusCode.CANCELLED,
@@ -42,13 +40,6 @@ RETRYABLE_GRPC = {
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DATA_LOSS,
 }
-
-
-class RetryConfig(ComponentConfig):
-    enabled: bool = True
-    initial_interval: Duration = 5.0
-    max_interval: Duration = 30.0
-    max_elapsed_time: Duration = 300.0
 
 
 class TlsConfig(ComponentConfig):
@@ -84,15 +75,6 @@ class OtlpExporterConfig(ComponentConfig):
         if self.tls.insecure is None:
             return not self.endpoint.startswith("https://")
         return self.tls.insecure
-
-
-class SendFailed(Exception):
-    """One export attempt failed; `retryable` says whether trying again may help, `retry_after` when."""
-
-    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retryable = retryable
-        self.retry_after = retry_after
 
 
 # --- transports -----------------------------------------------------------------------------------
@@ -171,21 +153,11 @@ class _HttpSender:
         raise SendFailed(
             f"POST {url}: HTTP {resp.status_code} {resp.text[:200]}",
             retryable=retryable,
-            retry_after=_retry_after(resp.headers.get("retry-after")) if retryable else None,
+            retry_after=retry_after(resp.headers.get("retry-after")) if retryable else None,
         )
 
     async def close(self) -> None:
         await self._client.aclose()
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        when = email.utils.parsedate_to_datetime(value)
-        return max(0.0, when.timestamp() - time.time()) if when else None
 
 
 # --- the exporter ---------------------------------------------------------------------------------
@@ -323,43 +295,16 @@ class OtlpExporter:
                 f"cannot encode {queue.kind} as OTLP; dropped", extra={"count": len(chunk), "error": str(e)}
             )
             return
-        retry = self._config.retry_on_failure
-        started = time.monotonic()
-        delay = retry.initial_interval
-        while True:
-            try:
-                await self._sender.send(queue.method, body)
-                queue.sent.inc(len(chunk))
-                return
-            except SendFailed as e:
-                failure = e
-            except Exception as e:  # a transport bug must not kill the sender task
-                failure = SendFailed(f"{type(e).__name__}: {e}", retryable=True)
-            wait = failure.retry_after if failure.retry_after is not None else delay * random.uniform(0.8, 1.2)
-            now = time.monotonic()
-            if (
-                not failure.retryable
-                or not retry.enabled
-                or now - started + wait > retry.max_elapsed_time
-                or now + wait > self._deadline
-            ):
-                queue.failed.inc(len(chunk))
-                self._log.error(
-                    f"dropping {queue.kind} the OTLP backend would not take",
-                    extra={
-                        "count": len(chunk),
-                        "error": str(failure),
-                        "retryable": failure.retryable,
-                        "endpoint": self._config.endpoint,
-                    },
-                )
-                return
-            self._log.warning(
-                f"exporting {queue.kind} failed; retrying",
-                extra={"error": str(failure), "retry_in_s": round(wait, 2)},
-            )
-            await asyncio.sleep(wait)
-            delay = min(delay * 2, retry.max_interval)
+        sender = self._sender
+        delivered = await deliver(
+            lambda: sender.send(queue.method, body),
+            self._config.retry_on_failure,
+            log=self._log,
+            what=queue.kind,
+            deadline=lambda: self._deadline,
+            extra={"count": len(chunk), "endpoint": self._config.endpoint},
+        )
+        (queue.sent if delivered else queue.failed).inc(len(chunk))
 
     async def shutdown(self) -> None:
         """Stop taking work and send what is queued, for at most `shutdown_timeout`."""

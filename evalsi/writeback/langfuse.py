@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import random
 import re
 import time
 import uuid
@@ -28,7 +27,7 @@ from pydantic import Field, field_validator
 
 from evalsi.component import ComponentConfig, Settings, exporter
 from evalsi.duration import Duration
-from evalsi.exporters.otlp import RETRYABLE_HTTP, RetryConfig, SendFailed, _retry_after
+from evalsi.exporters.delivery import RETRYABLE_HTTP, RetryConfig, SendFailed, deliver, retry_after
 from evalsi.score import Score, ScoreBatch
 
 SCORES_PATH = "/api/public/scores"
@@ -241,47 +240,19 @@ class LangfuseExporter:
         raise SendFailed(
             f"POST {SCORES_PATH}: HTTP {resp.status_code} {resp.text[:200]}",
             retryable=retryable,
-            retry_after=_retry_after(resp.headers.get("retry-after")) if retryable else None,
+            retry_after=retry_after(resp.headers.get("retry-after")) if retryable else None,
         )
 
     async def _send(self, body: dict[str, Any]) -> None:
-        retry = self._config.retry_on_failure
-        started = time.monotonic()
-        delay = retry.initial_interval
-        while True:
-            try:
-                await self._post(body)
-                self._sent.inc()
-                return
-            except SendFailed as e:
-                failure = e
-            except Exception as e:  # a client bug must not kill the sender task
-                failure = SendFailed(f"{type(e).__name__}: {e}", retryable=True)
-            wait = failure.retry_after if failure.retry_after is not None else delay * random.uniform(0.8, 1.2)
-            now = time.monotonic()
-            if (
-                not failure.retryable
-                or not retry.enabled
-                or now - started + wait > retry.max_elapsed_time
-                or now + wait > self._deadline
-            ):
-                self._failed.inc()
-                self._log.error(
-                    "dropping a score Langfuse would not take",
-                    extra={
-                        "error": str(failure),
-                        "retryable": failure.retryable,
-                        "score_id": body["id"],
-                        "host": self._config.host,
-                    },
-                )
-                return
-            self._log.warning(
-                "sending a score to Langfuse failed; retrying",
-                extra={"error": str(failure), "retry_in_s": round(wait, 2)},
-            )
-            await asyncio.sleep(wait)
-            delay = min(delay * 2, retry.max_interval)
+        delivered = await deliver(
+            lambda: self._post(body),
+            self._config.retry_on_failure,
+            log=self._log,
+            what="a score",
+            deadline=lambda: self._deadline,
+            extra={"score_id": body["id"], "host": self._config.host},
+        )
+        (self._sent if delivered else self._failed).inc()
 
     async def shutdown(self) -> None:
         """Stop taking scores and send what is queued, for at most `shutdown_timeout`."""

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,16 +13,10 @@ from evalsi.component import ComponentConfig, Refused, Settings, exporter
 from evalsi.duration import Duration
 from evalsi.exporters.clickhouse.backend import StoreError, open_backend
 from evalsi.exporters.clickhouse.store import TraceStore
+from evalsi.exporters.delivery import RetryConfig, deliver
 from evalsi.log_record import LogBatch
 from evalsi.score import ScoreBatch
 from evalsi.span import SpanBatch
-
-
-class RetryConfig(ComponentConfig):
-    enabled: bool = True
-    initial_interval: Duration = 1.0
-    max_interval: Duration = 30.0
-    max_elapsed_time: Duration = 300.0
 
 
 class ClickHouseConfig(ComponentConfig):
@@ -42,7 +34,7 @@ class ClickHouseConfig(ComponentConfig):
     flush_interval: Duration = 1.0
     batch_size: int = Field(default=20_000, gt=0)
     queue_size: int = Field(default=500_000, gt=0)
-    retry_on_failure: RetryConfig = RetryConfig()
+    retry_on_failure: RetryConfig = RetryConfig(initial_interval=1.0)
 
     @field_validator("endpoint")
     @classmethod
@@ -181,29 +173,14 @@ class ClickHouseExporter:
 
     async def _write(self, queue: _Queue, chunk: list[Any]) -> None:
         assert self.store is not None
-        retry = self._config.retry_on_failure
-        started = time.monotonic()
-        delay = retry.initial_interval
-        while True:
-            try:
-                await asyncio.to_thread(queue.write, chunk)
-                queue.sent.inc(len(chunk))
-                return
-            except Exception as e:
-                elapsed = time.monotonic() - started
-                if not retry.enabled or elapsed + delay > retry.max_elapsed_time:
-                    queue.failed.inc(len(chunk))
-                    self._log.error(
-                        f"dropping {queue.kind} the store would not take",
-                        extra={"count": len(chunk), "error": str(e), "store": self.store.description},
-                    )
-                    return
-                self._log.warning(
-                    f"writing {queue.kind} failed; retrying",
-                    extra={"error": str(e), "retry_in_s": round(delay, 2)},
-                )
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 1.5, retry.max_interval)
+        delivered = await deliver(
+            lambda: asyncio.to_thread(queue.write, chunk),
+            self._config.retry_on_failure,
+            log=self._log,
+            what=queue.kind,
+            extra={"count": len(chunk), "store": self.store.description},
+        )
+        (queue.sent if delivered else queue.failed).inc(len(chunk))
 
     async def shutdown(self) -> None:
         self._stopping = True

@@ -1,0 +1,89 @@
+"""Delivery to a backend: the retry config, a failed attempt, and the one retry loop every exporter uses
+(exponential backoff with jitter, honouring a server's Retry-After, bounded by time and by shutdown)."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from evalsi.component import ComponentConfig
+from evalsi.duration import Duration
+
+# the OTLP spec's retryable HTTP statuses, which Langfuse and most HTTP APIs share
+RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
+
+
+class RetryConfig(ComponentConfig):
+    enabled: bool = True
+    initial_interval: Duration = 5.0
+    max_interval: Duration = 30.0
+    max_elapsed_time: Duration = 300.0
+
+
+class SendFailed(Exception):
+    """One attempt failed; `retryable` says whether trying again may help, `retry_after` when."""
+
+    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+def retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), None when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        return max(0.0, when.timestamp() - time.time()) if when else None
+
+
+async def deliver(
+    attempt: Callable[[], Awaitable[None]],
+    retry: RetryConfig,
+    *,
+    log: logging.Logger,
+    what: str,
+    deadline: Callable[[], float] = lambda: float("inf"),
+    extra: dict[str, Any] | None = None,
+) -> bool:
+    """Run `attempt` until it succeeds (True) or the failure is permanent, retries are off, `max_elapsed_time`
+    would pass, or the next wait would end after `deadline()` (a monotonic time; shutdown sets it) — then log
+    and return False for the caller to count. Any other exception counts as a retryable failure: a backend's
+    or client's bug must not kill the sender task."""
+    started = time.monotonic()
+    delay = retry.initial_interval
+    while True:
+        try:
+            await attempt()
+            return True
+        except SendFailed as e:
+            failure = e
+        except Exception as e:
+            failure = SendFailed(f"{type(e).__name__}: {e}", retryable=True)
+        wait = failure.retry_after if failure.retry_after is not None else delay * random.uniform(0.8, 1.2)
+        now = time.monotonic()
+        if (
+            not failure.retryable
+            or not retry.enabled
+            or now - started + wait > retry.max_elapsed_time
+            or now + wait > deadline()
+        ):
+            log.error(
+                f"dropping {what} the backend would not take",
+                extra={"error": str(failure), "retryable": failure.retryable, **(extra or {})},
+            )
+            return False
+        log.warning(f"sending {what} failed; retrying", extra={"error": str(failure), "retry_in_s": round(wait, 2)})
+        await asyncio.sleep(wait)
+        delay = min(delay * 2, retry.max_interval)
