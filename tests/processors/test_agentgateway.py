@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from captures import any_value
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -22,18 +23,6 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "agentgateway" / "e
 
 
 # --- reading the capture --------------------------------------------------------------------------
-
-
-def any_value(value: dict[str, Any]) -> Any:
-    if "stringValue" in value:
-        return value["stringValue"]
-    if "intValue" in value:
-        return int(value["intValue"])
-    if "doubleValue" in value:
-        return float(value["doubleValue"])
-    if "boolValue" in value:
-        return value["boolValue"]
-    return None
 
 
 def raw_spans() -> dict[str, dict[str, Any]]:

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from captures import normalized_capture
 
 import evalsi.processors.normalize.mlflow  # noqa: F401  (registers the mapper)
 from evalsi.processors.normalize import normalize_span
-from evalsi.receivers.otlp.decode import decode_traces_json, decode_traces_protobuf
 from evalsi.span import Span
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -51,12 +51,7 @@ def raw_spans(scenario: str) -> dict[str, dict[str, Any]]:
 
 
 def normalized(scenario: str, suffix: str) -> list[Span]:
-    body = (FOLDER / f"{scenario}{suffix}").read_bytes()
-    decoded = decode_traces_json(body) if suffix == ".json" else decode_traces_protobuf(body)
-    assert decoded.rejected == 0, decoded.message
-    for span in decoded.batch:
-        normalize_span(span)
-    return decoded.batch.spans
+    return normalized_capture("mlflow", scenario, suffix)
 
 
 def parts(messages: list[dict[str, Any]] | None, kind: str) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from captures import any_value, normalized_capture
 from pydantic import ValidationError
 
 from evalsi.component import REGISTRY, Settings
@@ -24,7 +25,7 @@ from evalsi.processors.normalize.messages import (
     semconv_messages,
     system_message,
 )
-from evalsi.receivers.otlp.decode import decode_traces_json, decode_traces_protobuf
+from evalsi.receivers.otlp.decode import decode_traces_json
 from evalsi.span import Span, SpanBatch, SpanEvent
 from evalsi.telemetry import SelfMetrics
 
@@ -43,29 +44,7 @@ def markers(folder: str, scenario: str) -> dict[str, Any]:
 
 
 def normalized(folder: str, scenario: str, suffix: str = ".json") -> list[Span]:
-    body = (FIXTURES / folder / f"{scenario}{suffix}").read_bytes()
-    decoded = decode_traces_json(body) if suffix == ".json" else decode_traces_protobuf(body)
-    assert decoded.rejected == 0, decoded.message
-    for span in decoded.batch:
-        normalize_span(span)
-    return decoded.batch.spans
-
-
-def any_value(value: dict[str, Any]) -> Any:
-    """An OTLP/JSON AnyValue as plain Python: enough to turn a log record's body into the converter's dict."""
-    if "stringValue" in value:
-        return value["stringValue"]
-    if "intValue" in value:
-        return int(value["intValue"])
-    if "doubleValue" in value:
-        return float(value["doubleValue"])
-    if "boolValue" in value:
-        return value["boolValue"]
-    if "arrayValue" in value:
-        return [any_value(v) for v in value["arrayValue"].get("values", [])]
-    if "kvlistValue" in value:
-        return {kv["key"]: any_value(kv["value"]) for kv in value["kvlistValue"].get("values", [])}
-    return None
+    return normalized_capture(folder, scenario, suffix)
 
 
 def log_events_by_span(scenario: str) -> dict[str, list[tuple[str, Any]]]:

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from captures import any_value, normalized_capture
 
 import evalsi.processors.normalize.openinference  # noqa: F401  (registers the mapper)
 from evalsi.processors.normalize import normalize_span
-from evalsi.receivers.otlp.decode import decode_traces_json, decode_traces_protobuf
 from evalsi.span import Span, SpanEvent
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -23,20 +23,6 @@ KIND_STEP = {"LLM": "llm", "TOOL": "tool", "AGENT": "agent", "EMBEDDING": "embed
 
 
 # --- reading the captures -------------------------------------------------------------------------
-
-
-def any_value(value: dict[str, Any]) -> Any:
-    if "stringValue" in value:
-        return value["stringValue"]
-    if "intValue" in value:
-        return int(value["intValue"])
-    if "doubleValue" in value:
-        return float(value["doubleValue"])
-    if "boolValue" in value:
-        return value["boolValue"]
-    if "arrayValue" in value:
-        return [any_value(v) for v in value["arrayValue"].get("values", [])]
-    return None
 
 
 def raw_spans(scenario: str) -> dict[str, dict[str, Any]]:
@@ -61,12 +47,7 @@ def raw_spans(scenario: str) -> dict[str, dict[str, Any]]:
 
 
 def normalized(scenario: str, suffix: str) -> list[Span]:
-    body = (FOLDER / f"{scenario}{suffix}").read_bytes()
-    decoded = decode_traces_json(body) if suffix == ".json" else decode_traces_protobuf(body)
-    assert decoded.rejected == 0, decoded.message
-    for span in decoded.batch:
-        normalize_span(span)
-    return decoded.batch.spans
+    return normalized_capture("openinference", scenario, suffix)
 
 
 def parts(messages: list[dict[str, Any]] | None, kind: str) -> list[dict[str, Any]]:

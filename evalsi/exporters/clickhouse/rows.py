@@ -143,6 +143,11 @@ def to_arrow(spans: list[Span]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=TRACES_SCHEMA)
 
 
+def _table(columns: list[list[Any]], schema: pa.Schema) -> pa.Table:
+    arrays = [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
 def logs_to_arrow(records: list[LogRecord]) -> pa.Table:
     resource_cache: dict[int, list[tuple[str, str]]] = {}
 
@@ -167,8 +172,7 @@ def logs_to_arrow(records: list[LogRecord]) -> pa.Table:
         [string_map(r.attributes) for r in records],
         [r.event_name for r in records],
     ]
-    arrays = [pa.array(c, type=f.type) for c, f in zip(columns, LOGS_SCHEMA, strict=True)]
-    return pa.Table.from_arrays(arrays, schema=LOGS_SCHEMA)
+    return _table(columns, LOGS_SCHEMA)
 
 
 def scores_to_arrow(scores: list[Score]) -> pa.Table:
@@ -195,8 +199,7 @@ def scores_to_arrow(scores: list[Score]) -> pa.Table:
         [s.task_id for s in scores],
         [_json(s.metadata) if s.metadata else "" for s in scores],
     ]
-    arrays = [pa.array(c, type=f.type) for c, f in zip(columns, SCORES_SCHEMA, strict=True)]
-    return pa.Table.from_arrays(arrays, schema=SCORES_SCHEMA)
+    return _table(columns, SCORES_SCHEMA)
 
 
 def _pairs(value: Any) -> dict[str, str]:
