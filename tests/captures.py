@@ -36,3 +36,12 @@ def normalized_capture(folder: str, scenario: str, suffix: str = ".json") -> lis
     for span in decoded.batch:
         normalize_span(span)
     return decoded.batch.spans
+
+
+def parts(messages: list[dict[str, Any]] | None, kind: str) -> list[dict[str, Any]]:
+    """The parts of one type (text, tool_call, ...) across canonical messages."""
+    return [p for m in messages or () for p in m["parts"] if p["type"] == kind]
+
+
+def texts(messages: list[dict[str, Any]] | None) -> list[str]:
+    return [p["content"] for p in parts(messages, "text")]

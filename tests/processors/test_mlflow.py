@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from captures import normalized_capture
+from captures import normalized_capture, parts, texts
 
 import evalsi.processors.normalize.mlflow  # noqa: F401  (registers the mapper)
 from evalsi.processors.normalize import normalize_span
@@ -52,14 +52,6 @@ def raw_spans(scenario: str) -> dict[str, dict[str, Any]]:
 
 def normalized(scenario: str, suffix: str) -> list[Span]:
     return normalized_capture("mlflow", scenario, suffix)
-
-
-def parts(messages: list[dict[str, Any]] | None, kind: str) -> list[dict[str, Any]]:
-    return [p for m in messages or () for p in m["parts"] if p["type"] == kind]
-
-
-def texts(messages: list[dict[str, Any]] | None) -> list[str]:
-    return [p["content"] for p in parts(messages, "text")]
 
 
 def dump(messages: list[dict[str, Any]] | None) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from captures import any_value, normalized_capture
+from captures import any_value, normalized_capture, parts
 from pydantic import ValidationError
 
 from evalsi.component import REGISTRY, Settings
@@ -60,10 +60,6 @@ def log_events_by_span(scenario: str) -> dict[str, list[tuple[str, Any]]]:
 
 def text(messages: list[dict[str, Any]] | None) -> str:
     return json.dumps(messages, ensure_ascii=False)
-
-
-def parts(messages: list[dict[str, Any]] | None, kind: str) -> list[dict[str, Any]]:
-    return [p for m in messages or () for p in m["parts"] if p["type"] == kind]
 
 
 def llm_spans(spans: list[Span]) -> list[Span]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from captures import any_value, normalized_capture
+from captures import any_value, normalized_capture, parts
 
 import evalsi.processors.normalize.openlit  # noqa: F401  (registers the mapper)
 from evalsi.processors.normalize import normalize_span
@@ -57,10 +57,6 @@ def raw_log_records(scenario: str) -> list[dict[str, Any]]:
 
 def normalized(scenario: str, suffix: str = ".json") -> list[Span]:
     return normalized_capture("openlit", scenario, suffix)
-
-
-def parts(messages: list[dict[str, Any]] | None, kind: str) -> list[dict[str, Any]]:
-    return [p for m in messages or () for p in m["parts"] if p["type"] == kind]
 
 
 def dump(messages: list[dict[str, Any]] | None) -> str:

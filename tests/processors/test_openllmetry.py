@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from captures import any_value, normalized_capture
+from captures import any_value, normalized_capture, parts
 
 import evalsi.processors.normalize.openllmetry  # noqa: F401  (registers the mapper)
 from evalsi.processors.normalize import normalize_span
@@ -43,10 +43,6 @@ def raw_spans(scenario: str) -> dict[str, dict[str, Any]]:
 
 def normalized(scenario: str, suffix: str = ".json") -> list[Span]:
     return normalized_capture("openllmetry-0.54", scenario, suffix)
-
-
-def parts(messages: list[dict[str, Any]] | None, kind: str) -> list[dict[str, Any]]:
-    return [p for m in messages or () for p in m["parts"] if p["type"] == kind]
 
 
 def dump(messages: list[dict[str, Any]] | None) -> str:
