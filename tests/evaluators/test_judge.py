@@ -12,7 +12,7 @@ import pytest
 from fake_judge import FakeJudge
 from running_collector import FIXTURES
 
-from evalsi.evaluators import REGISTRY, Target, load_evaluators, parse_params, run
+from evalsi.evaluators import REGISTRY, Target, judge_client, load_evaluators, parse_params, run
 from evalsi.evaluators.packs import judge
 from evalsi.processors.normalize.files import normalize_files
 from evalsi.processors.normalize.trajectory import build_trajectory
@@ -27,11 +27,11 @@ JUDGE = REGISTRY["builtin/llm-judge"]
 def server() -> Iterator[FakeJudge]:
     fake = FakeJudge()
     fake.thread.start()
-    judge.reset_state()
+    judge_client.reset_state()
     yield fake
     fake.server.shutdown()
     fake.server.server_close()
-    judge.reset_state()
+    judge_client.reset_state()
 
 
 @pytest.fixture(autouse=True)
@@ -191,8 +191,8 @@ def test_the_same_exchange_from_three_instrumentations_is_judged_once(server: Fa
 
 
 def test_cache_is_bounded() -> None:
-    cache = judge.VerdictCache(size=2)
-    v = judge.Verdict(1.0, True, None, None)
+    cache = judge_client.VerdictCache(size=2)
+    v = judge_client.Verdict(1.0, True, None, None)
     for key in "abc":
         cache.put(key, v)
     assert len(cache) == 2 and cache.get("a") is None and cache.get("c") is v
@@ -218,7 +218,7 @@ def test_persistent_5xx_is_an_error_never_a_zero(server: FakeJudge) -> None:
 
 
 def test_unreachable_judge_is_an_error() -> None:
-    judge.reset_state()
+    judge_client.reset_state()
     params = parse_params(
         JUDGE, {"endpoint": "http://127.0.0.1:9/v1", "model": "m", "retries": 1, "backoff_s": 0, "timeout_s": 1}
     )
@@ -237,7 +237,7 @@ def test_client_error_is_not_retried(server: FakeJudge) -> None:
 
 
 def _exhausted(model: str) -> float:
-    value = judge.JUDGE_REGISTRY.get_sample_value(
+    value = judge_client.JUDGE_REGISTRY.get_sample_value(
         "evalsi_judge_budget_exhausted_total", {"judge": "llm-judge", "model": model}
     )
     return value or 0.0
@@ -267,7 +267,7 @@ def test_usd_budget(server: FakeJudge) -> None:
 
 def test_budget_window_resets(server: FakeJudge, monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1_000_000.0]
-    monkeypatch.setattr(judge.time, "time", lambda: now[0])
+    monkeypatch.setattr(judge_client.time, "time", lambda: now[0])
     params = _params(server, budget={"max_calls": 1, "window_s": 60})
     assert _judge(_fixture("otel-openai-v2"), params).outcome == "scored"
     assert _judge(_fixture("openinference", "chat_tools"), params).reason == "budget exhausted"

@@ -3,32 +3,20 @@ a content-hash cache, a rate limit and call/token/USD budgets per policy stage a
 
 No judge is configured by default: without an endpoint (params or `EVALSI_JUDGE_BASE_URL`) the evaluator is
 `skipped: no judge configured`. Judges see only the canonical content, which redaction has already masked.
+The call, cache, budgets and verdict parsing live in `evalsi.evaluators.judge_client`, shared with the rag pack.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import re
-import threading
-import time
-import uuid
-from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any
+from pydantic import Field
 
-import httpx
-from prometheus_client import CollectorRegistry, Counter
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
-
-from evalsi.evaluators.base import Params, Target, evaluator
+from evalsi.evaluators.base import Target, evaluator
+from evalsi.evaluators.judge_client import JUDGE_REGISTRY, VERDICT_FORMAT, JudgeConfig, PromptTemplate, judge
 from evalsi.score import Score
 
-# --- the prompt ----------------------------------------------------------------------------------------------
+__all__ = ["JUDGE_REGISTRY", "RUBRICS", "TEMPLATE", "JudgeParams", "build_messages", "llm_judge"]
 
-TEMPLATE_VERSION = "1"
-"""Bump when the prompt changes: the template hash in every score's metadata says which prompt judged it."""
+# --- the prompt ----------------------------------------------------------------------------------------------
 
 RUBRICS = {
     "correctness": (
@@ -42,19 +30,16 @@ RUBRICS = {
     ),
 }
 
-SYSTEM_PROMPT = (
-    "You are an impartial evaluator. You judge an AI assistant's answer against a rubric. Reply with one JSON "
-    'object and nothing else: {"score": <number from 0 to 1>, "passed": <true|false>, "label": "<one word>", '
-    '"explanation": "<one or two sentences>"}.'
+TEMPLATE = PromptTemplate(
+    version="1",
+    system="You are an impartial evaluator. You judge an AI assistant's answer against a rubric. " + VERDICT_FORMAT,
+    user="# Rubric\n{rubric}\n\n{sections}\n\nJudge the answer by the rubric. Reply with the JSON object only.",
+    extra=tuple(f"{k}={v}" for k, v in sorted(RUBRICS.items())),
 )
-
-USER_TEMPLATE = "# Rubric\n{rubric}\n\n{sections}\n\nJudge the answer by the rubric. Reply with the JSON object only."
-
-TEMPLATE_HASH = hashlib.sha256(
-    "\x00".join(
-        (TEMPLATE_VERSION, SYSTEM_PROMPT, USER_TEMPLATE, *(f"{k}={v}" for k, v in sorted(RUBRICS.items())))
-    ).encode()
-).hexdigest()[:16]
+"""Bump the version when the prompt changes: the template hash in every score's metadata says which prompt judged
+it."""
+TEMPLATE_VERSION = TEMPLATE.version
+TEMPLATE_HASH = TEMPLATE.hash
 
 
 def build_messages(rubric: str, target: Target) -> list[dict[str, str]]:
@@ -68,409 +53,18 @@ def build_messages(rubric: str, target: Target) -> list[dict[str, str]]:
     if expected is not None:
         sections.append(f"# Expected answer\n{expected}")
     sections.append(f"# Answer to judge\n{target.output_text or ''}")
-    user = USER_TEMPLATE.format(rubric=RUBRICS.get(rubric, rubric), sections="\n\n".join(sections))
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
-
-
-# --- the verdict ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    value: float
-    passed: bool
-    label: str | None
-    explanation: str | None
-
-
-class UnparseableVerdict(ValueError):
-    pass
-
-
-_NUMBER = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?![\w.])")
-_DECODER = json.JSONDecoder()
-
-
-def _first_object(text: str) -> dict[str, Any] | None:
-    """The first JSON object in `text` (bare, fenced in ``` or embedded in prose)."""
-    start = text.find("{")
-    while start != -1:
-        try:
-            obj, _ = _DECODER.raw_decode(text, start)
-        except ValueError:
-            pass
-        else:
-            if isinstance(obj, dict):
-                return obj
-        start = text.find("{", start + 1)
-    return None
-
-
-def _unit(raw: Any) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
-        raise UnparseableVerdict(f"score is not a number: {raw!r}")
-    try:
-        value = float(raw)
-    except ValueError:
-        raise UnparseableVerdict(f"score is not a number: {raw!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise UnparseableVerdict(f"score {value} is outside 0..1")
-    return value
-
-
-def parse_verdict(text: str, threshold: float) -> Verdict:
-    """The judge's reply as a verdict: a JSON object (bare or fenced) with `score`, `passed`, `label`,
-    `explanation`; else the first number in the text (0..1); else UnparseableVerdict."""
-    obj = _first_object(text)
-    if obj is not None:
-        if "score" not in obj:
-            if isinstance(obj.get("passed"), bool):  # a pass/fail-only verdict
-                obj = {**obj, "score": 1.0 if obj["passed"] else 0.0}
-            else:
-                raise UnparseableVerdict("the verdict has no score")
-        value = _unit(obj["score"])
-        passed = obj.get("passed")
-        label, explanation = obj.get("label"), obj.get("explanation")
-        return Verdict(
-            value,
-            passed if isinstance(passed, bool) else value >= threshold,
-            str(label) if label is not None else None,
-            str(explanation) if explanation is not None else None,
-        )
-    match = _NUMBER.search(text)
-    if match is None:
-        raise UnparseableVerdict("no JSON object and no number in the reply")
-    value = _unit(match.group(1))
-    return Verdict(value, value >= threshold, None, text.strip()[:500] or None)
+    return TEMPLATE.messages(rubric=RUBRICS.get(rubric, rubric), sections="\n\n".join(sections))
 
 
 # --- params --------------------------------------------------------------------------------------------------
 
 
-class Budget(BaseModel):
-    """Limits per policy stage and window; unset limits are unlimited. Cache hits cost nothing."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    max_calls: int | None = Field(None, ge=0)
-    max_tokens: int | None = Field(None, ge=0)
-    max_usd: float | None = Field(None, ge=0)
-    window_s: float = Field(300.0, gt=0)
-
-
-class Price(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    input_per_1k: float = Field(0.0, ge=0)
-    output_per_1k: float = Field(0.0, ge=0)
-
-
-class JudgeParams(Params):
+class JudgeParams(JudgeConfig):
     rubric: str = Field("correctness", min_length=1)
     """`correctness`, `helpfulness`, or the rubric's own text."""
-    name: str = Field("llm-judge", min_length=1)
-    """The score's name (run two rubrics in one policy under two names)."""
-    endpoint: str | None = None
-    """OpenAI-compatible base URL (…/v1); else env EVALSI_JUDGE_BASE_URL; else the judge is skipped."""
-    model: str | None = None
-    """Else env EVALSI_JUDGE_MODEL; else the judge is skipped."""
-    api_key: str | None = Field(None, repr=False)
-    """`env:VAR` reads the variable when the judge is called; else env EVALSI_JUDGE_API_KEY; else no key."""
-    temperature: float = Field(0.0, ge=0, le=2)
-    max_tokens: int = Field(512, gt=0)
-    timeout_s: float = Field(30.0, gt=0)
-    retries: int = Field(3, ge=0, le=10)
-    """Retries after a 5xx, 429 or timeout, before `error: judge unavailable`."""
-    backoff_s: float = Field(0.5, ge=0)
-    """First retry delay; doubles each retry (capped at 30s); a Retry-After header wins."""
-    threshold: float = Field(0.5, ge=0, le=1)
-    """`passed` when the verdict gives none: score >= threshold."""
-    budget: Budget = Budget()
-    price: Price = Price()
-    rate_limit_per_s: float | None = Field(None, gt=0)
-    """At most this many judge calls per second from this policy stage (the worker thread waits)."""
-
-    # budget and rate-limit state belong to this params object: one per policy cascade stage
-    _id: str = PrivateAttr(default_factory=lambda: uuid.uuid4().hex)
-    _next_call: list[float] = PrivateAttr(default_factory=lambda: [0.0])
-
-    @field_validator("endpoint")
-    @classmethod
-    def _endpoint(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError(f"endpoint must be an http(s) URL, got {value!r}")
-        return value.rstrip("/") if value else value
-
-    @field_validator("api_key")
-    @classmethod
-    def _api_key(cls, value: str | None) -> str | None:
-        if value is not None and value.startswith("env:") and not value[4:]:
-            raise ValueError("api_key 'env:' names no variable; write env:VAR")
-        return value
-
-
-# --- shared state: cache, budgets, metrics, clients ----------------------------------------------------------
-
-JUDGE_REGISTRY = CollectorRegistry()
-"""The judge's own metrics; the collector's /metrics should include this registry."""
-BUDGET_EXHAUSTED = Counter(
-    "evalsi_judge_budget_exhausted", "Judgments skipped because a judge budget was spent.", ["judge", "model"],
-    registry=JUDGE_REGISTRY,
-)  # fmt: skip
-JUDGE_CALLS = Counter(
-    "evalsi_judge_calls", "HTTP calls to a judge, by result (ok, retry, unavailable, error).",
-    ["judge", "model", "result"], registry=JUDGE_REGISTRY,
-)  # fmt: skip
-JUDGE_CACHE_HITS = Counter(
-    "evalsi_judge_cache_hits", "Judgments answered from the content-hash cache.", ["judge", "model"],
-    registry=JUDGE_REGISTRY,
-)  # fmt: skip
-JUDGE_COST = Counter("evalsi_judge_cost_usd", "USD spent on judges.", ["judge", "model"], registry=JUDGE_REGISTRY)
-JUDGE_TOKENS = Counter("evalsi_judge_tokens", "Tokens used by judges.", ["judge", "model"], registry=JUDGE_REGISTRY)
-
-CACHE_SIZE = 10_000
-
-
-class VerdictCache:
-    """A bounded LRU of content hash -> verdict, shared by every judge in the process."""
-
-    def __init__(self, size: int = CACHE_SIZE) -> None:
-        self.size = size
-        self._items: OrderedDict[str, Verdict] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> Verdict | None:
-        with self._lock:
-            found = self._items.get(key)
-            if found is not None:
-                self._items.move_to_end(key)
-            return found
-
-    def put(self, key: str, verdict: Verdict) -> None:
-        with self._lock:
-            self._items[key] = verdict
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-CACHE = VerdictCache()
-
-
-@dataclass
-class BudgetSpend:
-    calls: int = 0
-    tokens: int = 0
-    usd: float = 0.0
-
-
-_budget_lock = threading.Lock()
-BUDGETS: dict[tuple[str, int], BudgetSpend] = {}
-"""(params id, window index) -> spend. Each loaded policy validates its own params, so a params object is one
-policy's cascade stage: its budget is that stage's, shared by every trace the policy evaluates in the window."""
-
-_clients: dict[float, httpx.Client] = {}
-_clients_lock = threading.Lock()
-
-
-def _client(timeout_s: float) -> httpx.Client:
-    with _clients_lock:
-        client = _clients.get(timeout_s)
-        if client is None:
-            client = _clients[timeout_s] = httpx.Client(timeout=timeout_s)
-        return client
-
-
-def reset_state() -> None:
-    """Forget cached verdicts and budget spend (tests; a restart does the same)."""
-    CACHE.clear()
-    with _budget_lock:
-        BUDGETS.clear()
-
-
-def _budget_slot(params: JudgeParams) -> tuple[str, int]:
-    return params._id, int(time.time() // params.budget.window_s)
-
-
-def _reserve(params: JudgeParams, slot: tuple[str, int]) -> bool:
-    """Take one call from the budget, or False when any limit is spent."""
-    b = params.budget
-    with _budget_lock:
-        for old in [k for k in BUDGETS if k[0] == slot[0] and k[1] < slot[1]]:
-            del BUDGETS[old]
-        spend = BUDGETS.setdefault(slot, BudgetSpend())
-        if (
-            (b.max_calls is not None and spend.calls >= b.max_calls)
-            or (b.max_tokens is not None and spend.tokens >= b.max_tokens)
-            or (b.max_usd is not None and spend.usd >= b.max_usd)
-        ):
-            return False
-        spend.calls += 1
-        return True
-
-
-def _charge(slot: tuple[str, int], tokens: int, usd: float) -> None:
-    with _budget_lock:
-        spend = BUDGETS.setdefault(slot, BudgetSpend())
-        spend.tokens += tokens
-        spend.usd += usd
-
-
-def _wait_for_rate(params: JudgeParams) -> None:
-    if params.rate_limit_per_s is None:
-        return
-    with _budget_lock:
-        now = time.monotonic()
-        at = max(now, params._next_call[0])
-        params._next_call[0] = at + 1.0 / params.rate_limit_per_s
-    if at > now:
-        time.sleep(at - now)
-
-
-# --- the call ------------------------------------------------------------------------------------------------
-
-
-class JudgeUnavailable(Exception):
-    pass
-
-
-def _api_key(params: JudgeParams) -> str | None:
-    raw = params.api_key
-    if raw is None:
-        return os.environ.get("EVALSI_JUDGE_API_KEY") or None
-    if raw.startswith("env:"):
-        return os.environ.get(raw[4:]) or None
-    return raw
-
-
-def _retry_delay(response: httpx.Response | None, attempt: int, backoff_s: float) -> float:
-    if response is not None:
-        after = response.headers.get("retry-after")
-        if after is not None:
-            try:
-                return min(max(float(after), 0.0), 30.0)
-            except ValueError:
-                pass
-    return min(backoff_s * (2**attempt), 30.0)
-
-
-def _call(params: JudgeParams, endpoint: str, model: str, messages: list[dict[str, str]]) -> dict[str, Any]:
-    """POST chat/completions; retries 5xx, 429 and timeouts; raises JudgeUnavailable when they persist."""
-    body = {"model": model, "messages": messages, "temperature": params.temperature, "max_tokens": params.max_tokens}
-    headers = {"content-type": "application/json"}
-    key = _api_key(params)
-    if key:
-        headers["authorization"] = f"Bearer {key}"
-    url = f"{endpoint}/chat/completions"
-    client = _client(params.timeout_s)
-    last = "no attempt"
-    for attempt in range(params.retries + 1):
-        response: httpx.Response | None = None
-        try:
-            response = client.post(url, json=body, headers=headers)
-        except (httpx.TimeoutException, httpx.TransportError) as e:
-            last = f"{type(e).__name__}: {e}"
-        else:
-            if response.status_code < 400:
-                JUDGE_CALLS.labels(params.name, model, "ok").inc()
-                return response.json()
-            if response.status_code != 429 and response.status_code < 500:
-                JUDGE_CALLS.labels(params.name, model, "error").inc()
-                raise JudgeUnavailable(f"HTTP {response.status_code}: {response.text[:200]}")
-            last = f"HTTP {response.status_code}"
-        if attempt < params.retries:
-            JUDGE_CALLS.labels(params.name, model, "retry").inc()
-            time.sleep(_retry_delay(response, attempt, params.backoff_s))
-    JUDGE_CALLS.labels(params.name, model, "unavailable").inc()
-    raise JudgeUnavailable(f"{last} after {params.retries + 1} attempts")
-
-
-def _cache_key(params: JudgeParams, endpoint: str, model: str, messages: list[dict[str, str]]) -> str:
-    material = json.dumps(
-        [
-            endpoint,
-            model,
-            params.rubric,
-            params.temperature,
-            params.max_tokens,
-            params.threshold,
-            TEMPLATE_HASH,
-            messages,
-        ],
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
-    return hashlib.sha256(material.encode()).hexdigest()
-
-
-def _score(params: JudgeParams, verdict: Verdict, model: str, cost: float | None, **meta: Any) -> Score:
-    score = Score(
-        params.name,
-        value=verdict.value,
-        passed=verdict.passed,
-        label=verdict.label,
-        explanation=verdict.explanation,
-        judge_cost_usd=cost,
-        metadata={"template_version": TEMPLATE_VERSION, "template_hash": TEMPLATE_HASH, "model": model, **meta},
-    )
-    score.source = "llm_judge"
-    return score
 
 
 @evaluator("builtin/llm-judge", scope="trace", requires=("output", "judge"), params=JudgeParams, version="1")
 def llm_judge(target: Target, params: JudgeParams) -> Score:
     """Rubric judge (correctness, helpfulness or custom) over an OpenAI-compatible endpoint; 0..1, higher is better."""
-    endpoint = params.endpoint or os.environ.get("EVALSI_JUDGE_BASE_URL", "").rstrip("/")
-    model = params.model or os.environ.get("EVALSI_JUDGE_MODEL")
-    if not endpoint or not model:
-        return _judged(Score.skipped(params.name, "no judge configured"))
-    messages = build_messages(params.rubric, target)
-    key = _cache_key(params, endpoint, model, messages)
-    cached = CACHE.get(key)
-    if cached is not None:
-        JUDGE_CACHE_HITS.labels(params.name, model).inc()
-        return _score(params, cached, model, 0.0, cached=True)
-    slot = _budget_slot(params)
-    if not _reserve(params, slot):
-        BUDGET_EXHAUSTED.labels(params.name, model).inc()
-        return _judged(Score.skipped(params.name, "budget exhausted"))
-    _wait_for_rate(params)
-    try:
-        reply = _call(params, endpoint, model, messages)
-    except JudgeUnavailable as e:
-        return _judged(Score.error(params.name, "judge unavailable", str(e)))
-    usage = reply.get("usage") if isinstance(reply, dict) else None
-    usage = usage if isinstance(usage, dict) else {}
-    prompt_tokens = int(usage.get("prompt_tokens") or 0)
-    completion_tokens = int(usage.get("completion_tokens") or 0)
-    cost = prompt_tokens / 1000 * params.price.input_per_1k + completion_tokens / 1000 * params.price.output_per_1k
-    _charge(slot, prompt_tokens + completion_tokens, cost)
-    JUDGE_TOKENS.labels(params.name, model).inc(prompt_tokens + completion_tokens)
-    JUDGE_COST.labels(params.name, model).inc(cost)
-    try:
-        text = reply["choices"][0]["message"]["content"]
-        if not isinstance(text, str):
-            raise TypeError
-    except (KeyError, IndexError, TypeError):
-        missing = "the reply has no choices[0].message.content"
-        return _judged(Score.error(params.name, "unparseable verdict", missing), cost)
-    try:
-        verdict = parse_verdict(text, params.threshold)
-    except UnparseableVerdict as e:
-        return _judged(Score.error(params.name, "unparseable verdict", f"{e}: {text[:200]!r}"), cost)
-    CACHE.put(key, verdict)
-    return _score(
-        params, verdict, model, cost, cached=False, input_tokens=prompt_tokens, output_tokens=completion_tokens
-    )
-
-
-def _judged(score: Score, cost: float | None = None) -> Score:
-    score.source = "llm_judge"
-    score.judge_cost_usd = cost
-    score.metadata.update(template_version=TEMPLATE_VERSION, template_hash=TEMPLATE_HASH)
-    return score
+    return judge(params, TEMPLATE, build_messages(params.rubric, target))
