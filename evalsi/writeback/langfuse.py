@@ -1,12 +1,15 @@
-"""The `langfuse` exporter: writes scores to Langfuse's public API (`POST /api/public/scores`), one idempotent id each.
+"""The `langfuse` exporter: scores to Langfuse's public API (`POST /api/public/scores`), one idempotent id each, and
+the spans to its OTLP endpoint (`POST /api/public/otel/v1/traces`).
 
-Delivery: `consume_scores` only appends to a bounded in-memory queue; when it is full the OLDEST scores are dropped
-and counted, so ingest never waits on Langfuse. A background task sends up to `batch_size` scores at a time (the
-API takes one score per request, so a batch is that many requests in flight on one keep-alive client), retrying
-429/502/503/504 and network errors with exponential backoff and jitter, honouring `Retry-After`; other 4xx are
-permanent: logged, counted, dropped. Each score's `id` is derived from `Score.key`, so a retry or a replay upserts
-the same Langfuse score instead of adding one. Only `scored` outcomes are sent: skipped and error verdicts are not
-scores in Langfuse's model; they are counted in `evalsi_exporter_scores_not_sent`.
+Delivery: `consume_scores` and `consume` only append to bounded in-memory queues (one for scores, one for spans, so
+a flood of spans never pushes out a score); when one is full its OLDEST items are dropped and counted, so ingest
+never waits on Langfuse. One background task per queue sends: up to `batch_size` scores at a time (the API takes one
+score per request, so a batch is that many requests in flight on one keep-alive client), and `span_batch_size` spans
+per OTLP request, encoded by `evalsi.exporters.otlp_encode`. Both retry 429/502/503/504 and network errors with the
+shared loop in `evalsi.exporters.delivery`; other 4xx are permanent: logged, counted, dropped. Each score's `id` is
+derived from `Score.key`, so a retry or a replay upserts the same Langfuse score instead of adding one. Scores never
+wait for their trace's spans: Langfuse links a score to a trace that arrives later. Only `scored` outcomes are sent:
+skipped and error verdicts are not scores in Langfuse's model; they are counted in `evalsi_exporter_scores_not_sent`.
 
 Plain httpx, not the langfuse SDK: the SDK registers its own global tracer provider and drops scores for traces it
 did not sample.
@@ -16,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import gzip
 import re
 import time
 import uuid
 from collections import deque
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, TypeVar
 
 import httpx
 from pydantic import Field, field_validator
@@ -28,9 +33,14 @@ from pydantic import Field, field_validator
 from evalsi.component import ComponentConfig, Settings, exporter
 from evalsi.duration import Duration
 from evalsi.exporters.delivery import RETRYABLE_HTTP, RetryConfig, SendFailed, deliver, retry_after
+from evalsi.exporters.otlp_encode import traces_request
 from evalsi.score import Score, ScoreBatch
+from evalsi.span import Span, SpanBatch
 
 SCORES_PATH = "/api/public/scores"
+TRACES_PATH = "/api/public/otel/v1/traces"
+# Langfuse's API reference asks direct OTLP exporters for this header (real-time ingestion); older servers ignore it
+INGESTION_VERSION = "4"
 # a fixed namespace so the same Score.key always gives the same Langfuse score id, in any process
 SCORE_ID_NAMESPACE = uuid.UUID("5b0f7c1e-3f7a-5d4e-9a51-6c1a2f0e8d47")
 DataType = Literal["NUMERIC", "BOOLEAN", "CATEGORICAL"]
@@ -43,9 +53,16 @@ class LangfuseConfig(ComponentConfig):
     public_key: str  # usually `env:LANGFUSE_PUBLIC_KEY`
     secret_key: str  # usually `env:LANGFUSE_SECRET_KEY`
     timeout: Duration = 10.0
+    # scores held while Langfuse is slow or down
     queue_size: int = Field(default=10_000, gt=0)
     # scores in flight at once (one request each)
     batch_size: int = Field(default=50, gt=0)
+    # spans held for the OTLP endpoint (traces pipeline), apart from the scores
+    span_queue_size: int = Field(default=10_000, gt=0)
+    # spans per OTLP request
+    span_batch_size: int = Field(default=256, gt=0)
+    # of the OTLP span requests (Langfuse takes `Content-Encoding: gzip`); scores are small JSON, sent as is
+    compression: Literal["gzip", "none"] = "gzip"
     # how long a partial batch waits for more before it is sent
     flush_interval: Duration = 0.2
     # how long shutdown keeps sending what is queued before it drops the rest
@@ -128,14 +145,26 @@ def score_body(score: Score) -> dict[str, Any]:
     return body
 
 
-@exporter("langfuse", config=LangfuseConfig, signals=("scores",))
+T = TypeVar("T")
+
+
+def bounded_extend(queue: deque[T], items: list[T], limit: int) -> int:
+    """Append `items`, then drop the oldest beyond `limit`; returns how many were dropped."""
+    queue.extend(items)
+    over = len(queue) - limit
+    for _ in range(max(0, over)):
+        queue.popleft()
+    return max(0, over)
+
+
+@exporter("langfuse", config=LangfuseConfig, signals=("traces", "scores"))
 class LangfuseExporter:
     def __init__(self, config: LangfuseConfig, settings: Settings) -> None:
         self._config = config
         self._log = settings.logger
         m, cid = settings.metrics, settings.id
         self._queue_gauge = m.exporter_queue_size.labels(cid)
-        m.exporter_queue_capacity.labels(cid).set(config.queue_size)
+        m.exporter_queue_capacity.labels(cid).set(config.queue_size + config.span_queue_size)
         self._sent = m.counter("otelcol_exporter_sent_scores", "Scores the backend accepted.", ["exporter"]).labels(cid)
         self._failed = m.counter(
             "otelcol_exporter_send_failed_scores",
@@ -152,17 +181,26 @@ class LangfuseExporter:
             "Scores the exporter does not write by design (skipped or error outcomes, no value, no trace).",
             ["exporter", "reason"],
         )
+        self._spans_sent = m.exporter_sent_spans.labels(cid)
+        self._spans_failed = m.exporter_send_failed_spans.labels(cid)
+        self._spans_dropped = m.counter(
+            "otelcol_exporter_enqueue_failed_spans",
+            "Spans dropped because the exporter's queue was full.",
+            ["exporter"],
+        ).labels(cid)
         self._cid = cid
         self._items: deque[dict[str, Any]] = deque()
+        self._spans: deque[Span] = deque()
         self._client: httpx.AsyncClient | None = None
         self._wake = asyncio.Event()
+        self._span_wake = asyncio.Event()
         self._stopping = False
         self._deadline = float("inf")  # when shutdown stops sending
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     @property
     def held(self) -> int:
-        return len(self._items)
+        return len(self._items) + len(self._spans)
 
     async def start(self) -> None:
         c = self._config
@@ -171,9 +209,15 @@ class LangfuseExporter:
             auth=(c.public_key, c.secret_key),
             timeout=c.timeout,
             headers={"Accept": "application/json"},
-            limits=httpx.Limits(max_connections=c.batch_size, max_keepalive_connections=c.batch_size),
+            # the score requests of one batch, plus the one span request
+            limits=httpx.Limits(max_connections=c.batch_size + 1, max_keepalive_connections=c.batch_size + 1),
         )
-        self._task = asyncio.create_task(self._send_loop())
+        self._tasks = [
+            asyncio.create_task(self._send_loop(self._items, self._wake, c.batch_size, self._send_scores, "scores")),
+            asyncio.create_task(
+                self._send_loop(self._spans, self._span_wake, c.span_batch_size, self._send_spans, "spans")
+            ),
+        ]
 
     async def consume_scores(self, batch: ScoreBatch) -> None:
         bodies: list[dict[str, Any]] = []
@@ -192,60 +236,86 @@ class LangfuseExporter:
         if self._stopping:
             self._dropped.inc(len(bodies))
             return
-        self._items.extend(bodies)
-        over = len(self._items) - self._config.queue_size
-        if over > 0:
-            # drop the oldest: ingest must never wait for Langfuse, and fresh verdicts matter most
-            for _ in range(over):
-                self._items.popleft()
+        # drop the oldest: ingest must never wait for Langfuse, and fresh verdicts matter most
+        over = bounded_extend(self._items, bodies, self._config.queue_size)
+        if over:
             self._dropped.inc(over)
             self._log.warning("langfuse export queue full; dropped the oldest scores", extra={"dropped": over})
         self._queue_gauge.set(self.held)
         if len(self._items) >= self._config.batch_size:
             self._wake.set()
 
-    async def _send_loop(self) -> None:
+    async def consume(self, batch: SpanBatch) -> None:
+        if batch.unit == "session" or batch.revision:
+            # a session's spans were forwarded as their traces completed; a revision only adds canonical
+            # fields to spans already forwarded, and their OTLP fields are unchanged
+            return
+        spans = [s for s in batch.spans if s.sampled]
+        if not spans:
+            return
+        if self._stopping:
+            self._spans_dropped.inc(len(spans))
+            return
+        over = bounded_extend(self._spans, spans, self._config.span_queue_size)
+        if over:
+            self._spans_dropped.inc(over)
+            self._log.warning("langfuse span queue full; dropped the oldest spans", extra={"dropped": over})
+        self._queue_gauge.set(self.held)
+        if len(self._spans) >= self._config.span_batch_size:
+            self._span_wake.set()
+
+    async def _send_loop(
+        self,
+        items: deque[Any],
+        wake: asyncio.Event,
+        batch_size: int,
+        send: Callable[[list[Any]], Awaitable[None]],
+        what: str,
+    ) -> None:
+        failed = self._failed if what == "scores" else self._spans_failed
         while True:
             if not self._stopping:
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=self._config.flush_interval)
+                    await asyncio.wait_for(wake.wait(), timeout=self._config.flush_interval)
                 except TimeoutError:
                     pass
-            self._wake.clear()
-            while self._items:
-                n = min(self._config.batch_size, len(self._items))
-                chunk = [self._items.popleft() for _ in range(n)]
-                await asyncio.gather(*(self._send(body) for body in chunk))
+            wake.clear()
+            while items:
+                n = min(batch_size, len(items))
+                await send([items.popleft() for _ in range(n)])
                 self._queue_gauge.set(self.held)
-                if self._stopping and time.monotonic() >= self._deadline and self._items:
-                    self._failed.inc(len(self._items))
+                if self._stopping and time.monotonic() >= self._deadline and items:
+                    failed.inc(len(items))
                     self._log.error(
-                        "shutdown timeout: dropping scores not yet sent to Langfuse",
-                        extra={"count": len(self._items), "host": self._config.host},
+                        f"shutdown timeout: dropping {what} not yet sent to Langfuse",
+                        extra={"count": len(items), "host": self._config.host},
                     )
-                    self._items.clear()
-                    self._queue_gauge.set(0)
+                    items.clear()
+                    self._queue_gauge.set(self.held)
             if self._stopping:
                 return
 
-    async def _post(self, body: dict[str, Any]) -> None:
+    async def _post(self, path: str, **request: Any) -> None:
         assert self._client is not None
         try:
-            resp = await self._client.post(SCORES_PATH, json=body)
+            resp = await self._client.post(path, **request)
         except httpx.HTTPError as e:
-            raise SendFailed(f"POST {SCORES_PATH}: {type(e).__name__}: {e}", retryable=True) from None
+            raise SendFailed(f"POST {path}: {type(e).__name__}: {e}", retryable=True) from None
         if resp.status_code < 300:
             return
         retryable = resp.status_code in RETRYABLE_HTTP
         raise SendFailed(
-            f"POST {SCORES_PATH}: HTTP {resp.status_code} {resp.text[:200]}",
+            f"POST {path}: HTTP {resp.status_code} {resp.text[:200]}",
             retryable=retryable,
             retry_after=retry_after(resp.headers.get("retry-after")) if retryable else None,
         )
 
-    async def _send(self, body: dict[str, Any]) -> None:
+    async def _send_scores(self, bodies: list[dict[str, Any]]) -> None:
+        await asyncio.gather(*(self._send_score(body) for body in bodies))
+
+    async def _send_score(self, body: dict[str, Any]) -> None:
         delivered = await deliver(
-            lambda: self._post(body),
+            lambda: self._post(SCORES_PATH, json=body),
             self._config.retry_on_failure,
             log=self._log,
             what="a score",
@@ -254,14 +324,38 @@ class LangfuseExporter:
         )
         (self._sent if delivered else self._failed).inc()
 
+    async def _send_spans(self, spans: list[Span]) -> None:
+        try:
+            body = traces_request(spans).SerializeToString()
+        except Exception as e:  # e.g. an id that is not hex: the batch can never be sent, the loop must live
+            self._spans_failed.inc(len(spans))
+            self._log.error("cannot encode spans as OTLP; dropped", extra={"count": len(spans), "error": str(e)})
+            return
+        headers = {"Content-Type": "application/x-protobuf", "x-langfuse-ingestion-version": INGESTION_VERSION}
+        if self._config.compression == "gzip":
+            body = gzip.compress(body)
+            headers["Content-Encoding"] = "gzip"
+        delivered = await deliver(
+            lambda: self._post(TRACES_PATH, content=body, headers=headers),
+            self._config.retry_on_failure,
+            log=self._log,
+            what="spans",
+            deadline=lambda: self._deadline,
+            extra={"count": len(spans), "host": self._config.host},
+        )
+        (self._spans_sent if delivered else self._spans_failed).inc(len(spans))
+
     async def shutdown(self) -> None:
-        """Stop taking scores and send what is queued, for at most `shutdown_timeout`."""
+        """Stop taking work and send what is queued, for at most `shutdown_timeout`."""
         self._stopping = True
         self._deadline = time.monotonic() + self._config.shutdown_timeout
         self._wake.set()
-        if self._task is not None:
+        self._span_wake.set()
+        if self._tasks:
             try:
-                await asyncio.wait_for(self._task, timeout=self._config.shutdown_timeout + self._config.timeout + 1)
+                await asyncio.wait_for(
+                    asyncio.gather(*self._tasks), timeout=self._config.shutdown_timeout + self._config.timeout + 1
+                )
             except TimeoutError:
                 self._log.error("langfuse exporter did not drain in time", extra={"host": self._config.host})
         if self._client is not None:

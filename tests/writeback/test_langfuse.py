@@ -1,132 +1,40 @@
 """The `langfuse` exporter against a local server that checks every request against Langfuse's published API.
 
-No Langfuse server can run here (it needs Postgres, ClickHouse, Redis and S3), so `FakeLangfuse` enforces what the
-public API documents for `POST /api/public/scores` (CreateScoreRequest) and upserts by `id` as Langfuse does.
+No Langfuse server can run here (it needs Postgres, ClickHouse, Redis and S3): `FakeLangfuse` (tests/fake_langfuse.py)
+enforces what the public API documents for `POST /api/public/scores` and the OTLP endpoint
+`POST /api/public/otel/v1/traces`, and upserts scores by `id` as Langfuse does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import re
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_langfuse import PK, SK, FakeLangfuse
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from pydantic import ValidationError
-from running_collector import serve_config, start_collector
+from running_collector import FIXTURES, serve_config, start_collector
 
 from evalsi.component import REGISTRY, Settings, load_builtin_components
+from evalsi.receivers.otlp.decode import decode_traces_protobuf
 from evalsi.score import Score, ScoreBatch
+from evalsi.span import Span, SpanBatch
 from evalsi.telemetry import SelfMetrics
 from evalsi.writeback.langfuse import LangfuseConfig, LangfuseExporter, score_id
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 SPAN = "b7ad6b7169203331"
-PK, SK = "pk-lf-test", "sk-lf-test"
 FAST_RETRY = {"initial_interval": "10ms", "max_interval": "50ms", "max_elapsed_time": "5s"}
-DATA_TYPES = {"NUMERIC", "BOOLEAN", "CATEGORICAL"}
-
-
-class FakeLangfuse:
-    """Answers the scripted statuses first, then 200; stores accepted scores by id; records protocol violations."""
-
-    def __init__(self, failures: list[int] | None = None) -> None:
-        self.failures = list(failures or [])
-        self.attempts: list[dict[str, Any]] = []
-        self.stored: dict[str, dict[str, Any]] = {}
-        self.violations: list[str] = []
-        self.lock = threading.Lock()
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                status, answer = fake.handle(self.path, dict(self.headers), raw)
-                payload = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                if status in (429, 503):
-                    self.send_header("Retry-After", "0")
-                self.end_headers()
-                self.wfile.write(payload)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.host = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def check(self, path: str, headers: dict[str, str], raw: bytes) -> tuple[dict[str, Any], list[str]]:
-        problems: list[str] = []
-        if path != "/api/public/scores":
-            problems.append(f"path {path}")
-        expected = "Basic " + base64.b64encode(f"{PK}:{SK}".encode()).decode()
-        if headers.get("Authorization") != expected:
-            problems.append("auth")
-        if not headers.get("Content-Type", "").startswith("application/json"):
-            problems.append("content type")
-        body = json.loads(raw)
-        if not isinstance(body, dict):
-            return {}, [*problems, "body is not one CreateScoreRequest object"]
-        for key, kind in (("id", str), ("name", str), ("dataType", str)):
-            if not isinstance(body.get(key), kind):
-                problems.append(f"{key} missing or not {kind.__name__}")
-        if "traceId" in body and not re.fullmatch(r"[0-9a-f]{32}", body["traceId"]):
-            problems.append("traceId is not 32 hex")
-        if "traceId" not in body and "sessionId" not in body:
-            problems.append("neither traceId nor sessionId")
-        if "observationId" in body and not re.fullmatch(r"[0-9a-f]{16}", body["observationId"]):
-            problems.append("observationId is not 16 hex")
-        data_type, value = body.get("dataType"), body.get("value")
-        if data_type not in DATA_TYPES:
-            problems.append(f"dataType {data_type}")
-        if data_type == "NUMERIC" and (isinstance(value, bool) or not isinstance(value, int | float)):
-            problems.append("NUMERIC value is not a number")
-        if data_type == "BOOLEAN" and value not in (0, 1):
-            problems.append("BOOLEAN value is not 0/1")
-        if data_type == "CATEGORICAL" and not isinstance(value, str):
-            problems.append("CATEGORICAL value is not a string")
-        if "comment" in body and not isinstance(body["comment"], str):
-            problems.append("comment is not a string")
-        if "metadata" in body and not isinstance(body["metadata"], dict):
-            problems.append("metadata is not an object")
-        known = {"id", "traceId", "sessionId", "observationId", "datasetRunId", "name", "value", "dataType",
-                 "comment", "metadata", "environment", "configId", "queueId", "timestamp"}  # fmt: skip
-        problems += [f"unknown field {k}" for k in body if k not in known]
-        return body, problems
-
-    def handle(self, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, dict[str, Any]]:
-        with self.lock:
-            body, problems = self.check(path, headers, raw)
-            self.attempts.append(body)
-            if problems:
-                self.violations += problems
-                return 400, {"message": "; ".join(problems)}
-            if self.failures:
-                status = self.failures.pop(0)
-                return status, {"message": "scripted failure"}
-            self.stored[body["id"]] = body  # Langfuse upserts a score by id
-            return 200, {"id": body["id"]}
-
-    def __enter__(self) -> FakeLangfuse:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -137,14 +45,8 @@ def langfuse() -> Iterator[FakeLangfuse]:
 
 def exporter(host: str, **config: Any) -> tuple[LangfuseExporter, SelfMetrics]:
     metrics = SelfMetrics()
-    cfg = LangfuseConfig(
-        host=host,
-        public_key=PK,
-        secret_key=SK,
-        flush_interval="10ms",
-        retry_on_failure=FAST_RETRY,
-        **config,
-    )
+    config = {"flush_interval": "10ms", "retry_on_failure": FAST_RETRY, **config}
+    cfg = LangfuseConfig(host=host, public_key=PK, secret_key=SK, **config)
     return LangfuseExporter(cfg, Settings("langfuse", metrics, logging.getLogger("test.langfuse"))), metrics
 
 
@@ -169,7 +71,7 @@ def run(exp: LangfuseExporter, *batches: list[Score]) -> None:
 def test_registered_for_the_scores_pipeline() -> None:
     load_builtin_components()
     factory = REGISTRY[("exporter", "langfuse")]
-    assert factory.cls is LangfuseExporter and factory.signals == ("scores",)
+    assert factory.cls is LangfuseExporter and set(factory.signals) == {"traces", "scores"}
 
 
 def test_config_errors_name_the_key() -> None:
@@ -285,6 +187,124 @@ def test_a_dead_host_never_blocks_consume_and_shutdown_ends() -> None:
     assert dropped + failed == 1000  # every score is accounted for: none sent, none lost silently
 
 
+# --- spans to the OTLP endpoint --------------------------------------------------------------------
+
+
+def capture(scenario: str) -> list[Span]:
+    decoded = decode_traces_protobuf((FIXTURES / "otel-openai-v2" / f"{scenario}.pb").read_bytes())
+    assert decoded.rejected == 0
+    return decoded.batch.spans
+
+
+def received(langfuse: FakeLangfuse) -> list[Span]:
+    return [s for req in langfuse.span_requests for s in decode_traces_protobuf(req.SerializeToString()).batch.spans]
+
+
+def run_spans(exp: LangfuseExporter, *batches: SpanBatch) -> None:
+    async def go() -> None:
+        await exp.start()
+        for b in batches:
+            await exp.consume(b)
+        await exp.shutdown()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("compression", ["gzip", "none"])
+def test_sampled_spans_go_to_the_otlp_endpoint_as_documented(langfuse: FakeLangfuse, compression: str) -> None:
+    spans = capture("chat_tools")
+    spans[0].sampled = False
+    exp, metrics = exporter(langfuse.host, compression=compression)
+    run_spans(
+        exp,
+        SpanBatch(spans),
+        SpanBatch(capture("chat_simple"), unit="session"),  # forwarded already, as their traces
+        SpanBatch(spans[1:], revision=True),  # same OTLP fields, only canonical ones added
+    )
+    assert langfuse.violations == []
+    for s in spans:
+        s.sampled = True  # evalsi's flag, not OTLP's: compare the rest
+    assert received(langfuse) == spans[1:]  # every OTLP field: ids, times, attributes, events, resource, scope
+    headers = langfuse.span_headers[0]
+    assert headers["x-langfuse-ingestion-version"] == "4"
+    assert headers.get("Content-Encoding") == ("gzip" if compression == "gzip" else None)
+    assert sample(metrics, "otelcol_exporter_sent_spans_total") == len(spans) - 1
+    assert sample(metrics, "otelcol_exporter_queue_size") == 0
+
+
+def test_spans_are_batched_by_span_batch_size(langfuse: FakeLangfuse) -> None:
+    spans = [s for scenario in ("chat_tools", "chat_simple", "chat_error", "chat_pii") for s in capture(scenario)]
+    assert len(spans) > 4
+    exp, _ = exporter(langfuse.host, span_batch_size=2)
+    run_spans(exp, SpanBatch(spans))
+    assert langfuse.violations == []
+    assert [len(r.resource_spans[0].scope_spans[0].spans) for r in langfuse.span_requests][:2] == [2, 2]
+    assert len(langfuse.spans) == len(spans)
+
+
+def test_a_503_on_spans_is_retried_and_the_spans_arrive_once() -> None:
+    with FakeLangfuse(span_failures=[503, 502]) as langfuse:
+        spans = capture("chat_tools")
+        exp, metrics = exporter(langfuse.host)
+        run_spans(exp, SpanBatch(spans))
+    assert langfuse.violations == []
+    assert len(langfuse.span_headers) == 3  # two refusals, then the one accepted request
+    assert len(langfuse.span_requests) == 1
+    assert received(langfuse) == spans
+    assert sample(metrics, "otelcol_exporter_sent_spans_total") == len(spans)
+    assert sample(metrics, "otelcol_exporter_send_failed_spans_total") == 0
+
+
+def test_a_full_span_queue_drops_the_oldest_spans_never_a_score() -> None:
+    with FakeLangfuse() as gone:
+        host = gone.host  # a port nothing listens on once the server is closed
+    exp, metrics = exporter(host, span_queue_size=10, queue_size=100, shutdown_timeout="200ms", timeout="200ms")
+    batches = [capture("chat_tools") for _ in range(20)]  # 80 spans
+
+    async def go() -> int:
+        await exp.start()
+        await exp.consume_scores(ScoreBatch([verdict("relevance", value=1.0)]))
+        for b in batches:
+            await exp.consume(SpanBatch(b))
+        held = exp.held
+        await exp.shutdown()
+        return held
+
+    held = asyncio.run(go())
+    assert held == 1 + 10  # the score and the 10 newest spans
+    assert sample(metrics, "otelcol_exporter_enqueue_failed_spans_total") == 70
+    assert sample(metrics, "otelcol_exporter_send_failed_spans_total") == 10  # still undeliverable at shutdown
+    assert sample(metrics, "otelcol_exporter_enqueue_failed_scores_total") == 0  # spans never push out a score
+    assert sample(metrics, "otelcol_exporter_send_failed_scores_total") == 1
+
+
+def test_a_score_is_taken_for_a_trace_whose_spans_are_still_queued() -> None:
+    # Langfuse documents that a score may name a trace it has not received yet; the exporter never holds a score
+    # back for its spans, and the local server, like Langfuse, accepts it
+    with FakeLangfuse(span_failures=[503] * 5) as langfuse:
+        spans = capture("chat_tools")
+        trace_id = spans[0].trace_id
+        score = Score("relevance", value=1.0, trace_id=trace_id, span_id=spans[0].span_id, policy="p", evaluator="e")
+        exp, metrics = exporter(langfuse.host, retry_on_failure={"initial_interval": "100ms", "max_interval": "100ms"})
+
+        async def go() -> bool:
+            await exp.start()
+            await exp.consume(SpanBatch(spans))
+            await exp.consume_scores(ScoreBatch([score]))
+            deadline = time.monotonic() + 5
+            while not langfuse.stored and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            spans_known_when_scored = any(t == trace_id for t, _ in langfuse.spans)
+            await exp.shutdown()
+            return spans_known_when_scored
+
+        spans_known_when_scored = asyncio.run(go())
+    assert not spans_known_when_scored
+    assert list(langfuse.stored) == [score_id(score)]
+    assert {t for t, _ in langfuse.spans} == {trace_id}  # and the spans followed once Langfuse took them
+    assert sample(metrics, "otelcol_exporter_sent_spans_total") == len(spans)
+
+
 POLICY = """
 apiVersion: evals.si/v1alpha1
 kind: OnlineEvalPolicy
@@ -298,7 +318,7 @@ spec:
 """
 
 
-def test_serve_writes_policy_scores_to_langfuse_with_keys_from_env(
+def test_serve_writes_policy_scores_and_spans_to_langfuse_with_keys_from_env(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, langfuse: FakeLangfuse
 ) -> None:
     monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", PK)
@@ -315,6 +335,7 @@ def test_serve_writes_policy_scores_to_langfuse_with_keys_from_env(
     pipelines = cfg["service"]["pipelines"]
     cfg["processors"]["tail_sampling"] = {"decision_wait": "300ms"}
     pipelines["traces"]["processors"] = ["normalize", "tail_sampling", "evaluate"]
+    pipelines["traces"]["exporters"] = ["clickhouse", "langfuse"]
     pipelines["scores"] = {"exporters": ["langfuse"]}
     c = start_collector(tmp_path, cfg)
     try:
@@ -334,12 +355,19 @@ def test_serve_writes_policy_scores_to_langfuse_with_keys_from_env(
         assert provider.force_flush(10_000)
         provider.shutdown()
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not langfuse.stored:
+        while time.monotonic() < deadline and not (langfuse.stored and len(langfuse.spans) >= 2):
             time.sleep(0.1)
     finally:
         c.stop()
     assert langfuse.violations == []
+    assert {(t, s.name) for (t, _), s in langfuse.spans.items()} == {
+        (trace_id, "handle request"),
+        (trace_id, "chat gpt-4o-mini"),
+    }
     [stored] = langfuse.stored.values()
     assert stored["traceId"] == trace_id
+    assert (stored["traceId"], stored.get("observationId")) in {(t, sp) for t, sp in langfuse.spans} | {
+        (trace_id, None)
+    }
     assert (stored["name"], stored["metadata"]["policy"]) == ("contains", "support-answers")
     assert stored["dataType"] in {"BOOLEAN", "NUMERIC"}
