@@ -5,6 +5,10 @@ replica decides alike), unless an `always` condition holds; then the cascade in 
 the earlier stages' `scores`. A stage whose `when` does not hold emits no score; it is counted in
 `PolicyStats.when_not_met`. Scores go into the policy's window, alerts are checked over it, and traces matching
 `promote.when` are appended to a dataset.
+
+Late feedback (human and external scores that arrive after a trace was evaluated) goes through `evaluate_late`: the
+policies whose conditions name `feedback` get a second look at the trace, with what they decided the first time
+(`PolicyDecision`) so that nothing runs or counts twice.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import math
 import re
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -24,6 +28,7 @@ from typing import Any
 from evalsi import cel
 from evalsi.evaluators import Evaluator, Params, Target, run
 from evalsi.evaluators.base import FROM_SPANS
+from evalsi.policies.feedback import NEGATIVE_BELOW, feedback_variable
 from evalsi.policies.intervals import percentile
 from evalsi.policies.promote import Datasets, record
 from evalsi.policies.window import AlertEvent, AlertRule, PolicyWindow, WindowStats
@@ -32,13 +37,15 @@ from evalsi.score import Score
 from evalsi.span import Span
 
 __all__ = [
-    "TRACE_VARIABLES", "WHEN_VARIABLES", "Condition", "LatencyAbove", "Policy", "PolicySet", "PolicyStats", "Stage",
-    "TraceView", "sampling_hash",
+    "ALWAYS_VARIABLES", "TRACE_VARIABLES", "WHEN_VARIABLES", "Condition", "LatencyAbove", "Policy",
+    "PolicyDecision", "PolicySet", "PolicyStats", "Stage", "TraceView", "sampling_hash",
 ]  # fmt: skip
 
 TRACE_VARIABLES = ("trace", "span", "resource", "session")
-"""What selectors and `always` conditions see."""
-WHEN_VARIABLES = (*TRACE_VARIABLES, "scores")
+"""What selectors see."""
+ALWAYS_VARIABLES = (*TRACE_VARIABLES, "feedback")
+"""What `always` conditions see: the trace and its late feedback."""
+WHEN_VARIABLES = (*ALWAYS_VARIABLES, "scores")
 """What cascade `when` and `promote.when` see."""
 SPAN_VARIABLES = ("span",)
 
@@ -72,6 +79,10 @@ class Condition:
     @property
     def fields(self) -> frozenset[str]:
         return self.program.fields
+
+    @property
+    def reads_feedback(self) -> bool:
+        return "feedback" in self.uses
 
     def matches(self, view: TraceView, scores: dict[str, Any] | None = None) -> bool:
         data = {v: (scores if scores is not None else {}) if v == "scores" else view.variable(v) for v in self.uses}
@@ -125,8 +136,11 @@ class TraceView:
         trajectory: dict[str, Any] | None = None,
         trace_span_maps: bool = True,
         trace_keys: frozenset[str] | None = None,
+        feedback: Sequence[Score] = (),
+        negative_below: float = NEGATIVE_BELOW,
     ) -> None:
-        """`span_fields` limits the `span` map, `trace_fields` the maps in `trace.spans` / `trace.root` (None: every
+        """`feedback` holds the trace's human and external scores known so far (the `feedback` variable);
+        `span_fields` limits the `span` map, `trace_fields` the maps in `trace.spans` / `trace.root` (None: every
         canonical field); `trace_span_maps=False` leaves `trace.spans` and `trace.root` out and `trace_keys` keeps
         only those keys of `trace` (no condition uses them, or `trace` as a whole: see `cel.Program.trace_spans`)."""
         self.spans = sorted(spans, key=lambda s: s.start_time_unix_nano)
@@ -137,6 +151,8 @@ class TraceView:
         self._trace_span_maps = trace_span_maps
         self._trace_keys = trace_keys
         self._trajectory = trajectory
+        self._feedback = feedback
+        self._negative_below = negative_below
         self._variables: dict[str, Any] = {}
 
     @cached_property
@@ -188,6 +204,9 @@ class TraceView:
 
     def _build_session(self) -> dict[str, Any]:
         return {"id": self.session_id or None}
+
+    def _build_feedback(self) -> dict[str, Any]:
+        return feedback_variable(self._feedback, self._negative_below)
 
     @property
     def trajectory(self) -> dict[str, Any]:
@@ -312,6 +331,9 @@ class PolicyStats:
     """...that were then evaluated (by the rate or an `always` condition)."""
     sampled_always: int = 0
     """...of which an `always` condition brought in."""
+    sampled_late: int = 0
+    """...of which late feedback brought in (`evaluate_late`): counted in `sampled` and `sampled_always`, and no
+    longer in `not_sampled`."""
     not_sampled: int = 0
     when_not_met: Counter[str] = field(default_factory=Counter)
     """Per stage key: traces where the stage's `when` did not hold, so it did not run and emitted nothing."""
@@ -331,6 +353,18 @@ class PolicyStats:
 class Promotion:
     when: Condition
     path: Path
+
+
+@dataclass
+class PolicyDecision:
+    """What one policy did with one selected trace, kept for the late path: whether it evaluated the trace, the
+    scores of each cascade stage that ran (by stage index), the stages whose `when` did not hold, and whether
+    promotion was tried. Late feedback runs only what has not run, so scores and counters never double."""
+
+    admitted: bool
+    ran: dict[int, list[Score]] = field(default_factory=dict)
+    gated: set[int] = field(default_factory=set)
+    promoted: bool = False
 
 
 class Policy:
@@ -365,6 +399,9 @@ class Policy:
         self.promote = promote
         self.window = PolicyWindow(name, window, list(alerts or []), self.labels, alert_check_interval)
         self.stats = PolicyStats()
+        self.feedback_always = [a for a in self.always if isinstance(a, Condition) and a.reads_feedback]
+        self.late = any(c.reads_feedback for c in self.conditions())
+        """Whether late feedback can change what this policy does with a trace (some condition names `feedback`)."""
 
     def conditions(self) -> list[Condition]:
         found = [c for c in (self.selector, *self.always) if isinstance(c, Condition)]
@@ -376,11 +413,12 @@ class Policy:
     def sampled(self, key: str) -> bool:
         return sampling_hash(key) < self.threshold
 
-    def _admit(self, view: TraceView, key: str) -> bool:
+    def _admit(self, view: TraceView, key: str) -> bool | None:
+        """Whether to evaluate the trace; None when the selector leaves it out."""
         st = self.stats
         st.seen += 1
         if self.selector is not None and not self.selector.matches(view):
-            return False
+            return None
         st.selected += 1
         admitted = self.sampled(key)
         if not admitted:
@@ -398,28 +436,40 @@ class Policy:
             st.not_sampled += 1
         return admitted
 
-    def _cascade(self, view: TraceView, stages: list[Stage], now: float) -> tuple[list[Score], dict[str, Any]]:
+    def _cascade(
+        self, view: TraceView, stages: list[Stage], now: float, decision: PolicyDecision
+    ) -> tuple[list[Score], dict[str, Any]]:
+        """Run the stages not in `decision.ran` whose `when` holds; stages that ran before only feed `scores`."""
         st = self.stats
         out: list[Score] = []
         seen: dict[str, Any] = {}
         keys: set[str] = set()
         run_id, trial, task_id = view.run_ids
         stamp = int(now * 1e9)
-        for stage in stages:
-            if stage.when is not None and not stage.when.matches(view, seen):
-                st.when_not_met[stage.key] += 1
-                continue
-            st.stage_runs[stage.key] += 1
-            produced = stage.run(view)
+        for i, stage in enumerate(stages):
+            produced = decision.ran.get(i)
+            if produced is None:
+                if stage.when is not None and not stage.when.matches(view, seen):
+                    if i not in decision.gated:  # a trace is counted once, however often feedback re-checks it
+                        decision.gated.add(i)
+                        st.when_not_met[stage.key] += 1
+                    continue
+                if i in decision.gated:
+                    decision.gated.discard(i)
+                    st.when_not_met[stage.key] -= 1
+                st.stage_runs[stage.key] += 1
+                produced = decision.ran[i] = stage.run(view)
+                for s in produced:
+                    s.trace_id = view.trace_id
+                    s.session_id = s.session_id or view.session_id
+                    s.policy = self.name
+                    if run_id and not s.run_id:
+                        s.run_id, s.trial, s.task_id = run_id, trial, task_id
+                    s.timestamp_unix_nano = stamp
+                    st.scores[s.outcome] += 1
+                out.extend(produced)
             by_name: dict[str, list[Score]] = {}
             for s in produced:
-                s.trace_id = view.trace_id
-                s.session_id = s.session_id or view.session_id
-                s.policy = self.name
-                if run_id and not s.run_id:
-                    s.run_id, s.trial, s.task_id = run_id, trial, task_id
-                s.timestamp_unix_nano = stamp
-                st.scores[s.outcome] += 1
                 by_name.setdefault(s.name, []).append(s)
             # a stage's key (its `name:`, else the ref's last part) always names its own scores; a score name
             # names its scores unless an earlier stage already goes by it
@@ -429,20 +479,72 @@ class Policy:
             if produced:
                 seen[stage.key] = _summary(by_name.get(stage.key) or by_name[produced[0].name])
             keys.add(stage.key)
-            out.extend(produced)
         return out, seen
 
     def evaluate(
-        self, view: TraceView, now: float, stages: list[Stage], datasets: Datasets | None, key: str
+        self,
+        view: TraceView,
+        now: float,
+        stages: list[Stage],
+        datasets: Datasets | None,
+        key: str,
+        decisions: dict[str, PolicyDecision] | None = None,
     ) -> tuple[list[Score], list[AlertEvent]]:
-        if not stages or not self._admit(view, key):
+        """Select, sample, run the cascade. With `decisions`, a policy that reads `feedback` records what it did
+        with a trace it selected, for `evaluate_late`."""
+        if not stages:
             return [], []
-        scores, seen = self._cascade(view, stages, now)
-        self.window.add(view.trace_id, scores)
-        fired = self.window.check(now)
-        self.stats.alerts += len(fired)
-        if datasets is not None and self.promote is not None and self.promote.when.matches(view, seen):
-            self._promote(view, scores, datasets, now)
+        admitted = self._admit(view, key)
+        decision = PolicyDecision(bool(admitted))
+        if decisions is not None and self.late and admitted is not None:
+            decisions[self.name] = decision
+        if not admitted:
+            return [], []
+        return self._run(view, now, stages, datasets, decision, new_trace=True)
+
+    def evaluate_late(
+        self, view: TraceView, now: float, datasets: Datasets | None, decision: PolicyDecision
+    ) -> tuple[list[Score], list[AlertEvent]]:
+        """A second look at a trace this policy selected, now that `view` carries feedback: an `always` condition
+        on `feedback` may bring it in (the cascade then runs), stages whose `when` did not hold may now run, and
+        `promote.when` is checked again. Only what has not run before runs; only new scores are returned."""
+        new_trace = False
+        if not decision.admitted:
+            if not any(c.matches(view) for c in self.feedback_always):
+                return [], []
+            decision.admitted = new_trace = True
+            st = self.stats
+            st.not_sampled -= 1
+            st.sampled += 1
+            st.sampled_always += 1
+            st.sampled_late += 1
+        return self._run(view, now, self.trace_stages, datasets, decision, new_trace=new_trace)
+
+    def _run(
+        self,
+        view: TraceView,
+        now: float,
+        stages: list[Stage],
+        datasets: Datasets | None,
+        decision: PolicyDecision,
+        *,
+        new_trace: bool,
+    ) -> tuple[list[Score], list[AlertEvent]]:
+        scores, seen = self._cascade(view, stages, now, decision)
+        fired: list[AlertEvent] = []
+        if new_trace or scores:
+            # a trace counts once in `count`; late scores land in the window open when they are produced
+            self.window.add(view.trace_id, scores, new_trace=new_trace)
+            fired = self.window.check(now)
+            self.stats.alerts += len(fired)
+        if (
+            datasets is not None
+            and self.promote is not None
+            and not decision.promoted
+            and self.promote.when.matches(view, seen)
+        ):
+            decision.promoted = True
+            self._promote(view, [s for group in decision.ran.values() for s in group], datasets, now)
         return scores, fired
 
     def _promote(self, view: TraceView, scores: list[Score], datasets: Datasets, now: float) -> None:
@@ -494,6 +596,10 @@ class PolicySet:
         self._span_fields = frozenset().union(*(c.fields for c in conditions if "span" in c.uses))
         self._has_trace_stages = any(p.trace_stages for p in policies)
         self._has_session_stages = any(p.session_stages for p in policies)
+        self.late = [p for p in policies if p.late and p.trace_stages]
+        """The policies late feedback can change (some condition names `feedback`)."""
+        self.negative_below = NEGATIVE_BELOW
+        """Numeric feedback below this is negative (`feedback.negative`), at or above it positive."""
 
     def __len__(self) -> int:
         return len(self.policies)
@@ -512,7 +618,13 @@ class PolicySet:
         self._windows.extend(closed_all)
         return closed_all
 
-    def _view(self, cls: type[TraceView], spans: list[Span], trajectory: dict[str, Any] | None) -> TraceView:
+    def _view(
+        self,
+        cls: type[TraceView],
+        spans: list[Span],
+        trajectory: dict[str, Any] | None,
+        feedback: Sequence[Score] = (),
+    ) -> TraceView:
         return cls(
             spans,
             trace_fields=self._trace_fields,
@@ -520,22 +632,60 @@ class PolicySet:
             trajectory=trajectory,
             trace_span_maps=self._trace_span_maps,
             trace_keys=self._trace_keys,
+            feedback=feedback,
+            negative_below=self.negative_below,
         )
 
     def evaluate_trace(
-        self, spans: list[Span], *, trajectory: dict[str, Any] | None = None, now: float | None = None
+        self,
+        spans: list[Span],
+        *,
+        trajectory: dict[str, Any] | None = None,
+        now: float | None = None,
+        feedback: Sequence[Score] = (),
+        decisions: dict[str, PolicyDecision] | None = None,
     ) -> list[Score]:
         """Every policy's trace- and span-scope stages over one completed trace; `now` (epoch seconds) places the
-        scores in their windows."""
+        scores in their windows. `feedback` is what is already known of the trace's human and external scores
+        (usually nothing yet). A `decisions` dict is filled, for each policy in `late` that selected the trace,
+        with what it did: keep it with the spans and hand both to `evaluate_late` when feedback arrives."""
         now = time.time() if now is None else now
         self._roll(now)
         if not spans or not self._has_trace_stages:
             return []
-        view = self._view(TraceView, spans, trajectory)
+        view = self._view(TraceView, spans, trajectory, feedback)
         out: list[Score] = []
         datasets = self.datasets if self.datasets_dir is not None else None
         for p in self.policies:
-            scores, fired = p.evaluate(view, now, p.trace_stages, datasets, view.trace_id)
+            scores, fired = p.evaluate(view, now, p.trace_stages, datasets, view.trace_id, decisions)
+            out.extend(scores)
+            self._alerts.extend(fired)
+        return out
+
+    def evaluate_late(
+        self,
+        spans: list[Span],
+        feedback: Sequence[Score],
+        decisions: dict[str, PolicyDecision],
+        *,
+        now: float | None = None,
+    ) -> list[Score]:
+        """The late path: feedback (every human and external score known for the trace, in arrival order) arrived
+        for a trace `evaluate_trace` saw, with the `decisions` it filled. Each policy in `decisions` looks again
+        (`Policy.evaluate_late`); returns only scores that did not exist before, with the keys they would have
+        had online. `decisions` is updated, so calling again with more feedback never repeats work."""
+        now = time.time() if now is None else now
+        self._roll(now)
+        if not spans or not decisions:
+            return []
+        view = self._view(TraceView, spans, None, feedback)
+        out: list[Score] = []
+        datasets = self.datasets if self.datasets_dir is not None else None
+        for p in self.late:
+            decision = decisions.get(p.name)
+            if decision is None:
+                continue
+            scores, fired = p.evaluate_late(view, now, datasets, decision)
             out.extend(scores)
             self._alerts.extend(fired)
         return out

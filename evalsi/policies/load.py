@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from evalsi.evaluators import Evaluator, load_evaluators
 from evalsi.policies.engine import (
+    ALWAYS_VARIABLES,
     SPAN_VARIABLES,
     TRACE_VARIABLES,
     WHEN_VARIABLES,
@@ -77,9 +78,12 @@ def _shown(path: Path, base_dir: Path) -> str:
         return str(path)
 
 
-def _cel_error(message: str, source: str) -> str:
-    if re.search(r"(?<![\w.])feedback\b", source):
-        message += " (late feedback is not available to online policies yet)"
+def _cel_error(message: str, source: str, variables: tuple[str, ...]) -> str:
+    if "feedback" not in variables and re.search(r"(?<![\w.])feedback\b", source):
+        message += (
+            " (`feedback` arrives after a trace is selected: use it in sampling.always, a cascade `when` or "
+            "promote.when)"
+        )
     return message
 
 
@@ -90,7 +94,7 @@ def _condition(source: Any, variables: tuple[str, ...], where: str, errors: list
     try:
         return Condition(source, variables)
     except ValueError as e:
-        errors.append(f"{where}: {_cel_error(str(e), source)}")
+        errors.append(f"{where}: {_cel_error(str(e), source, variables)}")
         return None
 
 
@@ -198,7 +202,7 @@ def parse_policy(
                 problems.append(f"{label}: spec.sampling.always.{i}: percentile must be between 0 and 100")
             always.append(LatencyAbove(text, q))
             continue
-        condition = _condition(text, TRACE_VARIABLES, f"{label}: spec.sampling.always.{i}", problems)
+        condition = _condition(text, ALWAYS_VARIABLES, f"{label}: spec.sampling.always.{i}", problems)
         if condition is not None:
             always.append(condition)
     keys: dict[str, int] = {}

@@ -304,7 +304,7 @@ class PolicyWindow:
             return [], []
         closed: list[WindowStats] = []
         fired: list[AlertEvent] = []
-        if self.start is not None and self.count:
+        if self.start is not None and (self.count or self.series):  # series alone: late scores
             fired = self.check(self.end, final=True)
             closed = self.snapshot()
         # now = inf (shutdown) closes the window without opening another
@@ -312,12 +312,14 @@ class PolicyWindow:
         self._reset()
         return closed, fired
 
-    def add(self, trace_id: str, scores: Iterable[Score]) -> None:
-        """Count one evaluated trace (or session) and its scores in the current window."""
-        self.count += 1
+    def add(self, trace_id: str, scores: Iterable[Score], *, new_trace: bool = True) -> None:
+        """Count one evaluated trace (or session) and its scores in the current window; `new_trace=False` adds
+        more scores of a trace already counted (late feedback ran a stage that had not run)."""
         self.dirty = True
-        if trace_id:
-            self.trace_ids.append(trace_id)
+        if new_trace:
+            self.count += 1
+            if trace_id:
+                self.trace_ids.append(trace_id)
         for s in scores:
             key = (s.evaluator, s.name)
             series = self.series.get(key)
