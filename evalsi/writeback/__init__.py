@@ -1,3 +1,3 @@
-"""Exporters that write scores back to the tools people already look at (Langfuse, ...)."""
+"""Exporters that write scores back to the tools people already look at (Langfuse, MLflow)."""
 
-import evalsi.writeback.langfuse  # noqa: F401
+from evalsi.writeback import langfuse, mlflow  # noqa: F401

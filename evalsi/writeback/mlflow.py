@@ -1,0 +1,592 @@
+"""The `mlflow` exporter: forwards spans to MLflow's OTLP endpoint and writes scores as MLflow assessments (feedback).
+
+Delivery: `consume` and `consume_scores` only append to bounded in-memory queues (`queue_size` each); when one is
+full its OLDEST items are dropped and counted, so ingest never waits on MLflow. Two background tasks send: spans in
+OTLP/protobuf batches paced to `spans_per_second` (an MLflow tracking server ingests about 100 spans/s), and scores
+as `POST /api/3.0/mlflow/traces/tr-<trace id>/assessments`. Both retry 429/502/503/504 and network errors with the
+shared backoff loop (`evalsi.exporters.delivery`); other 4xx are permanent: logged, counted, dropped.
+
+Idempotency: every assessment carries `evalsi.key` (a UUID5 of `Score.key`) in its metadata. The first time this
+process writes to a trace it reads the trace's assessments and remembers the keys present; a score whose key is
+there is not written again, so a replay or a restarted collector adds no duplicate. A score for a trace MLflow does
+not have yet (its spans still queued here, or not yet ingested) waits, without holding up other scores, for at most
+`trace_wait`.
+
+Plain httpx against MLflow's REST API, not the `mlflow` client: no heavy import, no global tracking state, and no
+blocking calls on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import gzip
+import re
+import time
+import uuid
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+from pydantic import Field, field_validator, model_validator
+
+from evalsi.component import ComponentConfig, Settings, exporter
+from evalsi.duration import Duration
+from evalsi.exporters.delivery import RETRYABLE_HTTP, RetryConfig, SendFailed, deliver, retry_after
+from evalsi.exporters.otlp_encode import traces_request
+from evalsi.score import Score, ScoreBatch
+from evalsi.span import Span, SpanBatch
+
+OTLP_TRACES_PATH = "/v1/traces"
+EXPERIMENT_HEADER = "x-mlflow-experiment-id"
+TRACES_PATH = "/api/3.0/mlflow/traces"
+EXPERIMENT_BY_NAME_PATH = "/api/2.0/mlflow/experiments/get-by-name"
+EXPERIMENT_CREATE_PATH = "/api/2.0/mlflow/experiments/create"
+DEFAULT_EXPERIMENT_ID = "0"  # MLflow's "Default" experiment, present on every tracking server
+KEY_METADATA = "evalsi.key"
+# a fixed namespace so the same Score.key always gives the same `evalsi.key`, in any process
+SCORE_KEY_NAMESPACE = uuid.UUID("0c6f1d2e-8a43-5b7e-b1f4-2d9e7a3c5b18")
+# how many traces' written keys are remembered; a trace evicted from this is read again before its next write
+KNOWN_TRACES = 10_000
+SOURCE_TYPES = {"llm_judge": "LLM_JUDGE", "human": "HUMAN", "code": "CODE", "external": "CODE"}
+_TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
+_SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
+
+
+class MlflowConfig(ComponentConfig):
+    tracking_uri: str  # e.g. http://mlflow:5000
+    # where spans go: an experiment id, or a name that is looked up (and created if missing) before the first send;
+    # neither: MLflow's Default experiment ("0")
+    experiment_id: str | None = None
+    experiment_name: str | None = None
+    # extra request headers, e.g. `Authorization: env:MLFLOW_AUTH` behind an authenticating proxy
+    headers: dict[str, str] = {}
+    compression: Literal["gzip", "none"] = "gzip"
+    timeout: Duration = 10.0
+    # items held per signal (spans, scores) while MLflow is slow or down
+    queue_size: int = Field(default=10_000, gt=0)
+    # spans per OTLP request, and scores written at once
+    batch_size: int = Field(default=100, gt=0)
+    # the pace spans are sent at: above it a tracking server falls behind and times out
+    spans_per_second: float = Field(default=100.0, gt=0)
+    # how long a partial batch waits for more before it is sent
+    flush_interval: Duration = 0.2
+    # how long a score waits for its trace to appear in MLflow before it is dropped and counted
+    trace_wait: Duration = 300.0
+    # how long shutdown keeps sending what is queued before it drops the rest
+    shutdown_timeout: Duration = 10.0
+    retry_on_failure: RetryConfig = RetryConfig()
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _tracking_uri(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")) or v.endswith("://"):
+            raise ValueError(f"unsupported tracking_uri {v!r}: use http://host:port or https://host (a server)")
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _one_experiment(self) -> MlflowConfig:
+        if self.experiment_id is not None and self.experiment_name is not None:
+            raise ValueError("set experiment_id or experiment_name, not both")
+        if self.experiment_id == "" or self.experiment_name == "":
+            raise ValueError("experiment_id / experiment_name is empty: set one, or neither for the Default one")
+        return self
+
+
+def score_key(score: Score) -> str:
+    """The `evalsi.key` of this verdict: a UUID5 of its idempotency key, the same on every retry and replay."""
+    return str(uuid.uuid5(SCORE_KEY_NAMESPACE, "\x1f".join(str(part) for part in score.key)))
+
+
+def mlflow_trace_id(trace_id: str) -> str:
+    """MLflow's id for an OTel trace: `tr-` + the 32-hex trace id."""
+    return "tr-" + trace_id
+
+
+def not_sendable(score: Score) -> str | None:
+    """Why this score is not written to MLflow, or None when it is."""
+    if score.outcome == "skipped":
+        return "skipped"
+    if score.outcome == "scored" and score.value is None and score.passed is None and score.label is None:
+        return "no value"
+    if not score.trace_id:
+        return "no trace"
+    return None
+
+
+def assessment_body(score: Score) -> dict[str, Any]:
+    """The `CreateAssessment` JSON for a verdict, a feedback on its trace (and span). An error outcome becomes a
+    feedback with MLflow's `error` field and no value. Raises ValueError on ids MLflow cannot link."""
+    trace_id = score.trace_id.lower()
+    if not _TRACE_ID.match(trace_id):
+        raise ValueError(f"trace id {score.trace_id!r} is not 32 hex digits")
+    feedback: dict[str, Any]
+    metadata = {
+        KEY_METADATA: score_key(score),
+        "evalsi.policy": score.policy,
+        "evalsi.evaluator": score.evaluator,
+        "evalsi.evaluator_version": score.evaluator_version,
+        "evalsi.outcome": score.outcome,
+    }
+    if score.outcome == "error":
+        feedback = {"value": None, "error": {"error_code": score.reason or "error"}}
+        if score.explanation:
+            feedback["error"]["error_message"] = score.explanation
+    elif score.value is not None:
+        feedback = {"value": float(score.value)}
+    elif score.passed is not None:
+        feedback = {"value": bool(score.passed)}
+    else:
+        feedback = {"value": str(score.label)}
+    if score.outcome == "scored":
+        # the parts of the verdict that are not the feedback's value
+        if score.label is not None and not isinstance(feedback["value"], str):
+            metadata["evalsi.label"] = score.label
+        if score.passed is not None and not isinstance(feedback["value"], bool):
+            metadata["evalsi.passed"] = str(score.passed).lower()
+    if score.reason:
+        metadata["evalsi.reason"] = score.reason
+    if score.run_id:
+        metadata["evalsi.run_id"], metadata["evalsi.trial"] = score.run_id, str(score.trial)
+    when = datetime.datetime.fromtimestamp(score.timestamp_unix_nano / 1e9, tz=datetime.UTC)
+    stamp = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    assessment: dict[str, Any] = {
+        "assessment_name": score.name,
+        "trace_id": mlflow_trace_id(trace_id),
+        "source": {"source_type": SOURCE_TYPES.get(score.source, "CODE"), "source_id": score.evaluator or "evalsi"},
+        "create_time": stamp,
+        "last_update_time": stamp,
+        "feedback": feedback,
+        "metadata": metadata,
+    }
+    if score.span_id:
+        span_id = score.span_id.lower()
+        if not _SPAN_ID.match(span_id):
+            raise ValueError(f"span id {score.span_id!r} is not 16 hex digits")
+        assessment["span_id"] = span_id
+    if score.explanation and score.outcome != "error":
+        assessment["rationale"] = score.explanation
+    return {"assessment": assessment}
+
+
+@dataclass
+class _PendingScore:
+    key: str
+    trace_id: str  # MLflow's: tr-...
+    body: dict[str, Any]
+    since: float  # monotonic time it was queued
+    not_before: float = 0.0
+    waits: int = 0  # how often it found its trace missing
+
+
+class _TraceMissing(Exception):
+    """MLflow has no such trace (yet)."""
+
+
+def _no_such_trace(resp: httpx.Response) -> bool:
+    """MLflow's own "not found" for a trace; a 404 from anything else (a wrong path, a proxy) is a real failure."""
+    if resp.status_code != 404:
+        return False
+    try:
+        return resp.json().get("error_code") == "RESOURCE_DOES_NOT_EXIST"
+    except ValueError:
+        return False
+
+
+def _failure(what: str, resp: httpx.Response) -> SendFailed:
+    retryable = resp.status_code in RETRYABLE_HTTP
+    return SendFailed(
+        f"{what}: HTTP {resp.status_code} {resp.text[:200]}",
+        retryable=retryable,
+        retry_after=retry_after(resp.headers.get("retry-after")) if retryable else None,
+    )
+
+
+@exporter("mlflow", config=MlflowConfig, signals=("traces", "scores"))
+class MlflowExporter:
+    def __init__(self, config: MlflowConfig, settings: Settings) -> None:
+        self._config = config
+        self._log = settings.logger
+        m, cid = settings.metrics, settings.id
+        self._cid = cid
+        self._queue_gauge = m.exporter_queue_size.labels(cid)
+        m.exporter_queue_capacity.labels(cid).set(config.queue_size)
+        self._spans_sent = m.exporter_sent_spans.labels(cid)
+        self._spans_failed = m.exporter_send_failed_spans.labels(cid)
+        self._spans_dropped = m.counter(
+            "otelcol_exporter_enqueue_failed_spans",
+            "Spans dropped because the exporter's queue was full.",
+            ["exporter"],
+        ).labels(cid)
+        self._scores_sent = m.counter(
+            "otelcol_exporter_sent_scores", "Scores the backend accepted.", ["exporter"]
+        ).labels(cid)
+        self._scores_failed = m.counter(
+            "otelcol_exporter_send_failed_scores",
+            "Scores dropped after a permanent failure or when retries ran out.",
+            ["exporter"],
+        ).labels(cid)
+        self._scores_dropped = m.counter(
+            "otelcol_exporter_enqueue_failed_scores",
+            "Scores dropped because the exporter's queue was full or it was shutting down.",
+            ["exporter"],
+        ).labels(cid)
+        self._not_sent = m.counter(
+            "evalsi_exporter_scores_not_sent",
+            "Scores the exporter does not write by design (skipped or error outcomes, no value, no trace).",
+            ["exporter", "reason"],
+        )
+        self._spans: deque[Span] = deque()
+        # spans queued or in flight per trace: a score for such a trace waits for them
+        self._spans_pending: Counter[str] = Counter()
+        self._scores: deque[_PendingScore] = deque()
+        # keys already in MLflow per trace (MLflow trace id), for the traces this process wrote to lately
+        self._written: OrderedDict[str, set[str]] = OrderedDict()
+        self._experiment_id = config.experiment_id
+        self._client: httpx.AsyncClient | None = None
+        self._next_span_slot = 0.0  # monotonic time the next span batch may go, for `spans_per_second`
+        self._span_wake = asyncio.Event()
+        self._score_wake = asyncio.Event()
+        self._stopping = False
+        self._deadline = float("inf")  # when shutdown stops sending
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def held(self) -> int:
+        return len(self._spans) + len(self._scores)
+
+    async def start(self) -> None:
+        c = self._config
+        headers = {**c.headers, "Accept": "application/json"}
+        self._client = httpx.AsyncClient(base_url=c.tracking_uri, headers=headers, timeout=c.timeout)
+        self._tasks = [asyncio.create_task(self._span_loop()), asyncio.create_task(self._score_loop())]
+
+    # --- intake -----------------------------------------------------------------------------------
+
+    async def consume(self, batch: SpanBatch) -> None:
+        if batch.unit == "session" or batch.revision:
+            # a session's spans were forwarded as their traces completed; a revision only adds canonical
+            # fields to spans already forwarded, and their OTLP fields are unchanged
+            return
+        spans = [s for s in batch.spans if s.sampled]
+        if not spans:
+            return
+        if self._stopping:
+            self._spans_dropped.inc(len(spans))
+            return
+        self._spans.extend(spans)
+        for span in spans:
+            self._spans_pending[span.trace_id] += 1
+        over = len(self._spans) - self._config.queue_size
+        if over > 0:
+            # drop the oldest: ingest must never wait for MLflow
+            for _ in range(over):
+                self._span_done(self._spans.popleft())
+            self._spans_dropped.inc(over)
+            self._log.warning("mlflow export queue full; dropped the oldest spans", extra={"dropped": over})
+        self._queue_gauge.set(self.held)
+        if len(self._spans) >= self._config.batch_size:
+            self._span_wake.set()
+
+    async def consume_scores(self, batch: ScoreBatch) -> None:
+        pending: list[_PendingScore] = []
+        now = time.monotonic()
+        for score in batch:
+            reason = not_sendable(score)
+            if reason is not None:
+                self._not_sent.labels(self._cid, reason).inc()
+                continue
+            try:
+                body = assessment_body(score)
+            except ValueError as e:  # can never be linked to a trace in MLflow; counting beats a 400 later
+                self._scores_failed.inc()
+                self._log.error("score not sent to MLflow", extra={"error": str(e), "score": score.name})
+                continue
+            pending.append(_PendingScore(score_key(score), body["assessment"]["trace_id"], body, now))
+        if not pending:
+            return
+        if self._stopping:
+            self._scores_dropped.inc(len(pending))
+            return
+        self._scores.extend(pending)
+        over = len(self._scores) - self._config.queue_size
+        if over > 0:
+            for _ in range(over):
+                self._scores.popleft()
+            self._scores_dropped.inc(over)
+            self._log.warning("mlflow export queue full; dropped the oldest scores", extra={"dropped": over})
+        self._queue_gauge.set(self.held)
+        self._score_wake.set()
+
+    # --- spans ------------------------------------------------------------------------------------
+
+    def _span_done(self, span: Span) -> None:
+        left = self._spans_pending[span.trace_id] - 1
+        if left > 0:
+            self._spans_pending[span.trace_id] = left
+        else:
+            del self._spans_pending[span.trace_id]
+
+    async def _span_loop(self) -> None:
+        while True:
+            if not self._stopping:
+                try:
+                    await asyncio.wait_for(self._span_wake.wait(), timeout=self._config.flush_interval)
+                except TimeoutError:
+                    pass
+            self._span_wake.clear()
+            while self._spans:
+                if self._stopping and time.monotonic() >= self._deadline:
+                    self._spans_failed.inc(len(self._spans))
+                    self._log.error(
+                        "shutdown timeout: dropping spans not yet sent to MLflow",
+                        extra={"count": len(self._spans), "tracking_uri": self._config.tracking_uri},
+                    )
+                    while self._spans:
+                        self._span_done(self._spans.popleft())
+                    break
+                n = min(self._config.batch_size, len(self._spans))
+                # the chunk stays counted in `_spans_pending` until sent, so its traces' scores wait
+                chunk = [self._spans.popleft() for _ in range(n)]
+                await self._pace(n)
+                await self._send_spans(chunk)
+                for span in chunk:
+                    self._span_done(span)
+                self._queue_gauge.set(self.held)
+                self._score_wake.set()
+            if self._stopping:
+                return
+
+    async def _pace(self, n: int) -> None:
+        now = time.monotonic()
+        wait = self._next_span_slot - now
+        if wait > 0:
+            await asyncio.sleep(min(wait, max(0.0, self._deadline - now)))
+        self._next_span_slot = max(now, self._next_span_slot) + n / self._config.spans_per_second
+
+    async def _send_spans(self, chunk: list[Span]) -> None:
+        try:
+            body = traces_request(chunk).SerializeToString()
+        except Exception as e:  # e.g. an id that is not hex: the batch can never be sent, the loop must live
+            self._spans_failed.inc(len(chunk))
+            self._log.error("cannot encode spans as OTLP; dropped", extra={"count": len(chunk), "error": str(e)})
+            return
+        if self._config.compression == "gzip":
+            body = gzip.compress(body)
+        delivered = await deliver(
+            lambda: self._post_spans(body),
+            self._config.retry_on_failure,
+            log=self._log,
+            what="spans",
+            deadline=lambda: self._deadline,
+            extra={"count": len(chunk), "tracking_uri": self._config.tracking_uri},
+        )
+        (self._spans_sent if delivered else self._spans_failed).inc(len(chunk))
+
+    async def _post_spans(self, body: bytes) -> None:
+        assert self._client is not None
+        headers = {"Content-Type": "application/x-protobuf", EXPERIMENT_HEADER: await self._experiment()}
+        if self._config.compression == "gzip":
+            headers["Content-Encoding"] = "gzip"
+        try:
+            resp = await self._client.post(OTLP_TRACES_PATH, content=body, headers=headers)
+        except httpx.HTTPError as e:
+            raise SendFailed(f"POST {OTLP_TRACES_PATH}: {type(e).__name__}: {e}", retryable=True) from None
+        if resp.status_code >= 300:
+            raise _failure(f"POST {OTLP_TRACES_PATH}", resp)
+
+    async def _experiment(self) -> str:
+        """The experiment id spans go to; a configured name is looked up, and created when missing, once."""
+        if self._experiment_id is not None:
+            return self._experiment_id
+        name = self._config.experiment_name
+        if name is None:
+            self._experiment_id = DEFAULT_EXPERIMENT_ID
+            return self._experiment_id
+        assert self._client is not None
+        try:
+            resp = await self._client.get(EXPERIMENT_BY_NAME_PATH, params={"experiment_name": name})
+            if resp.status_code == 404:
+                resp = await self._client.post(EXPERIMENT_CREATE_PATH, json={"name": name})
+                if resp.status_code < 300:
+                    self._experiment_id = str(resp.json()["experiment_id"])
+                    self._log.info("created MLflow experiment", extra={"name": name, "id": self._experiment_id})
+                    return self._experiment_id
+                if "RESOURCE_ALREADY_EXISTS" in resp.text:  # another writer created it meanwhile
+                    resp = await self._client.get(EXPERIMENT_BY_NAME_PATH, params={"experiment_name": name})
+        except httpx.HTTPError as e:
+            raise SendFailed(f"experiment {name!r}: {type(e).__name__}: {e}", retryable=True) from None
+        if resp.status_code >= 300:
+            raise _failure(f"experiment {name!r}", resp)
+        self._experiment_id = str(resp.json()["experiment"]["experiment_id"])
+        return self._experiment_id
+
+    # --- scores -----------------------------------------------------------------------------------
+
+    async def _score_loop(self) -> None:
+        while True:
+            if not self._stopping:
+                try:
+                    await asyncio.wait_for(self._score_wake.wait(), timeout=self._config.flush_interval)
+                except TimeoutError:
+                    pass
+            self._score_wake.clear()
+            if self._stopping and time.monotonic() >= self._deadline and self._scores:
+                self._scores_failed.inc(len(self._scores))
+                self._log.error(
+                    "shutdown timeout: dropping scores not yet written to MLflow",
+                    extra={"count": len(self._scores), "tracking_uri": self._config.tracking_uri},
+                )
+                self._scores.clear()
+                self._queue_gauge.set(self.held)
+            ready = self._ready_scores()
+            if ready:
+                by_trace: dict[str, list[_PendingScore]] = {}
+                for item in ready:
+                    by_trace.setdefault(item.trace_id, []).append(item)
+                await asyncio.gather(*(self._write_trace(t, items) for t, items in by_trace.items()))
+                self._queue_gauge.set(self.held)
+                continue  # more may be ready now
+            if self._stopping and not self._scores:
+                return
+            if self._stopping:
+                # only scores waiting for their trace are left: look again soon, until the deadline
+                await asyncio.sleep(min(self._config.flush_interval, max(0.0, self._deadline - time.monotonic())))
+
+    def _ready_scores(self) -> list[_PendingScore]:
+        """Up to `batch_size` queued scores whose trace has no spans still queued here and whose wait is over."""
+        now = time.monotonic()
+        ready: list[_PendingScore] = []
+        waiting: list[_PendingScore] = []
+        while self._scores and len(ready) < self._config.batch_size:
+            item = self._scores.popleft()
+            if item.not_before > now or item.trace_id[3:] in self._spans_pending:
+                waiting.append(item)
+            else:
+                ready.append(item)
+        self._scores.extendleft(reversed(waiting))
+        return ready
+
+    async def _write_trace(self, trace_id: str, items: list[_PendingScore]) -> None:
+        """Write one trace's scores in order, skipping keys MLflow already has; park them all if the trace is
+        not in MLflow yet."""
+        for i, item in enumerate(items):
+            try:
+                written = await self._keys_in_mlflow(trace_id)
+                if written is None:
+                    raise _TraceMissing
+                if item.key in written:
+                    self._not_sent.labels(self._cid, "already in mlflow").inc()
+                    continue
+                missing: list[bool] = []
+                delivered = await deliver(
+                    lambda item=item, missing=missing: self._post_assessment(item, missing),
+                    self._config.retry_on_failure,
+                    log=self._log,
+                    what="an assessment",
+                    deadline=lambda: self._deadline,
+                    extra={"trace_id": trace_id, "key": item.key, "tracking_uri": self._config.tracking_uri},
+                )
+                if missing:  # the trace went away between the read and the write
+                    self._written.pop(trace_id, None)
+                    raise _TraceMissing
+            except _TraceMissing:
+                self._park(items[i:])
+                return
+            if delivered:
+                written.add(item.key)
+                self._scores_sent.inc()
+            else:
+                self._scores_failed.inc()
+
+    def _park(self, items: list[_PendingScore]) -> None:
+        now = time.monotonic()
+        for item in items:
+            if now - item.since >= self._config.trace_wait:
+                self._scores_failed.inc()
+                self._log.error(
+                    "dropping a score: its trace never appeared in MLflow (sampled out, or its spans not sent)",
+                    extra={"trace_id": item.trace_id, "key": item.key, "waited_s": round(now - item.since, 1)},
+                )
+                continue
+            item.waits += 1
+            delay = min(self._config.flush_interval * 2**item.waits, self._config.retry_on_failure.max_interval)
+            item.not_before = now + delay
+            self._scores.append(item)
+
+    async def _keys_in_mlflow(self, trace_id: str) -> set[str] | None:
+        """The `evalsi.key`s of the trace's assessments, read once per trace and then kept; None when MLflow has
+        no such trace yet."""
+        known = self._written.get(trace_id)
+        if known is not None:
+            self._written.move_to_end(trace_id)
+            return known
+        found: list[set[str] | None] = []
+
+        async def read() -> None:
+            assert self._client is not None
+            path = f"{TRACES_PATH}/{trace_id}"
+            try:
+                resp = await self._client.get(path)
+            except httpx.HTTPError as e:
+                raise SendFailed(f"GET {path}: {type(e).__name__}: {e}", retryable=True) from None
+            if _no_such_trace(resp):
+                found.append(None)
+                return
+            if resp.status_code >= 300:
+                raise _failure(f"GET {path}", resp)
+            assessments = resp.json().get("trace", {}).get("trace_info", {}).get("assessments", [])
+            found.append({k for a in assessments if (k := (a.get("metadata") or {}).get(KEY_METADATA))})
+
+        ok = await deliver(
+            read,
+            self._config.retry_on_failure,
+            log=self._log,
+            what="a trace's assessments",
+            deadline=lambda: self._deadline,
+            extra={"trace_id": trace_id, "tracking_uri": self._config.tracking_uri},
+        )
+        if not ok:
+            # not knowing what is there, writing could duplicate: wait and read again, as for a missing trace
+            raise _TraceMissing
+        keys = found[-1]
+        if keys is not None:
+            self._written[trace_id] = keys
+            if len(self._written) > KNOWN_TRACES:
+                self._written.popitem(last=False)
+        return keys
+
+    async def _post_assessment(self, item: _PendingScore, missing: list[bool]) -> None:
+        """One attempt at writing an assessment; a 404 (no such trace) is not a failure to retry here but is
+        recorded in `missing`, so the score waits for its trace with the others."""
+        assert self._client is not None
+        path = f"{TRACES_PATH}/{item.trace_id}/assessments"
+        try:
+            resp = await self._client.post(path, json=item.body)
+        except httpx.HTTPError as e:
+            raise SendFailed(f"POST {path}: {type(e).__name__}: {e}", retryable=True) from None
+        if _no_such_trace(resp):
+            missing.append(True)
+            return
+        if resp.status_code >= 300:
+            raise _failure(f"POST {path}", resp)
+
+    # --- lifecycle --------------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Stop taking work and send what is queued, for at most `shutdown_timeout`."""
+        self._stopping = True
+        self._deadline = time.monotonic() + self._config.shutdown_timeout
+        self._span_wake.set()
+        self._score_wake.set()
+        if self._tasks:
+            _, running = await asyncio.wait(
+                self._tasks, timeout=self._config.shutdown_timeout + self._config.timeout + 1
+            )
+            for task in running:
+                task.cancel()
+            if running:
+                self._log.error("mlflow exporter did not drain in time", extra={"uri": self._config.tracking_uri})
+        if self._client is not None:
+            await self._client.aclose()
