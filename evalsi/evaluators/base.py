@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from evalsi.processors.normalize.trajectory import STEP_TYPES, build_trajectory, span_tree
+from evalsi.processors.normalize.trajectory import STEP_TYPES, build_trajectory, retrieved_documents, span_tree
 from evalsi.processors.normalize.trajectory import _text as _trajectory_text
 from evalsi.score import Score
 from evalsi.span import Span
@@ -91,6 +91,8 @@ class Target:
     span scope: `span` is the span, `spans` is [span]. trace scope: `spans` is the whole trace, `span` its root
     (or first) span, `trajectory` its trajectory. session scope: `spans` is every span of the session.
     `reference` holds expected values from the policy or a dataset record (expected output, tools, trajectory).
+    `context` is the retrieved documents' texts: given (a Score API record's), or else read from the spans'
+    retrieval steps when first read.
     `trajectory` may be given lazily, built the first time it is read (an evaluator that does not read it never
     pays for it): `FROM_SPANS` for `build_trajectory(spans)` (then `output_text` does not need it either), or
     any function of no arguments.
@@ -117,7 +119,7 @@ class Target:
             self._build_trajectory = None
             self._trajectory = trajectory
         self.reference: dict[str, Any] = {} if reference is None else reference
-        self.context: list[str] = [] if context is None else context
+        self._context = context
 
     @property
     def trajectory(self) -> dict[str, Any] | None:
@@ -131,11 +133,21 @@ class Target:
     def trajectory(self, value: dict[str, Any] | None) -> None:
         self._trajectory, self._build_trajectory, self._from_spans = value, None, False
 
+    @property
+    def context(self) -> list[str]:
+        if self._context is None:
+            self._context = [d["content"] for d in retrieved_documents(self.spans)]
+        return self._context
+
+    @context.setter
+    def context(self, value: list[str]) -> None:
+        self._context = value
+
     def __repr__(self) -> str:
         trajectory = ("FROM_SPANS" if self._from_spans else "<lazy>") if self._trajectory is _LAZY else self._trajectory
         return (
             f"Target(spans={self.spans!r}, span={self.span!r}, trajectory={trajectory!r}, "
-            f"reference={self.reference!r}, context={self.context!r})"
+            f"reference={self.reference!r}, context={self._context!r})"
         )
 
     @cached_property
@@ -274,7 +286,9 @@ def missing_requirement(ev: Evaluator, target: Target) -> str | None:
         if need == "trajectory" and not (target.trajectory and target.trajectory.get("steps")):
             return "no trajectory"
         if need == "context" and not target.context:
-            return "no context"
+            # documents retrieved without their text (content capture off) are "no content", not "no documents"
+            uncaptured = any(s.step_type == "retriever" and s.details.get("documents") for s in target.spans)
+            return "no content" if uncaptured or not target.has_content else "no retrieved documents"
     return None
 
 

@@ -90,6 +90,27 @@ def span_tree(spans: list[Span]) -> tuple[list[Span], dict[str, list[Span]]]:
     return roots, children
 
 
+def retrieved_documents(spans: list[Span]) -> list[dict[str, Any]]:
+    """The documents a trace's retrieval steps returned, in the order the steps ran, each text once.
+
+    Every mapper puts a retriever span's documents in `details["documents"]` as {"id", "content", "score",
+    "metadata"} (OpenInference `retrieval.documents.N.document.*` and a reranker's output documents, OTel GenAI
+    `gen_ai.retrieval.documents`, MLflow RETRIEVER outputs). A reranker returns documents its retriever already
+    returned, so a text seen before is not repeated. Documents without text content (not captured) are left out.
+    """
+    documents: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for span in sorted(spans, key=lambda s: (s.start_time_unix_nano, s.span_id)):
+        if span.step_type != "retriever":
+            continue
+        for document in span.details.get("documents") or ():
+            content = document.get("content") if isinstance(document, dict) else None
+            if isinstance(content, str) and content.strip() and content not in seen:
+                seen.add(content)
+                documents.append(document)
+    return documents
+
+
 def build_trajectory(spans: list[Span]) -> dict[str, Any]:
     """One trace's trajectory. `spans` are the trace's normalized spans, in any order."""
     roots, children = span_tree(spans)
