@@ -11,6 +11,8 @@ mappers, as they would from an app.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -180,6 +182,19 @@ def _prompt(server: FakeJudge, i: int = -1) -> tuple[str, str]:
     system, user = server.requests[i]["messages"]
     assert (system["role"], user["role"]) == ("system", "user")
     return system["content"], user["content"]
+
+
+def test_evaluators_list_shows_the_rag_judges() -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "evalsi", "evaluators", "list", "--json"], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    listed = {e["ref"]: e for e in json.loads(res.stdout)}
+    for ref, needs in (("builtin/context-relevance", "input"), ("builtin/faithfulness", "output")):
+        assert (listed[ref]["scope"], listed[ref]["version"]) == ("trace", "1")
+        assert listed[ref]["requires"] == ["context", needs, "judge"]
+        assert {"endpoint", "model", "budget", "max_documents"} <= set(listed[ref]["params"])
+        assert "rubric" not in listed[ref]["params"]
 
 
 # --- the documents reader ------------------------------------------------------------------------------------
