@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_asgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -16,11 +16,12 @@ from pydantic import Field, field_validator
 from evalsi.component import ComponentConfig, Refused, Settings, exporter
 from evalsi.duration import Duration
 from evalsi.policies.intervals import t_interval, wilson_interval
-from evalsi.score import Score, ScoreBatch
+from evalsi.score import Outcome, Score, ScoreBatch
 from evalsi.serving import AsgiServer, parse_endpoint
 
 CONFIDENCE = 0.95
 SERIES = ["policy", "evaluator", "name"]
+OUTCOMES = get_args(Outcome)
 # scores are mostly 0..1; the wide buckets keep counts and latencies in ms from landing all in +Inf
 DEFAULT_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 10.0, 100.0, 1_000.0, 10_000.0)
 
@@ -146,6 +147,9 @@ class PrometheusExporter:
         self.lock = threading.Lock()
         self.windows: dict[tuple[str, str, str], _Window] = {}
         self._series: set[tuple[str, str, str]] = set()
+        # label sets whose verdict and judge counters exist at 0 (see _start_at_zero); at most max_series
+        self._verdicts: set[tuple[str, str, str]] = set()
+        self._judges: set[tuple[str, str]] = set()
         self._stopping = False
         self._server: AsgiServer | None = None
         self.endpoint = config.endpoint
@@ -215,6 +219,9 @@ class PrometheusExporter:
             if len(self._series) >= self._config.max_series:
                 return False
             self._series.add(key)
+            for outcome in OUTCOMES:  # at 0, see _start_at_zero
+                self._scores.labels(*key, outcome)
+        self._start_at_zero(score, key)
         self._scores.labels(*key, score.outcome).inc()
         if score.source == "llm_judge":
             judge = (score.policy, score.evaluator)
@@ -238,6 +245,20 @@ class PrometheusExporter:
                 window = self.windows[key] = _Window(start)
             window.add(score)
         return True
+
+    def _start_at_zero(self, score: Score, key: tuple[str, str, str]) -> None:
+        """Exposes at 0 the counters a label set may move (outcomes from its first score, passed/failed from its first
+        verdict, judge counters from its first judge score). A series that first appears at 1 shows no increase, so
+        Prometheus' rate() and increase() would miss, e.g., a policy's first failure."""
+        if score.passed is not None and key not in self._verdicts:
+            self._verdicts.add(key)
+            self._passed.labels(*key)
+            self._failed_scores.labels(*key)
+        judge = key[:2]
+        if score.source == "llm_judge" and judge not in self._judges:
+            self._judges.add(judge)
+            for counter in (self._judge_tokens, self._judge_cost, self._budget):
+                counter.labels(*judge)
 
     async def shutdown(self) -> None:
         """Nothing is held between scores; stop serving the endpoint."""
