@@ -4,6 +4,7 @@ API (`/v1/evaluate`, `/v1/feedback`, policy stats)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 from collections.abc import Callable
@@ -12,13 +13,19 @@ from typing import Any
 from fastapi import Body, FastAPI, HTTPException, Query
 
 from evalsi.collector import score_api
+from evalsi.component import Refused, ScoreConsumer
 from evalsi.duration import parse_duration
 from evalsi.exporters.clickhouse.store import TraceStore
+from evalsi.score import ScoreBatch
 
 TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
 
 
-def build_api(store: TraceStore | None, status: Callable[[], dict[str, Any]]) -> FastAPI:
+def build_api(
+    store: TraceStore | None, status: Callable[[], dict[str, Any]], scores: ScoreConsumer | None = None
+) -> FastAPI:
+    """`scores` is where the `scores` pipelines begin: feedback enters there, as every score does, so the
+    processors in those pipelines (`evaluate`'s late path) see it; without a scores pipeline it goes to `store`."""
     app = FastAPI(title="evalsi", docs_url="/docs", redoc_url=None)
 
     def need_store() -> TraceStore:
@@ -78,7 +85,15 @@ def build_api(store: TraceStore | None, status: Callable[[], dict[str, Any]]) ->
             score = score_api.feedback_score(body)
         except score_api.RequestError as e:
             raise HTTPException(e.status, str(e)) from None
-        await asyncio.to_thread(need_store().write_scores, [score])
+        if scores is None:
+            await asyncio.to_thread(need_store().write_scores, [score])
+            return {"stored": score_api.score_record(score)}
+        try:
+            await scores.consume_scores(ScoreBatch([score]))
+        except Refused as e:
+            raise HTTPException(
+                503 if e.unavailable else 429, str(e), headers={"Retry-After": str(max(1, math.ceil(e.retry_after)))}
+            ) from None
         return {"stored": score_api.score_record(score)}
 
     @app.get("/api/v1/policies/stats")

@@ -120,6 +120,8 @@ class Service:
         self.exporters: dict[str, Any] = {}
         self.api: AsgiServer | None = None
         self.telemetry: AsgiServer | None = None
+        self.scores: ScoreConsumer | None = None
+        """Where scores enter the `scores` pipelines: their first processor, else their exporters."""
         self._started: list[tuple[str, Any]] = []
         self._stop = asyncio.Event()
         self._build()
@@ -137,6 +139,7 @@ class Service:
         processor_next: dict[str, Next] = {}
         processors: dict[str, Any] = {}
         receiver_heads: dict[str, dict[Signal, list[Any]]] = {}
+        score_heads: list[Any] = []
         edges: dict[str, set[str]] = {}
         for pipe in pipelines.values():
             for eid in pipe.exporters:
@@ -157,13 +160,17 @@ class Service:
                 edges[a].add(b)
             for rid in pipe.receivers:
                 receiver_heads.setdefault(rid, {}).setdefault(data, []).append(downstream)
+            if data == "scores":
+                # a processorless pipeline's exporters one by one, so two pipelines sharing one get each score once
+                score_heads += [downstream] if pipe.processors else [self.exporters[eid] for eid in pipe.exporters]
         self.processors = [(pid, processors[pid]) for pid in _upstream_first(edges)]
-        scores = [
-            self.exporters[eid] for name, p in pipelines.items() if type_of(name) == "scores" for eid in p.exporters
-        ]
-        if scores:
-            for nxt in processor_next.values():
-                nxt.scores = _fan("scores", list(dict.fromkeys(scores)))
+        if score_heads:
+            self.scores = _fan("scores", list(dict.fromkeys(score_heads)))
+            # a processor in a scores pipeline hands its own scores to what follows it there, never to itself
+            in_scores = {pid for name, p in pipelines.items() if type_of(name) == "scores" for pid in p.processors}
+            for pid, nxt in processor_next.items():
+                if pid not in in_scores:
+                    nxt.scores = self.scores
         for rid, by_signal in receiver_heads.items():
             nxt = Next()
             for data, heads in by_signal.items():
@@ -199,7 +206,7 @@ class Service:
             if telemetry.level != "none":
                 self.telemetry = AsgiServer(make_asgi_app(self.metrics.registry), telemetry.address)
                 await self.telemetry.start()
-            self.api = AsgiServer(build_api(self.store, self.status), self.config.service.api.endpoint)
+            self.api = AsgiServer(build_api(self.store, self.status, self.scores), self.config.service.api.endpoint)
             await self.api.start()
             for rid, rec in self.receivers.items():
                 await self._start_one(f"receivers.{rid}", rec)

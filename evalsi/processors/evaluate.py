@@ -1,7 +1,9 @@
-"""The `evaluate` processor: runs the online policies over every completed trace and session, hands on the scores.
+"""The `evaluate` processor: runs the online policies over every completed trace and session, hands on the scores,
+and gives policies that read `feedback` a second look at a recent trace when human or external scores arrive late.
 
 It needs whole traces, so it sits after `tail_sampling` (which hands on `unit="trace"` batches whatever its storage
-decision); spans pass through unchanged to the exporters, scores go to the `scores` pipeline.
+decision); spans pass through unchanged to the exporters, scores go to the `scores` pipeline. Listed in the `scores`
+pipeline too, it sees the feedback that flows there (`POST /v1/feedback`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +21,25 @@ from typing import TYPE_CHECKING
 from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
 from evalsi.component import ComponentConfig, Next, Refused, Settings, processor
+from evalsi.duration import Duration
 from evalsi.log_record import LogBatch, LogRecord
 from evalsi.score import Score, ScoreBatch
 from evalsi.span import Span, SpanBatch
 
 if TYPE_CHECKING:
     from evalsi.policies import Notifier, PolicySet
+    from evalsi.policies.engine import PolicyDecision
+
+
+class LateSignalsConfig(ComponentConfig):
+    """How long completed traces stay at hand for feedback that arrives after them."""
+
+    window: Duration = 900.0
+    """A completed trace stays buffered this long (default 15m); feedback after it is counted as unmatched."""
+    max_traces: int = Field(default=10_000, ge=0)
+    """Buffered traces at most; past it the oldest leaves early. 0 turns the late path off."""
+    negative_below: float = 0.5
+    """A numeric feedback value below this is `feedback.negative`, at or above it `feedback.positive`."""
 
 
 class EvaluateConfig(ComponentConfig):
@@ -36,6 +51,8 @@ class EvaluateConfig(ComponentConfig):
     """Where `promote` appends its JSONL datasets."""
     queue_size: int = Field(default=10_000, gt=0)
     """Completed traces waiting for evaluation at most; past it a trace is counted and not evaluated."""
+    late_signals: LateSignalsConfig = Field(default_factory=LateSignalsConfig)
+    """The buffer of recent traces for policies that read `feedback` (only those policies' selected traces)."""
 
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
 
@@ -61,9 +78,26 @@ def _load(config: EvaluateConfig) -> PolicySet:
 
 @dataclass
 class _Work:
-    unit: str  # "trace" | "session"
+    unit: str  # "trace" | "session" | "feedback"
     spans: list[Span]
-    completed: float  # monotonic time the trace (or session) was handed to us
+    completed: float  # monotonic time the trace (or session, or feedback) was handed to us
+    feedback: list[Score] | None = None
+
+
+_GONE_PER_TRACE = 10
+"""Ids of traces that left the buffer are remembered (to count feedback for them as `expired`, not `unknown_trace`)
+for the last 10 x `max_traces` of them: about 150 bytes each, against kilobytes per buffered trace."""
+
+
+@dataclass
+class _Recent:
+    """A completed trace kept for late feedback: its spans, what each feedback-reading policy did with it, and the
+    feedback so far."""
+
+    spans: list[Span]
+    decisions: dict[str, PolicyDecision]
+    feedback: list[Score]
+    expires: float  # monotonic
 
 
 EVALUATION_EVENT = "gen_ai.evaluation.result"
@@ -100,17 +134,28 @@ def score_from_event(record: LogRecord) -> Score | None:
     return score
 
 
-@processor("evaluate", config=EvaluateConfig, signals=("traces", "logs"))
+@processor("evaluate", config=EvaluateConfig, signals=("traces", "logs", "scores"))
 class Evaluate:
     """Spans go on at once; whole traces queue for evaluation on one worker thread (the policy engine keeps
     windows and budgets, so it runs single-threaded), and their scores follow into the scores pipeline. A slow
-    judge therefore never holds up ingest; a full queue is counted, never silent."""
+    judge therefore never holds up ingest; a full queue is counted, never silent.
+
+    Late feedback (human and external scores) queues behind the traces already waiting, so it finds a trace that
+    completed before it. The buffer of recent traces belongs to the engine thread: only it reads and writes it."""
 
     def __init__(self, config: EvaluateConfig, settings: Settings, next: Next) -> None:
+        from evalsi.policies.feedback import is_feedback
+
         self.config = config
         self.settings = settings
         self.next = next
         self.policies = _load(config)
+        self.policies.negative_below = config.late_signals.negative_below
+        self._is_feedback = is_feedback
+        self._late = bool(self.policies.late) and config.late_signals.max_traces > 0
+        self._recent: OrderedDict[str, _Recent] = OrderedDict()  # by completion: the oldest first
+        self._gone: OrderedDict[str, None] = OrderedDict()  # traces that left the buffer, to tell `expired`
+        self._early: OrderedDict[str, tuple[float, list[Score]]] = OrderedDict()  # feedback before its trace
         self._notifier: Notifier | None = None
         self._queue: deque[_Work] = deque()
         self._wake = asyncio.Event()
@@ -148,6 +193,20 @@ class Evaluate:
             ["processor"],
             buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
         ).labels(sid)
+        self._late_matched = m.counter(
+            "evalsi_late_signals_matched",
+            "Feedback scores that found their trace: buffered (`late`) or completing after them (`early`).",
+            ["processor", "when"],
+        )
+        self._late_unmatched = m.counter(
+            "evalsi_late_signals_unmatched",
+            "Feedback scores whose trace was not at hand: `unknown_trace` (never seen, or not complete yet), "
+            "`expired` (left the buffer), `queue_full`.",
+            ["processor", "reason"],
+        )
+        self._late_buffered = m.gauge(
+            "evalsi_late_signals_buffered_traces", "Completed traces kept for late feedback.", ["processor"]
+        ).labels(sid)
 
     async def start(self) -> None:
         if self.next.scores is None:
@@ -171,6 +230,8 @@ class Evaluate:
     def _close_windows(self, now: float | None = None) -> None:
         self.policies.close_windows(now)
         self._send_alerts()
+        if self._late:
+            self._expire(time.monotonic())
 
     async def _close_windows_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -178,12 +239,79 @@ class Evaluate:
             await asyncio.sleep(1.0)
             await loop.run_in_executor(self._engine, self._close_windows)
 
+    # --- the buffer of recent traces (engine thread only) ----------------------------------------------------
+
+    def _expire(self, now: float) -> None:
+        """Drop buffered traces and held feedback past the window, and the oldest traces past `max_traces`."""
+        late = self.config.late_signals
+        while self._recent:
+            trace_id, recent = next(iter(self._recent.items()))
+            if recent.expires > now and len(self._recent) <= late.max_traces:
+                break
+            del self._recent[trace_id]
+            self._gone[trace_id] = None
+        while len(self._gone) > _GONE_PER_TRACE * late.max_traces:
+            self._gone.popitem(last=False)
+        while self._early:
+            arrived, _ = next(iter(self._early.values()))
+            if arrived + late.window > now and len(self._early) <= late.max_traces:
+                break
+            self._early.popitem(last=False)
+        self._late_buffered.set(len(self._recent))
+
+    def _evaluate_trace(self, spans: list[Span]) -> list[Score]:
+        if not self._late:
+            return self.policies.evaluate_trace(spans)
+        trace_id = spans[0].trace_id
+        held = self._early.pop(trace_id, None)
+        early = held[1] if held else []
+        decisions: dict[str, PolicyDecision] = {}
+        scores = self.policies.evaluate_trace(spans, feedback=early, decisions=decisions)
+        if early:
+            self._late_matched.labels(self.settings.id, "early").inc(len(early))
+        if decisions:  # some policy that reads feedback selected the trace
+            now = time.monotonic()
+            self._recent.pop(trace_id, None)  # completed again (late spans): the newest decisions count
+            self._gone.pop(trace_id, None)
+            self._recent[trace_id] = _Recent(spans, decisions, early, now + self.config.late_signals.window)
+            self._expire(now)
+        return scores
+
+    def _evaluate_feedback(self, feedback: list[Score]) -> list[Score]:
+        """The late path: each trace the feedback is about gets a second look from the policies that read it."""
+        now = time.monotonic()
+        self._expire(now)
+        by_trace: dict[str, list[Score]] = {}
+        for s in feedback:
+            by_trace.setdefault(s.trace_id, []).append(s)
+        out: list[Score] = []
+        sid = self.settings.id
+        for trace_id, scores in by_trace.items():
+            recent = self._recent.get(trace_id)
+            if recent is None:
+                reason = "expired" if trace_id in self._gone else "unknown_trace"
+                self._late_unmatched.labels(sid, reason).inc(len(scores))
+                self.settings.logger.debug(
+                    "late feedback for trace %s not matched (%s)", trace_id, reason, extra={"reason": reason}
+                )
+                if reason == "unknown_trace":  # maybe not complete yet: the online evaluation will see it
+                    arrived, held = self._early.pop(trace_id, (now, []))
+                    self._early[trace_id] = (arrived, held + scores)
+                continue
+            self._late_matched.labels(sid, "late").inc(len(scores))
+            recent.feedback.extend(scores)
+            out += self.policies.evaluate_late(recent.spans, recent.feedback, recent.decisions)
+        self._expire(now)
+        return out
+
     def _evaluate(self, work: _Work) -> list[Score]:
-        """On the engine thread: every policy over one trace or session."""
+        """On the engine thread: every policy over one trace or session, or the late path for feedback."""
         t0 = time.perf_counter()
         if work.unit == "trace":
-            scores: list[Score] = self.policies.evaluate_trace(work.spans)
+            scores: list[Score] = self._evaluate_trace(work.spans)
             self._traces.inc()
+        elif work.unit == "feedback":
+            scores = self._evaluate_feedback(work.feedback or [])
         else:
             scores = self.policies.evaluate_session(work.spans)
         self._latency.observe(time.perf_counter() - t0)
@@ -220,7 +348,8 @@ class Evaluate:
             scores = await loop.run_in_executor(self._engine, self._evaluate, work)
             if scores:
                 await self._hand_on(scores)
-            self._freshness.observe(time.monotonic() - work.completed)
+            if work.unit != "feedback":
+                self._freshness.observe(time.monotonic() - work.completed)
 
     def _enqueue(self, unit: str, spans: list[Span]) -> None:
         if len(self._queue) >= self.config.queue_size:
@@ -230,6 +359,19 @@ class Evaluate:
             )
             return
         self._queue.append(_Work(unit, spans, time.monotonic()))
+        self._queue_size.set(len(self._queue))
+        self._wake.set()
+
+    def _enqueue_feedback(self, scores: list[Score]) -> None:
+        """Queue the late path for human and external scores (only when a policy reads `feedback`)."""
+        feedback = [s for s in scores if self._is_feedback(s)] if self._late else []
+        if not feedback:
+            return
+        if len(self._queue) >= self.config.queue_size:
+            self._late_unmatched.labels(self.settings.id, "queue_full").inc(len(feedback))
+            self.settings.logger.debug("late feedback not matched: the evaluation queue is full")
+            return
+        self._queue.append(_Work("feedback", [], time.monotonic(), feedback))
         self._queue_size.set(len(self._queue))
         self._wake.set()
 
@@ -252,8 +394,15 @@ class Evaluate:
                 s.project = self.config.project
                 self._scores.labels(self.settings.id, s.outcome).inc()
             await self._hand_on(scores)
+            self._enqueue_feedback(scores)
         if self.next.logs is not None:
             await self.next.consume_logs(batch)
+
+    async def consume_scores(self, batch: ScoreBatch) -> None:
+        """In the `scores` pipeline: scores go on; the human and external ones (`POST /v1/feedback`) also take the
+        late path. Handed on first, so a refused batch (which the sender sends again) never runs it twice."""
+        await self.next.consume_scores(batch)
+        self._enqueue_feedback(batch.scores)
 
     async def shutdown(self) -> None:
         """Evaluate everything queued, close the open windows (their alerts still go out), then stop."""
