@@ -36,8 +36,9 @@ class LateSignalsConfig(ComponentConfig):
 
     window: Duration = 900.0
     """A completed trace stays buffered this long (default 15m); feedback after it is counted as unmatched."""
-    max_traces: int = Field(default=10_000, ge=0)
-    """Buffered traces at most; past it the oldest leaves early. 0 turns the late path off."""
+    max_traces: int = Field(default=5_000, ge=0)
+    """Buffered traces at most; past it the oldest leaves early. 0 turns the late path off. A buffered trace costs
+    about 3-4 KB per span of the fixture captures, more with long messages (benchmarks/late_signals.py)."""
     negative_below: float = 0.5
     """A numeric feedback value below this is `feedback.negative`, at or above it `feedback.positive`."""
 
@@ -86,7 +87,7 @@ class _Work:
 
 _GONE_PER_TRACE = 10
 """Ids of traces that left the buffer are remembered (to count feedback for them as `expired`, not `unknown_trace`)
-for the last 10 x `max_traces` of them: about 150 bytes each, against kilobytes per buffered trace."""
+for the last 10 x `max_traces` of them: about 170 bytes each, against kilobytes per buffered trace."""
 
 
 @dataclass
