@@ -432,7 +432,13 @@ class MlflowExporter:
                 except TimeoutError:
                     pass
             self._score_wake.clear()
-            if self._stopping and time.monotonic() >= self._deadline and self._scores:
+            while not self._past_deadline() and (ready := self._ready_scores()):
+                by_trace: dict[str, list[_PendingScore]] = {}
+                for item in ready:
+                    by_trace.setdefault(item.trace_id, []).append(item)
+                await asyncio.gather(*(self._write_trace(t, items) for t, items in by_trace.items()))
+                self._queue_gauge.set(self.held)
+            if self._past_deadline() and self._scores:
                 self._scores_failed.inc(len(self._scores))
                 self._log.error(
                     "shutdown timeout: dropping scores not yet written to MLflow",
@@ -440,19 +446,14 @@ class MlflowExporter:
                 )
                 self._scores.clear()
                 self._queue_gauge.set(self.held)
-            ready = self._ready_scores()
-            if ready:
-                by_trace: dict[str, list[_PendingScore]] = {}
-                for item in ready:
-                    by_trace.setdefault(item.trace_id, []).append(item)
-                await asyncio.gather(*(self._write_trace(t, items) for t, items in by_trace.items()))
-                self._queue_gauge.set(self.held)
-                continue  # more may be ready now
-            if self._stopping and not self._scores:
-                return
             if self._stopping:
+                if not self._scores:
+                    return
                 # only scores waiting for their trace are left: look again soon, until the deadline
                 await asyncio.sleep(min(self._config.flush_interval, max(0.0, self._deadline - time.monotonic())))
+
+    def _past_deadline(self) -> bool:
+        return self._stopping and time.monotonic() >= self._deadline
 
     def _ready_scores(self) -> list[_PendingScore]:
         """Up to `batch_size` queued scores whose trace has no spans still queued here and whose wait is over."""
