@@ -266,16 +266,20 @@ class Evaluate:
         trace_id = spans[0].trace_id
         held = self._early.pop(trace_id, None)
         early = held[1] if held else []
-        decisions: dict[str, PolicyDecision] = {}
-        scores = self.policies.evaluate_trace(spans, feedback=early, decisions=decisions)
         if early:
             self._late_matched.labels(self.settings.id, "early").inc(len(early))
+        # completed again (spans after tail sampling's decision): its feedback so far still holds
+        previous = self._recent.pop(trace_id, None)
+        feedback = [*(previous.feedback if previous else ()), *early]
+        decisions: dict[str, PolicyDecision] = {}
+        scores = self.policies.evaluate_trace(spans, feedback=feedback, decisions=decisions)
         if decisions:  # some policy that reads feedback selected the trace
             now = time.monotonic()
-            self._recent.pop(trace_id, None)  # completed again (late spans): the newest decisions count
             self._gone.pop(trace_id, None)
-            self._recent[trace_id] = _Recent(spans, decisions, early, now + self.config.late_signals.window)
+            self._recent[trace_id] = _Recent(spans, decisions, feedback, now + self.config.late_signals.window)
             self._expire(now)
+        elif previous is not None:
+            self._gone[trace_id] = None
         return scores
 
     def _evaluate_feedback(self, feedback: list[Score]) -> list[Score]:
@@ -308,14 +312,15 @@ class Evaluate:
     def _evaluate(self, work: _Work) -> list[Score]:
         """On the engine thread: every policy over one trace or session, or the late path for feedback."""
         t0 = time.perf_counter()
-        if work.unit == "trace":
-            scores: list[Score] = self._evaluate_trace(work.spans)
-            self._traces.inc()
-        elif work.unit == "feedback":
-            scores = self._evaluate_feedback(work.feedback or [])
+        if work.unit == "feedback":
+            scores: list[Score] = self._evaluate_feedback(work.feedback or [])
         else:
-            scores = self.policies.evaluate_session(work.spans)
-        self._latency.observe(time.perf_counter() - t0)
+            if work.unit == "trace":
+                scores = self._evaluate_trace(work.spans)
+                self._traces.inc()
+            else:
+                scores = self.policies.evaluate_session(work.spans)
+            self._latency.observe(time.perf_counter() - t0)
         self._send_alerts()
         for s in scores:
             s.project = self.config.project
