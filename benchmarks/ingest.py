@@ -317,13 +317,16 @@ def metric_sum(text: str, name: str) -> float:
     return total
 
 
-def cpu_seconds(pid: int) -> float:
-    """User+system CPU seconds of a process (all its threads), from /proc."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(*pids: int) -> float:
+    """User+system CPU seconds of processes (all their threads), from /proc."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def system_busy_seconds() -> float:
@@ -543,6 +546,8 @@ def run_one(args: argparse.Namespace, transport: str, payloads: list[bytes], wor
     elif args.mappers:
         config["processors"]["normalize"] = {"mappers": args.mappers.split(",")}
     exporter.pop("flush_interval", None)  # the product defaults unless asked otherwise
+    if args.workers > 1:
+        config["service"]["workers"] = args.workers
     if args.flush_interval:
         exporter["flush_interval"] = args.flush_interval
     if args.batch_size:
@@ -572,6 +577,7 @@ def run_one(args: argparse.Namespace, transport: str, payloads: list[bytes], wor
         else:
             os.environ["PYTHONPATH"] = saved_pythonpath
     pid = c.proc.pid
+    pids = [pid, *c.ready.get("workers", [])]  # the collector and its pipeline workers
     try:
         profiler = None
         if args.profile:
@@ -581,7 +587,7 @@ def run_one(args: argparse.Namespace, transport: str, payloads: list[bytes], wor
             profiler = start_profiler(pid, raw, args.profile_rate, extra)
         poller = StorePoller(c.metrics, args.poll_interval, args.store_timeout)
         res.load_before = os.getloadavg()[0]
-        cpu0, threads0, client0, sys0 = cpu_seconds(pid), thread_cpu(pid), time.process_time(), system_busy_seconds()
+        cpu0, threads0, client0, sys0 = cpu_seconds(*pids), thread_cpu(pid), time.process_time(), system_busy_seconds()
         log(f"[{transport}] sending {len(payloads)} requests x {spans} spans, concurrency {args.concurrency}")
         t0 = time.perf_counter()
         poller.start()
@@ -593,7 +599,7 @@ def run_one(args: argparse.Namespace, transport: str, payloads: list[bytes], wor
         poller.target = sent.accepted_spans
         poller.join()
         t1 = poller.done_at or time.perf_counter()
-        cpu1, threads1, client1, sys1 = cpu_seconds(pid), thread_cpu(pid), time.process_time(), system_busy_seconds()
+        cpu1, threads1, client1, sys1 = cpu_seconds(*pids), thread_cpu(pid), time.process_time(), system_busy_seconds()
         if profiler is not None:
             stop_profiler(profiler)
             if raw.exists():
@@ -712,6 +718,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gil", action="store_true",
                    help="py-spy --gil: only the thread holding the GIL (%% = GIL utilization)")  # fmt: skip
     p.add_argument("--idle", action="store_true", help="py-spy --idle: count idle (waiting) threads too")
+    p.add_argument("--workers", type=int, default=1,
+                   help="service.workers: pipeline worker processes (server CPU then sums them all)")  # fmt: skip
     p.add_argument("--no-normalize", action="store_true",
                    help="run the pipeline without the normalize processor (to see its share)")  # fmt: skip
     p.add_argument("--mappers", metavar="NAMES",

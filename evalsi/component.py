@@ -9,6 +9,7 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
+from evalsi.encoded import EncodedConsumer
 from evalsi.log_record import LogBatch
 from evalsi.score import ScoreBatch
 from evalsi.span import SpanBatch
@@ -70,6 +71,8 @@ class Next:
         self.traces: Consumer | None = None
         self.logs: LogConsumer | None = None
         self.scores: ScoreConsumer | None = None
+        # set for receivers when pipelines run in worker processes: requests go there still encoded
+        self.encoded: EncodedConsumer | None = None
 
     @property
     def signals(self) -> set[Signal]:

@@ -10,8 +10,11 @@ from running_collector import Collector, serve_config, start_collector
 
 
 @pytest.fixture
-def collector(tmp_path: Path) -> Iterator[Collector]:
-    c = start_collector(tmp_path, serve_config(tmp_path / "store"))
+def collector(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Collector]:
+    """A collector with the test defaults; parametrize it indirectly with N to run its pipelines in N workers."""
+    cfg = serve_config(tmp_path / "store")
+    cfg["service"]["workers"] = getattr(request, "param", 1)
+    c = start_collector(tmp_path, cfg)
     yield c
     if c.proc.poll() is None:
         c.stop()

@@ -70,6 +70,7 @@ def _show(c: Collector, trace_id: str, *, api: bool = True) -> dict[str, dict[st
     return {s["name"]: s for s in doc["spans"]}
 
 
+@pytest.mark.parametrize("collector", [1, 2], ids=["in-process", "2-workers"], indirect=True)
 @pytest.mark.parametrize("transport", ["grpc", "http"])
 def test_sdk_exporter_spans_come_back_canonical(collector: Collector, transport: str) -> None:
     if transport == "grpc":
@@ -207,8 +208,10 @@ def test_fixture_captures_round_trip_to_the_store(tmp_path: Path, folder: str) -
         assert c.stop() == 0
 
 
-def test_sigterm_during_load_loses_no_accepted_span(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_during_load_loses_no_accepted_span(tmp_path: Path, workers: int) -> None:
     cfg = serve_config(tmp_path / "store")
+    cfg["service"]["workers"] = workers
     cfg["exporters"]["clickhouse"]["flush_interval"] = "2s"  # keep spans buffered when the signal lands
     c = start_collector(tmp_path, cfg)
     template = ExportTraceServiceRequest.FromString((FIXTURES / "otel-openai-v2-latest" / "chat_tools.pb").read_bytes())
@@ -237,7 +240,7 @@ def test_sigterm_during_load_loses_no_accepted_span(tmp_path: Path) -> None:
             if r.status_code == 200:
                 with lock:
                     accepted += 4
-            elif r.status_code not in (503,):
+            elif r.status_code not in (429, 503):  # backpressure and shutting down: not accepted, sender retries
                 errors.append(f"{r.status_code} {r.text}")
 
     threads = [threading.Thread(target=send, args=(w,)) for w in range(4)]

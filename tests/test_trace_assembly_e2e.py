@@ -18,7 +18,7 @@ from running_collector import Collector, serve_config, start_collector
 from evalsi.exporters.clickhouse.backend import open_backend
 
 SAMPLED = "5a" * 16  # has an ERROR span: kept by the status_code policy
-DROPPED = "d0" * 16  # all OK: probabilistic 0 keeps nothing
+DROPPED = "d1" * 16  # all OK: probabilistic 0 keeps nothing (with 2 workers, the other worker's trace)
 T0 = time.time_ns() - 60_000_000_000
 
 
@@ -68,12 +68,15 @@ def _wait(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "2-workers"])
 @pytest.mark.parametrize("reevaluation", [False, True], ids=["late-span-alone", "late-span-reevaluation"])
 def test_a_trace_sent_out_of_order_with_its_root_last_is_decided_once_complete_and_late_spans_follow(
-    tmp_path: Path, reevaluation: bool
+    tmp_path: Path, reevaluation: bool, workers: int
 ) -> None:
-    """With late_span_reevaluation the late span travels inside a revision of its whole trace: still stored once."""
+    """With late_span_reevaluation the late span travels inside a revision of its whole trace: still stored once.
+    With 2 workers the two traces are assembled in different processes and the metrics are their sums."""
     cfg = serve_config(tmp_path / "store")
+    cfg["service"]["workers"] = workers
     cfg["processors"]["tail_sampling"] = {
         "decision_wait": "1s",
         "late_span_reevaluation": reevaluation,

@@ -55,9 +55,16 @@ class TelemetryConfig(_Strict):
 
 class ServiceConfig(_Strict):
     pipelines: dict[str, PipelineConfig] = Field(default_factory=dict)
+    workers: int = Field(default=1, ge=1, le=64)
+    """Processes the traces and logs pipelines run in, sharded by trace id (1: all in the collector process)."""
+    worker_max_in_flight: int = Field(default=32, ge=1)
+    """Requests a worker may hold not yet taken by its pipelines before the receivers answer 429."""
     api: ApiConfig = Field(default_factory=ApiConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
 
+
+# the exporter type that owns the store: with service.workers > 1 it stays in the collector process
+STORE_TYPE = "clickhouse"
 
 _SECTIONS: dict[str, Kind] = {"receivers": "receiver", "processors": "processor", "exporters": "exporter"}
 
@@ -186,9 +193,32 @@ def parse_config(raw: Any, source: str = "", base_dir: Path | None = None) -> Co
 
     if service is not None:
         errors.extend(_pipeline_errors(service, sections))
+        errors.extend(_worker_errors(service))
     if errors or service is None:
         raise ConfigError(errors, source)
     return Config(service=service, components=components, source=source)
+
+
+def _worker_errors(service: ServiceConfig) -> list[str]:
+    """Why this config cannot run its pipelines in worker processes (each naming its key path), or nothing."""
+    if service.workers <= 1:
+        return []
+    problems = []
+    stores: set[str] = set()
+    for name, pipe in service.pipelines.items():
+        for i, pid in enumerate(pipe.processors):
+            if type_of(pid) == "evaluate":
+                problems.append(
+                    f"service.pipelines.{name}.processors.{i}: processor {pid!r} cannot run with service.workers > 1 "
+                    "yet (policy windows, alerts and judge budgets are per process); set service.workers: 1"
+                )
+        stores.update(eid for eid in pipe.exporters if type_of(eid) == STORE_TYPE)
+    if len(stores) > 1:
+        problems.append(
+            f"service.workers: with more than one worker the pipelines write one store, not {len(stores)} "
+            f"({', '.join(sorted(stores))})"
+        )
+    return problems
 
 
 def _pipeline_errors(service: ServiceConfig, sections: dict[str, dict[str, Any]]) -> list[str]:

@@ -15,7 +15,8 @@ from prometheus_client import make_asgi_app
 
 from evalsi import __version__
 from evalsi.collector.api import build_api
-from evalsi.collector.config import Config, type_of
+from evalsi.collector.config import STORE_TYPE, Config, type_of
+from evalsi.collector.workers import WorkerPool, merged_registry
 from evalsi.component import REGISTRY, Consumer, Kind, LogConsumer, Next, ScoreConsumer, Settings, Signal
 from evalsi.exporters.clickhouse.store import TraceStore
 from evalsi.log_record import LogBatch
@@ -45,7 +46,7 @@ def _upstream_first(edges: dict[str, set[str]]) -> list[str]:
     return order + [n for n in edges if n not in order]  # a cycle (rejected by config) keeps the rest
 
 
-def _tune_gc() -> None:
+def tune_gc() -> None:
     """Spans wait in queues by the tens of thousands; with CPython's default thresholds every full collection walks
     them all, which cost a third of ingest time (benchmarks/README.md). Start-up objects are frozen out of
     collections and young collections run less often; reference counting still frees almost everything."""
@@ -111,10 +112,20 @@ def _fan(data: Signal, consumers: list[Any]) -> Any:
 
 
 class Service:
-    def __init__(self, config: Config) -> None:
+    """The component graph of one process.
+
+    With `service.workers` > 1 the collector process runs the receivers, the store and the scores pipeline, and a
+    `WorkerPool` runs the traces and logs pipelines' processors and other exporters in worker processes; each
+    worker builds its own `Service` with `worker_store` standing in for the store exporter (see workers.py).
+    """
+
+    def __init__(self, config: Config, *, worker_store: Any = None) -> None:
         self.config = config
         self.metrics = SelfMetrics()
         self.metrics.registry.register(_JudgeMetrics())
+        self.worker_store = worker_store  # set in a worker process
+        self.pool: WorkerPool | None = None  # set in the collector process when pipelines run in workers
+        self.heads: dict[str, dict[Signal, Any]] = {}  # what each receiver feeds, by signal
         self.receivers: dict[str, Any] = {}
         self.processors: list[tuple[str, Any]] = []  # upstream before downstream
         self.exporters: dict[str, Any] = {}
@@ -136,6 +147,14 @@ class Service:
     def _build(self) -> None:
         """One instance per component id; each pipeline wires the instances it lists for its signal."""
         pipelines = self.config.service.pipelines
+        if self.config.service.workers > 1:
+            # the traces and logs pipelines run in the workers, the scores pipeline here (with the store)
+            worker = self.worker_store is not None
+            pipelines = {n: p for n, p in pipelines.items() if (type_of(n) != "scores") == worker}
+            for pipe in self.config.service.pipelines.values():
+                for eid in pipe.exporters:
+                    if type_of(eid) == STORE_TYPE and eid not in self.exporters:
+                        self.exporters[eid] = self.worker_store if worker else self._create("exporter", eid)
         processor_next: dict[str, Next] = {}
         processors: dict[str, Any] = {}
         receiver_heads: dict[str, dict[Signal, list[Any]]] = {}
@@ -175,6 +194,23 @@ class Service:
             nxt = Next()
             for data, heads in by_signal.items():
                 setattr(nxt, data, _fan(data, heads))
+            self.heads[rid] = {data: getattr(nxt, data) for data in by_signal}
+            if self.worker_store is None:
+                self.receivers[rid] = self._create("receiver", rid, nxt)
+        if self.config.service.workers > 1 and self.worker_store is None:
+            self._build_receivers_for_workers()
+
+    def _build_receivers_for_workers(self) -> None:
+        """The receivers hand requests still encoded to the pool, which shards them over the worker processes."""
+        store = next((e for eid, e in self.exporters.items() if type_of(eid) == STORE_TYPE), None)
+        self.pool = WorkerPool(self.config, store, self.metrics)
+        pipelines = self.config.service.pipelines
+        for rid in dict.fromkeys(r for n, p in pipelines.items() if type_of(n) != "scores" for r in p.receivers):
+            nxt = Next()
+            for name, pipe in pipelines.items():
+                if rid in pipe.receivers:
+                    setattr(nxt, type_of(name), self.pool)
+            nxt.encoded = self.pool
             self.receivers[rid] = self._create("receiver", rid, nxt)
 
     @property
@@ -189,6 +225,7 @@ class Service:
         return {
             "version": __version__,
             "pid": os.getpid(),
+            "workers": self.pool.pids if self.pool else [],
             "receivers": {rid: getattr(r, "endpoints", {}) for rid, r in self.receivers.items()},
             "api": self.api.endpoint if self.api else None,
             "metrics": self.telemetry.endpoint if self.telemetry else None,
@@ -202,9 +239,16 @@ class Service:
                 await self._start_one(f"exporters.{eid}", exp)
             for pid, proc in self.processors:
                 await self._start_one(f"processors.{pid}", proc)
+            if self.worker_store is not None:
+                return  # a worker serves nothing: the collector process answers for it
+            if self.pool is not None:
+                await self._start_one("service.workers", self.pool)
             telemetry = self.config.service.telemetry.metrics
             if telemetry.level != "none":
-                self.telemetry = AsgiServer(make_asgi_app(self.metrics.registry), telemetry.address)
+                registry = self.metrics.registry
+                if self.pool is not None:  # the workers' counts too
+                    registry = merged_registry(registry, self.pool)
+                self.telemetry = AsgiServer(make_asgi_app(registry), telemetry.address)
                 await self.telemetry.start()
             self.api = AsgiServer(build_api(self.store, self.status, self.scores), self.config.service.api.endpoint)
             await self.api.start()
@@ -230,7 +274,7 @@ class Service:
             if where.startswith("receivers."):
                 await comp.shutdown()
         for where, comp in self._started:
-            if where.startswith("processors."):
+            if where.startswith(("processors.", "service.workers")):
                 await comp.shutdown()
         for where, comp in self._started:
             if where.startswith("exporters."):
@@ -255,7 +299,7 @@ class Service:
             except (NotImplementedError, RuntimeError):  # not the main thread
                 pass
         await self.start()
-        _tune_gc()
+        tune_gc()
         try:
             await self._stop.wait()
             log.info("stopping: draining buffers to the exporters")

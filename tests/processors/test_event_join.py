@@ -45,10 +45,12 @@ def _wait_for(check: Any, timeout: float = 20) -> Any:
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
-def collector(tmp_path_factory: pytest.TempPathFactory) -> Any:
+@pytest.fixture(scope="module", params=[1, 2], ids=["in-process", "2-workers"])
+def collector(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Any:
+    """Spans and their log records arrive in separate requests: with workers, both reach the trace's worker."""
     tmp = tmp_path_factory.mktemp("join")
     cfg = serve_config(tmp / "store")
+    cfg["service"]["workers"] = request.param
     cfg["processors"]["normalize"] = {"event_wait": "1s"}
     c = start_collector(tmp, cfg)
     yield c

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+import pyarrow as pa
 from pydantic import Field, field_validator
 
 from evalsi.component import ComponentConfig, Refused, Settings, exporter
@@ -60,6 +61,19 @@ class _Queue:
     sent: Any
     failed: Any
     items: list[Any] = field(default_factory=list)
+    tables: bool = False  # items are Arrow tables already in the store's columns (from pipeline workers)
+
+    def take(self, rows: int) -> tuple[list[Any], int]:
+        """The next chunk of about `rows` rows, and its row count."""
+        if not self.tables:
+            chunk, self.items = self.items[:rows], self.items[rows:]
+            return chunk, len(chunk)
+        n = i = 0
+        while i < len(self.items) and n < rows:
+            n += self.items[i].num_rows
+            i += 1
+        chunk, self.items = self.items[:i], self.items[i:]
+        return chunk, n
 
 
 @exporter("clickhouse", config=ClickHouseConfig, signals=("traces", "logs", "scores"))
@@ -117,12 +131,21 @@ class ClickHouseExporter:
                 cid
             ),
         )
-        self._queues = [self._spans, self._revisions, self._logs, self._scores]
+        # the same, already in Arrow columns: what pipeline worker processes send (service.workers > 1)
+        self._span_tables = _Queue("spans", store.write_tables, sent_spans, failed_spans, tables=True)
+        self._revision_tables = _Queue("span revisions", store.revise_tables, sent_spans, failed_spans, tables=True)
+        self._log_tables = _Queue(
+            "log records", store.write_log_tables, self._logs.sent, self._logs.failed, tables=True
+        )
+        self._queues = [
+            self._spans, self._span_tables, self._revisions, self._revision_tables, self._logs, self._log_tables,
+            self._scores,
+        ]  # fmt: skip
         self._log.info("store open", extra={"store": backend.description})
         self._task = asyncio.create_task(self._flush_loop())
 
-    def _enqueue(self, queue: _Queue, items: list[Any]) -> None:
-        n = len(items)
+    def _enqueue(self, queue: _Queue, items: list[Any], rows: int | None = None) -> None:
+        n = len(items) if rows is None else rows
         if self._stopping:
             raise Refused("the collector is shutting down", unavailable=True, retry_after=5)
         if self._held + n > self._config.queue_size:
@@ -133,7 +156,7 @@ class ClickHouseExporter:
         queue.items.extend(items)
         self._held += n
         self._queue_gauge.set(self._held)
-        if len(queue.items) >= self._config.batch_size:
+        if n >= self._config.batch_size or len(queue.items) >= self._config.batch_size:
             self._wake.set()
 
     async def consume(self, batch: SpanBatch) -> None:
@@ -151,6 +174,12 @@ class ClickHouseExporter:
     async def consume_scores(self, batch: ScoreBatch) -> None:
         self._enqueue(self._scores, batch.scores)
 
+    def consume_table(self, kind: Literal["spans", "revisions", "logs"], table: pa.Table) -> None:
+        """Rows a pipeline worker process already put in the store's columns (`rows.to_arrow`); raises `Refused`
+        like `consume` when the queue is full."""
+        queue = {"spans": self._span_tables, "revisions": self._revision_tables, "logs": self._log_tables}[kind]
+        self._enqueue(queue, [table], table.num_rows)
+
     async def _flush_loop(self) -> None:
         while True:
             if not self._stopping:
@@ -163,24 +192,23 @@ class ClickHouseExporter:
                 for queue in self._queues:
                     if not queue.items:
                         continue
-                    size = self._config.batch_size
-                    chunk, queue.items = queue.items[:size], queue.items[size:]
-                    await self._write(queue, chunk)
-                    self._held -= len(chunk)
+                    chunk, rows = queue.take(self._config.batch_size)
+                    await self._write(queue, chunk, rows)
+                    self._held -= rows
                     self._queue_gauge.set(self._held)
             if self._stopping:
                 return
 
-    async def _write(self, queue: _Queue, chunk: list[Any]) -> None:
+    async def _write(self, queue: _Queue, chunk: list[Any], rows: int) -> None:
         assert self.store is not None
         delivered = await deliver(
             lambda: asyncio.to_thread(queue.write, chunk),
             self._config.retry_on_failure,
             log=self._log,
             what=queue.kind,
-            extra={"count": len(chunk), "store": self.store.description},
+            extra={"count": rows, "store": self.store.description},
         )
-        (queue.sent if delivered else queue.failed).inc(len(chunk))
+        (queue.sent if delivered else queue.failed).inc(rows)
 
     async def shutdown(self) -> None:
         self._stopping = True

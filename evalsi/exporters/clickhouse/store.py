@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pyarrow as pa
+
 from evalsi.exporters.clickhouse.backend import Backend
 from evalsi.exporters.clickhouse.rows import canonical_from_row, logs_to_arrow, scores_to_arrow, to_arrow
 from evalsi.exporters.clickhouse.schema import (
@@ -55,10 +57,27 @@ class TraceStore:
 
     def revise(self, spans: list[Span]) -> None:
         """Replace stored spans by these newer versions of them (same trace and span ids)."""
-        keys = [(s.trace_id, s.span_id) for s in spans if _HEX.match(s.trace_id) and _HEX.match(s.span_id)]
+        self._delete([(s.trace_id, s.span_id) for s in spans])
+        self.write(spans)
+
+    def _delete(self, keys: list[tuple[str, str]]) -> None:
+        keys = [(t, s) for t, s in keys if _HEX.match(t) and _HEX.match(s)]
         if keys:
             self.backend.command(delete_spans_sql(self.table, keys))
-        self.write(spans)
+
+    def write_tables(self, tables: list[pa.Table]) -> None:
+        """Insert spans already in the table's columns (`rows.to_arrow`), e.g. from pipeline worker processes."""
+        if tables:
+            self.backend.insert(self.table, pa.concat_tables(tables))
+
+    def revise_tables(self, tables: list[pa.Table]) -> None:
+        for table in tables:
+            self._delete(list(zip(table["TraceId"].to_pylist(), table["SpanId"].to_pylist(), strict=True)))
+        self.write_tables(tables)
+
+    def write_log_tables(self, tables: list[pa.Table]) -> None:
+        if tables:
+            self.backend.insert(self.logs_table, pa.concat_tables(tables))
 
     def write_logs(self, records: list[LogRecord]) -> None:
         if records:

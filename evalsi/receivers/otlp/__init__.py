@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from evalsi.component import Next, Refused, Settings, receiver
+from evalsi.encoded import EncodedBatch
 from evalsi.log_record import LogBatch
 from evalsi.receivers.otlp.config import MIB, OtlpReceiverConfig
-from evalsi.receivers.otlp.decode import LOGS, TRACES, Codec, Decoded
+from evalsi.receivers.otlp.decode import LOGS, TRACES, Codec, Decoded, checking_codec
 from evalsi.receivers.otlp.grpc_transport import GrpcTransport
 from evalsi.receivers.otlp.http_transport import build_app
 from evalsi.serving import AsgiServer
@@ -21,6 +24,8 @@ class OtlpReceiver:
         self._settings = settings
         self._next = next
         self._codecs = [c for c in (TRACES, LOGS) if c.signal in next.signals]
+        if next.encoded is not None:  # the pipelines run in worker processes, which decode
+            self._codecs = [checking_codec(c, next.encoded.shards) for c in self._codecs]
         self._grpc: GrpcTransport | None = None
         self._http: AsgiServer | None = None
         self.endpoints: dict[str, str] = {}
@@ -44,7 +49,10 @@ class OtlpReceiver:
         if not n:
             return
         try:
-            if isinstance(decoded.batch, SpanBatch):
+            if isinstance(decoded.batch, EncodedBatch):
+                assert self._next.encoded is not None
+                await self._next.encoded.consume_encoded(replace(decoded.batch, receiver=self._settings.id))
+            elif isinstance(decoded.batch, SpanBatch):
                 await self._next.consume(decoded.batch)
             elif isinstance(decoded.batch, LogBatch):
                 await self._next.consume_logs(decoded.batch)

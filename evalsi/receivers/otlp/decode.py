@@ -15,6 +15,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from evalsi.encoded import EncodedBatch
 from evalsi.log_record import LogBatch, LogRecord
 from evalsi.receivers.otlp.status import export_response, logs_export_response
 from evalsi.span import SPAN_KINDS, STATUS_CODES, Span, SpanBatch, SpanEvent, SpanLink
@@ -31,7 +32,7 @@ class DecodeFailed(ValueError):
 class Decoded:
     """What a request held: the valid items as a batch, and how many were rejected and why."""
 
-    batch: SpanBatch | LogBatch
+    batch: SpanBatch | LogBatch | EncodedBatch
     rejected: int = 0
     message: str = ""
 
@@ -89,7 +90,23 @@ def _check_ids(trace_id: bytes, span_id: bytes, parent: bytes) -> str:
     return ""
 
 
-def spans_from_request(req: ExportTraceServiceRequest) -> Decoded:
+def _check_log_ids(trace_id: bytes, span_id: bytes) -> str:
+    if trace_id and len(trace_id) != 16:
+        return f"trace id must be empty or 16 bytes, got {len(trace_id)}"
+    if span_id and len(span_id) != 8:
+        return f"span id must be empty or 8 bytes, got {len(span_id)}"
+    return ""
+
+
+def shard_of(trace_id: bytes, shards: int) -> int:
+    """The worker that owns a trace: its id's low 64 bits (random in W3C ids) modulo the worker count, as
+    `SpanBatch.shard` does with hex ids. Records without a trace id go to worker 0."""
+    return int.from_bytes(trace_id[8:], "big") % shards if len(trace_id) == 16 else 0
+
+
+def spans_from_request(req: ExportTraceServiceRequest, shard: tuple[int, int] | None = None) -> Decoded:
+    """The request's valid spans; with `shard=(i, n)` only those of traces worker i of n owns (the others are
+    decoded by their own worker; invalid spans were already counted by the receiver)."""
     spans: list[Span] = []
     rejected = 0
     first_error = ""
@@ -105,6 +122,8 @@ def spans_from_request(req: ExportTraceServiceRequest) -> Decoded:
                 trace_id = s.trace_id
                 span_id = s.span_id
                 parent = s.parent_span_id
+                if shard is not None and shard_of(trace_id, shard[1]) != shard[0]:
+                    continue
                 problem = _check_ids(trace_id, span_id, parent)
                 if problem:
                     rejected += 1
@@ -156,7 +175,7 @@ def spans_from_request(req: ExportTraceServiceRequest) -> Decoded:
     return Decoded(SpanBatch(spans), rejected, message)
 
 
-def logs_from_request(req: ExportLogsServiceRequest) -> Decoded:
+def logs_from_request(req: ExportLogsServiceRequest, shard: tuple[int, int] | None = None) -> Decoded:
     records: list[LogRecord] = []
     rejected = 0
     first_error = ""
@@ -169,11 +188,9 @@ def logs_from_request(req: ExportLogsServiceRequest) -> Decoded:
             scope_version = sl.scope.version
             for r in sl.log_records:
                 trace_id, span_id = r.trace_id, r.span_id
-                problem = ""
-                if trace_id and len(trace_id) != 16:
-                    problem = f"trace id must be empty or 16 bytes, got {len(trace_id)}"
-                elif span_id and len(span_id) != 8:
-                    problem = f"span id must be empty or 8 bytes, got {len(span_id)}"
+                if shard is not None and shard_of(trace_id, shard[1]) != shard[0]:
+                    continue
+                problem = _check_log_ids(trace_id, span_id)
                 if problem:
                     rejected += 1
                     if not first_error:
@@ -314,3 +331,74 @@ LOGS = Codec(
     decode_logs_json,
     logs_export_response,
 )
+
+
+def _check_spans(req: ExportTraceServiceRequest, shards: int) -> tuple[int, int, str, frozenset[int]]:
+    """Valid spans, rejected spans, the first problem, and the shards owning the valid spans: what a receiver
+    answers without decoding attributes (the workers decode)."""
+    valid = rejected = 0
+    first_error = ""
+    owners: set[int] = set()
+    for rs in req.resource_spans:
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                trace_id = s.trace_id
+                problem = _check_ids(trace_id, s.span_id, s.parent_span_id)
+                if problem:
+                    rejected += 1
+                    if not first_error:
+                        first_error = f"span {s.name!r}: {problem}"
+                    continue
+                valid += 1
+                owners.add(shard_of(trace_id, shards))
+    message = f"{rejected} span(s) rejected; first: {first_error}" if rejected else ""
+    return valid, rejected, message, frozenset(owners)
+
+
+def _check_logs(req: ExportLogsServiceRequest, shards: int) -> tuple[int, int, str, frozenset[int]]:
+    valid = rejected = 0
+    first_error = ""
+    owners: set[int] = set()
+    for rl in req.resource_logs:
+        for sl in rl.scope_logs:
+            for r in sl.log_records:
+                trace_id, span_id = r.trace_id, r.span_id
+                problem = _check_log_ids(trace_id, span_id)
+                if problem:
+                    rejected += 1
+                    if not first_error:
+                        first_error = f"log record: {problem}"
+                    continue
+                valid += 1
+                owners.add(shard_of(trace_id, shards))
+    message = f"{rejected} log record(s) rejected; first: {first_error}" if rejected else ""
+    return valid, rejected, message, frozenset(owners)
+
+
+def checking_codec(codec: Codec, shards: int) -> Codec:
+    """The same codec, but it only parses and checks ids, keeping the request encoded for worker processes:
+    the answer (status, partial success) is the one full decoding would give."""
+    if codec.signal == "traces":
+        message_type: Any = ExportTraceServiceRequest
+        check: Callable[[Any, int], tuple[int, int, str, frozenset[int]]] = _check_spans
+        fix_ids: Any = _fix_span_ids
+    else:
+        message_type, check, fix_ids = ExportLogsServiceRequest, _check_logs, _fix_log_ids
+    what = message_type.DESCRIPTOR.name
+    signal: Any = codec.signal
+
+    def checked(req: Message, body: bytes) -> Decoded:
+        valid, rejected, message, owners = check(req, shards)
+        return Decoded(EncodedBatch(signal, body, valid, owners), rejected, message)
+
+    def from_protobuf(body: bytes) -> Decoded:
+        req = message_type()
+        _parse_protobuf(body, req, what)
+        return checked(req, body)
+
+    def from_json(body: bytes) -> Decoded:
+        req = message_type()
+        _parse_json(body, req, what, fix_ids)
+        return checked(req, req.SerializeToString())
+
+    return Codec(codec.signal, codec.grpc_service, from_protobuf, from_json, codec.response)

@@ -1,0 +1,183 @@
+"""Pipelines in worker processes (`service.workers`): the answers, the metrics and a dying worker, through a real
+`evalsi serve`. The end-to-end tests of test_serve, test_event_join and test_trace_assembly_e2e run with 2 workers too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from prometheus_client.parser import text_string_to_metric_families
+from running_collector import Collector, serve_config, start_collector
+
+from evalsi.collector.config import ConfigError, parse_config
+
+PROTOBUF = {"Content-Type": "application/x-protobuf"}
+T0 = time.time_ns() - 60_000_000_000
+
+
+def _request(trace_ids: list[bytes], per_trace: int = 2) -> ExportTraceServiceRequest:
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    rs.resource.attributes.append(KeyValue(key="service.name", value={"string_value": "workers-test"}))
+    spans = rs.scope_spans.add().spans
+    for trace_id in trace_ids:
+        for n in range(per_trace):
+            spans.append(
+                Span(
+                    trace_id=trace_id,
+                    span_id=(n + 1).to_bytes(8, "big"),
+                    parent_span_id=b"" if n == 0 else (1).to_bytes(8, "big"),
+                    name=f"step {n}",
+                    start_time_unix_nano=T0 + n,
+                    end_time_unix_nano=T0 + n + 1_000,
+                )
+            )
+    return req
+
+
+def _trace_id(n: int) -> bytes:
+    return (0xABC).to_bytes(8, "big") + n.to_bytes(8, "big")  # the low half picks the worker: n % workers
+
+
+@pytest.fixture
+def two_workers(tmp_path: Path) -> Iterator[Collector]:
+    cfg = serve_config(tmp_path / "store")
+    cfg["service"]["workers"] = 2
+    c = start_collector(tmp_path, cfg)
+    yield c
+    if c.proc.poll() is None:
+        c.stop()
+
+
+def _metrics(c: Collector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(c.metrics).text
+    names = [f.name for f in text_string_to_metric_families(text)]
+    assert len(names) == len(set(names)), "a metric family appears twice in the exposition"
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+
+
+def test_ready_line_names_the_workers_and_spans_of_both_shards_are_stored(two_workers: Collector) -> None:
+    c = two_workers
+    assert len(c.ready["workers"]) == 2 and c.proc.pid not in c.ready["workers"]
+    body = _request([_trace_id(n) for n in range(10)]).SerializeToString()
+    r = httpx.post(c.http + "/v1/traces", content=body, headers=PROTOBUF)
+    assert r.status_code == 200 and r.content == b""
+    assert c.wait_stored(20) == 20
+    listed = json.loads(c.cli("traces", "list", "--limit", "100", "--json").stdout)
+    assert sorted(t["trace_id"] for t in listed) == sorted(_trace_id(n).hex() for n in range(10))
+    assert all(t["span_count"] == 2 for t in listed)
+
+
+def test_invalid_spans_get_partial_success_and_the_rest_is_stored(two_workers: Collector) -> None:
+    c = two_workers
+    req = _request([_trace_id(1), _trace_id(2)])
+    req.resource_spans[0].scope_spans[0].spans[1].trace_id = b"\x01" * 15  # not 16 bytes
+    r = httpx.post(c.http + "/v1/traces", content=req.SerializeToString(), headers=PROTOBUF)
+    assert r.status_code == 200
+    answer = ExportTraceServiceResponse.FromString(r.content)
+    assert answer.partial_success.rejected_spans == 1
+    assert "trace id must be 16 bytes, got 15" in answer.partial_success.error_message
+    assert c.wait_stored(3) == 3
+    time.sleep(0.5)
+    assert c.stored_spans() == 3, "the rejected span must not be stored by any worker"
+    # OTLP/JSON is checked in the collector process and decoded in the workers too
+    doc = {
+        "resourceSpans": [
+            {
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {"traceId": _trace_id(7).hex(), "spanId": "00000000000000aa", "name": "json span"},
+                            {"traceId": "zz", "spanId": "00000000000000bb", "name": "bad id"},
+                        ]
+                    }
+                ]
+            }
+        ]
+    }
+    r = httpx.post(c.http + "/v1/traces", json=doc)
+    assert r.status_code == 200 and r.json()["partialSuccess"]["rejectedSpans"] == "1"
+    assert c.wait_stored(4) == 4
+    r = httpx.post(c.http + "/v1/traces", content=b"\x0a\xff\xff", headers=PROTOBUF)
+    assert r.status_code == 400
+
+
+def test_metrics_sum_the_workers_into_one_exposition(tmp_path: Path) -> None:
+    cfg = serve_config(tmp_path / "store")
+    cfg["service"]["workers"] = 2
+    cfg["processors"]["tail_sampling"] = {"decision_wait": "300ms"}
+    cfg["service"]["pipelines"]["traces"]["processors"] = ["normalize", "tail_sampling"]
+    c = start_collector(tmp_path, cfg)
+    try:
+        for i in range(3):
+            body = _request([_trace_id(10 * i + n) for n in range(4)]).SerializeToString()
+            assert httpx.post(c.http + "/v1/traces", content=body, headers=PROTOBUF).status_code == 200
+        assert c.wait_stored(24) == 24
+        labels = (("processor", "tail_sampling"), ("reason", "quiet"))
+        completed = ("evalsi_tail_sampling_traces_completed_total", labels)
+        deadline = time.monotonic() + 10
+        while True:  # workers report every second
+            m = _metrics(c)
+            if m.get(completed) == 12 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        # each worker assembled its own traces; the one series is their sum
+        assert m.get(completed) == 12
+        by_worker = {labels: v for (name, labels), v in m.items() if name == "evalsi_worker_spans_total"}
+        assert by_worker == {(("worker", "0"),): 12.0, (("worker", "1"),): 12.0}
+        assert m[("otelcol_receiver_accepted_spans_total", (("receiver", "otlp"), ("transport", "http")))] == 24
+        assert m[("otelcol_exporter_sent_spans_total", (("exporter", "clickhouse"),))] == 24
+    finally:
+        assert c.stop() == 0
+
+
+def test_a_worker_that_dies_is_restarted_and_the_collector_goes_on(two_workers: Collector) -> None:
+    c = two_workers
+    victim = c.ready["workers"][1]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:
+        restarted = [e for e in c.logs() if e.get("msg") == "pipeline worker ready" and e.get("worker") == 1]
+        if len(restarted) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert any(e.get("msg", "").startswith("pipeline worker died") for e in c.logs())
+    assert len(restarted) == 2 and restarted[-1]["pid"] != victim
+    body = _request([_trace_id(n) for n in range(100, 110)]).SerializeToString()
+    assert httpx.post(c.http + "/v1/traces", content=body, headers=PROTOBUF).status_code == 200
+    assert c.wait_stored(20) == 20, "both shards are stored after the restart"
+    m = _metrics(c)
+    assert m[("evalsi_worker_restarts_total", (("worker", "1"),))] == 1
+    assert c.stop() == 0
+
+
+def test_configs_that_cannot_run_in_workers_are_refused_by_key_path() -> None:
+    base = serve_config(Path("/tmp/unused"))
+    base["service"]["workers"] = 2
+    base["processors"]["evaluate"] = {"policies": []}
+    base["service"]["pipelines"]["traces"]["processors"] = ["normalize", "evaluate"]
+    with pytest.raises(ConfigError) as e:
+        parse_config(base)
+    assert any(err.startswith("service.pipelines.traces.processors.1: processor 'evaluate'") for err in e.value.errors)
+    base = serve_config(Path("/tmp/unused"))
+    base["service"]["workers"] = 0
+    with pytest.raises(ConfigError) as e:
+        parse_config(base)
+    assert any(err.startswith("service.workers:") for err in e.value.errors)
