@@ -10,7 +10,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import Body, FastAPI, HTTPException, Query
+from fastapi import Body, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 from evalsi.collector import score_api
 from evalsi.component import Refused, ScoreConsumer
@@ -70,6 +72,13 @@ def build_api(
         return {"trace_id": trace_id.lower(), "spans": spans}
 
     # --- the Score API -------------------------------------------------------------------------------------
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """A body that is not JSON (or a bad query parameter) is the client's error: 400 saying what, not 422."""
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return JSONResponse({"detail": f"invalid request: {where}: {first.get('msg', 'malformed')}"}, status_code=400)
 
     @app.post("/v1/evaluate")
     async def evaluate(body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008

@@ -110,6 +110,10 @@ def test_evaluate_refuses_too_many_records_and_bad_records(served: Collector) ->
     resp = httpx.post(served.api + "/v1/evaluate", json={"records": [{"ouptut": "x"}], "evaluators": EVALUATORS})
     assert resp.status_code == 400
     assert "records.0.ouptut" in resp.json()["detail"]
+    for path in ("/v1/evaluate", "/v1/feedback"):  # not JSON at all: the client's error, said as such
+        resp = httpx.post(served.api + path, content=b"{not json", headers={"Content-Type": "application/json"})
+        assert resp.status_code == 400, resp.text
+        assert "invalid request" in resp.json()["detail"] and "JSON" in resp.json()["detail"]
 
 
 def test_feedback_is_stored_as_a_human_score(served: Collector) -> None:
