@@ -62,17 +62,20 @@ class _Queue:
     failed: Any
     items: list[Any] = field(default_factory=list)
     tables: bool = False  # items are Arrow tables already in the store's columns (from pipeline workers)
+    rows: int = 0  # rows held: len(items) for spans, the tables' rows for tables
 
     def take(self, rows: int) -> tuple[list[Any], int]:
         """The next chunk of about `rows` rows, and its row count."""
         if not self.tables:
             chunk, self.items = self.items[:rows], self.items[rows:]
+            self.rows -= len(chunk)
             return chunk, len(chunk)
         n = i = 0
         while i < len(self.items) and n < rows:
             n += self.items[i].num_rows
             i += 1
         chunk, self.items = self.items[:i], self.items[i:]
+        self.rows -= n
         return chunk, n
 
 
@@ -154,9 +157,10 @@ class ClickHouseExporter:
                 retry_after=max(1.0, self._config.flush_interval),
             )
         queue.items.extend(items)
+        queue.rows += n
         self._held += n
         self._queue_gauge.set(self._held)
-        if n >= self._config.batch_size or len(queue.items) >= self._config.batch_size:
+        if queue.rows >= self._config.batch_size:
             self._wake.set()
 
     async def consume(self, batch: SpanBatch) -> None:
