@@ -43,6 +43,10 @@ class LateSignalsConfig(ComponentConfig):
     """A numeric feedback value below this is `feedback.negative`, at or above it `feedback.positive`."""
 
 
+# traces (or feedback items) the engine thread takes per hand-off from the event loop
+ENGINE_CHUNK = 256
+
+
 class EvaluateConfig(ComponentConfig):
     policies: list[str] = Field(default_factory=list)
     """Globs of OnlineEvalPolicy files, relative to the config file's directory (the working directory when
@@ -341,6 +345,9 @@ class Evaluate:
                     return
                 await asyncio.sleep(e.retry_after)
 
+    def _evaluate_all(self, works: list[_Work]) -> list[Score]:
+        return [s for work in works for s in self._evaluate(work)]
+
     async def _work_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -349,13 +356,17 @@ class Evaluate:
                     return
                 self._wake.clear()
                 await self._wake.wait()
-            work = self._queue.popleft()
+            # everything waiting goes to the engine in one hand-off: under heavy ingest each event loop turn is
+            # long (a big request decodes in it), and one trace per turn would cap evaluation at a few dozen/s
+            works = [self._queue.popleft() for _ in range(min(len(self._queue), ENGINE_CHUNK))]
             self._queue_size.set(len(self._queue))
-            scores = await loop.run_in_executor(self._engine, self._evaluate, work)
+            scores = await loop.run_in_executor(self._engine, self._evaluate_all, works)
             if scores:
                 await self._hand_on(scores)
-            if work.unit != "feedback":
-                self._freshness.observe(time.monotonic() - work.completed)
+            now = time.monotonic()
+            for work in works:
+                if work.unit != "feedback":
+                    self._freshness.observe(now - work.completed)
 
     def _enqueue(self, unit: str, spans: list[Span]) -> None:
         if len(self._queue) >= self.config.queue_size:
