@@ -55,7 +55,7 @@ class OtlpExporterConfig(ComponentConfig):
     compression: Literal["gzip", "none"] = "gzip"
     timeout: Duration = 5.0
     tls: TlsConfig = TlsConfig()
-    queue_size: int = Field(default=10_000, gt=0)
+    queue_size: int = Field(default=50_000, gt=0)
     batch_size: int = Field(default=512, gt=0)
     # how long a partial batch waits for more before it is sent
     flush_interval: Duration = 0.2

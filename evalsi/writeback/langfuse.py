@@ -54,7 +54,7 @@ class LangfuseConfig(ComponentConfig):
     secret_key: str  # usually `env:LANGFUSE_SECRET_KEY`
     timeout: Duration = 10.0
     # scores held while Langfuse is slow or down
-    queue_size: int = Field(default=10_000, gt=0)
+    queue_size: int = Field(default=50_000, gt=0)
     # scores in flight at once (one request each)
     batch_size: int = Field(default=50, gt=0)
     # spans held for the OTLP endpoint (traces pipeline), apart from the scores
