@@ -73,17 +73,26 @@ async def deliver(
             failure = SendFailed(f"{type(e).__name__}: {e}", retryable=True)
         wait = failure.retry_after if failure.retry_after is not None else delay * random.uniform(0.8, 1.2)
         now = time.monotonic()
+        retry_at = now + wait
         if (
             not failure.retryable
             or not retry.enabled
-            or now - started + wait > retry.max_elapsed_time
-            or now + wait > deadline()
+            or retry_at - started > retry.max_elapsed_time
+            or retry_at > deadline()
         ):
-            log.error(
-                f"dropping {what} the backend would not take",
-                extra={"error": str(failure), "retryable": failure.retryable, **(extra or {})},
-            )
-            return False
+            return _dropped(log, what, failure, extra)
         log.warning(f"sending {what} failed; retrying", extra={"error": str(failure), "retry_in_s": round(wait, 2)})
-        await asyncio.sleep(wait)
+        # wait in short steps: a shutdown that starts meanwhile sets a deadline this retry may no longer meet
+        while (left := retry_at - time.monotonic()) > 0:
+            if retry_at > deadline():
+                return _dropped(log, what, failure, extra)
+            await asyncio.sleep(min(left, 0.25))
         delay = min(delay * 2, retry.max_interval)
+
+
+def _dropped(log: logging.Logger, what: str, failure: SendFailed, extra: dict[str, Any] | None) -> bool:
+    log.error(
+        f"dropping {what} the backend would not take",
+        extra={"error": str(failure), "retryable": failure.retryable, **(extra or {})},
+    )
+    return False

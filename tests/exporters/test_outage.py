@@ -33,7 +33,7 @@ OUTAGE_S = 30.0
 
 
 def delivery_through_outage(
-    monkeypatch: pytest.MonkeyPatch, jitter: float, outage_s: float
+    monkeypatch: pytest.MonkeyPatch, jitter: float, outage_s: float, shutdown_at: float = float("inf")
 ) -> tuple[bool, list[float]]:
     """Run `deliver` with the default `RetryConfig` against a backend refusing for `outage_s` from the first attempt;
     `jitter` is what `random.uniform(0.8, 1.2)` returns. Returns whether it delivered and when each attempt ran."""
@@ -51,17 +51,23 @@ def delivery_through_outage(
     monkeypatch.setattr(delivery.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(delivery.asyncio, "sleep", sleep)
     monkeypatch.setattr(delivery.random, "uniform", lambda lo, hi: jitter)
-    coro = deliver(attempt, RetryConfig(), log=delivery.logging.getLogger("test.outage"), what="a score")
+
+    def deadline() -> float:  # shutdown at `shutdown_at` gives the sender 1 s more
+        return shutdown_at + 1.0 if clock[0] >= shutdown_at else float("inf")
+
+    log = delivery.logging.getLogger("test.outage")
+    coro = deliver(attempt, RetryConfig(), log=log, what="a score", deadline=deadline)
     try:
         coro.send(None)  # the fake sleep never suspends, so the whole loop runs in this one step
     except StopIteration as done:
+        attempts.append(clock[0])  # when it returned
         return done.value, attempts
     raise AssertionError("deliver suspended on something other than its backoff")
 
 
 @pytest.mark.parametrize("jitter", [0.8, 1.0, 1.2])
 def test_default_retry_settings_outlast_a_30s_outage(monkeypatch: pytest.MonkeyPatch, jitter: float) -> None:
-    delivered, attempts = delivery_through_outage(monkeypatch, jitter, OUTAGE_S)
+    delivered, (*attempts, _) = delivery_through_outage(monkeypatch, jitter, OUTAGE_S)
     assert delivered
     assert attempts[-2] < OUTAGE_S <= attempts[-1]
     # the first try after the backend is back comes within one max_interval (30 s, +20% jitter)
@@ -69,9 +75,17 @@ def test_default_retry_settings_outlast_a_30s_outage(monkeypatch: pytest.MonkeyP
 
 
 def test_default_retry_settings_give_up_on_an_outage_past_max_elapsed_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    delivered, attempts = delivery_through_outage(monkeypatch, 1.0, 10 * RetryConfig().max_elapsed_time)
+    delivered, (*attempts, _) = delivery_through_outage(monkeypatch, 1.0, 10 * RetryConfig().max_elapsed_time)
     assert not delivered
     assert attempts[-1] <= RetryConfig().max_elapsed_time
+
+
+def test_a_shutdown_during_a_backoff_wait_ends_it_instead_of_sleeping_it_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    # attempts at 0, 5 and 15 s fail; the wait for 35 s starts at 15; at 20 s shutdown allows 1 s more
+    delivered, (*attempts, returned) = delivery_through_outage(monkeypatch, 1.0, OUTAGE_S * 10, shutdown_at=20.0)
+    assert not delivered
+    assert attempts == [0.0, 5.0, 15.0]
+    assert 20.0 <= returned < 21.0, "the retry due at 35 s cannot meet the shutdown deadline: dropped at once"
 
 
 # --- end to end: `evalsi serve` through a real outage ------------------------------------------------
