@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from evalsi.component import ComponentConfig
+from evalsi.component import ComponentConfig, Settings
 from evalsi.duration import Duration
 
 # the OTLP spec's retryable HTTP statuses, which Langfuse and most HTTP APIs share
@@ -23,6 +23,41 @@ class RetryConfig(ComponentConfig):
     initial_interval: Duration = 5.0
     max_interval: Duration = 30.0
     max_elapsed_time: Duration = 300.0
+
+
+class ExporterCounters:
+    """The self-metrics of an exporter that delivers scores and spans to a backend, labelled by its id, with the
+    Collector's names: sent, send failed and enqueue failed (queue full) per kind, the scores it does not write by
+    design (`scores_not_sent`, labelled by reason too), and its queue's size and capacity."""
+
+    def __init__(self, settings: Settings, capacity: int) -> None:
+        m, cid = settings.metrics, settings.id
+        self.queue_size = m.exporter_queue_size.labels(cid)
+        m.exporter_queue_capacity.labels(cid).set(capacity)
+        sent = m.counter("otelcol_exporter_sent_scores", "Scores the backend accepted.", ["exporter"])
+        self.scores_sent = sent.labels(cid)
+        self.scores_failed = m.counter(
+            "otelcol_exporter_send_failed_scores",
+            "Scores dropped after a permanent failure or when retries ran out.",
+            ["exporter"],
+        ).labels(cid)
+        self.scores_dropped = m.counter(
+            "otelcol_exporter_enqueue_failed_scores",
+            "Scores dropped because the exporter's queue was full or it was shutting down.",
+            ["exporter"],
+        ).labels(cid)
+        self.scores_not_sent = m.counter(
+            "evalsi_exporter_scores_not_sent",
+            "Scores the exporter does not write by design (skipped or error outcomes, no value, no trace).",
+            ["exporter", "reason"],
+        )
+        self.spans_sent = m.exporter_sent_spans.labels(cid)
+        self.spans_failed = m.exporter_send_failed_spans.labels(cid)
+        self.spans_dropped = m.counter(
+            "otelcol_exporter_enqueue_failed_spans",
+            "Spans dropped because the exporter's queue was full.",
+            ["exporter"],
+        ).labels(cid)
 
 
 class SendFailed(Exception):

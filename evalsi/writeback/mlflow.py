@@ -33,7 +33,7 @@ from pydantic import Field, field_validator, model_validator
 
 from evalsi.component import ComponentConfig, Settings, exporter
 from evalsi.duration import Duration
-from evalsi.exporters.delivery import RETRYABLE_HTTP, RetryConfig, SendFailed, deliver, retry_after
+from evalsi.exporters.delivery import RETRYABLE_HTTP, ExporterCounters, RetryConfig, SendFailed, deliver, retry_after
 from evalsi.exporters.otlp_encode import traces_request
 from evalsi.score import Score, ScoreBatch
 from evalsi.span import Span, SpanBatch
@@ -208,35 +208,13 @@ class MlflowExporter:
     def __init__(self, config: MlflowConfig, settings: Settings) -> None:
         self._config = config
         self._log = settings.logger
-        m, cid = settings.metrics, settings.id
-        self._cid = cid
-        self._queue_gauge = m.exporter_queue_size.labels(cid)
-        m.exporter_queue_capacity.labels(cid).set(config.queue_size)
-        self._spans_sent = m.exporter_sent_spans.labels(cid)
-        self._spans_failed = m.exporter_send_failed_spans.labels(cid)
-        self._spans_dropped = m.counter(
-            "otelcol_exporter_enqueue_failed_spans",
-            "Spans dropped because the exporter's queue was full.",
-            ["exporter"],
-        ).labels(cid)
-        self._scores_sent = m.counter(
-            "otelcol_exporter_sent_scores", "Scores the backend accepted.", ["exporter"]
-        ).labels(cid)
-        self._scores_failed = m.counter(
-            "otelcol_exporter_send_failed_scores",
-            "Scores dropped after a permanent failure or when retries ran out.",
-            ["exporter"],
-        ).labels(cid)
-        self._scores_dropped = m.counter(
-            "otelcol_exporter_enqueue_failed_scores",
-            "Scores dropped because the exporter's queue was full or it was shutting down.",
-            ["exporter"],
-        ).labels(cid)
-        self._not_sent = m.counter(
-            "evalsi_exporter_scores_not_sent",
-            "Scores the exporter does not write by design (skipped or error outcomes, no value, no trace).",
-            ["exporter", "reason"],
-        )
+        self._cid = settings.id
+        counters = ExporterCounters(settings, config.queue_size)
+        self._queue_gauge = counters.queue_size
+        self._spans_sent, self._spans_failed = counters.spans_sent, counters.spans_failed
+        self._spans_dropped = counters.spans_dropped
+        self._scores_sent, self._scores_failed = counters.scores_sent, counters.scores_failed
+        self._scores_dropped, self._not_sent = counters.scores_dropped, counters.scores_not_sent
         self._spans: deque[Span] = deque()
         # spans queued or in flight per trace: a score for such a trace waits for them
         self._spans_pending: Counter[str] = Counter()
