@@ -13,6 +13,7 @@ from typing import Any
 
 from evalsi.component import ComponentConfig, Settings
 from evalsi.duration import Duration
+from evalsi.span import Span, SpanBatch
 
 # the OTLP spec's retryable HTTP statuses, which Langfuse and most HTTP APIs share
 RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
@@ -58,6 +59,15 @@ class ExporterCounters:
             "Spans dropped because the exporter's queue was full.",
             ["exporter"],
         ).labels(cid)
+
+
+def spans_to_forward(batch: SpanBatch) -> list[Span]:
+    """What an exporter forwarding spans to a backend sends of a batch: its sampled spans, once. A session's spans
+    were forwarded as their traces completed; a revision only adds canonical fields to spans already forwarded,
+    and their OTLP fields are unchanged."""
+    if batch.unit == "session" or batch.revision:
+        return []
+    return [s for s in batch.spans if s.sampled]
 
 
 class SendFailed(Exception):

@@ -24,7 +24,7 @@ from pydantic import Field, field_validator
 
 from evalsi.component import ComponentConfig, Settings, exporter
 from evalsi.duration import Duration
-from evalsi.exporters.delivery import RETRYABLE_HTTP, RetryConfig, SendFailed, deliver, retry_after
+from evalsi.exporters.delivery import RETRYABLE_HTTP, RetryConfig, SendFailed, deliver, retry_after, spans_to_forward
 from evalsi.exporters.otlp_encode import logs_request, traces_request
 from evalsi.score import ScoreBatch
 from evalsi.span import SpanBatch
@@ -244,11 +244,7 @@ class OtlpExporter:
             self._wake.set()
 
     async def consume(self, batch: SpanBatch) -> None:
-        if batch.unit == "session" or batch.revision:
-            # a session's spans were forwarded as their traces completed; a revision only adds canonical
-            # fields to spans already forwarded, and their OTLP fields are unchanged
-            return
-        spans = [s for s in batch.spans if s.sampled]
+        spans = spans_to_forward(batch)
         if spans:
             self._enqueue(self.spans, spans)
 

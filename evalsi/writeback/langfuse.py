@@ -32,7 +32,15 @@ from pydantic import Field, field_validator
 
 from evalsi.component import ComponentConfig, Settings, exporter
 from evalsi.duration import Duration
-from evalsi.exporters.delivery import RETRYABLE_HTTP, ExporterCounters, RetryConfig, SendFailed, deliver, retry_after
+from evalsi.exporters.delivery import (
+    RETRYABLE_HTTP,
+    ExporterCounters,
+    RetryConfig,
+    SendFailed,
+    deliver,
+    retry_after,
+    spans_to_forward,
+)
 from evalsi.exporters.otlp_encode import traces_request
 from evalsi.score import Score, ScoreBatch
 from evalsi.span import Span, SpanBatch
@@ -227,11 +235,7 @@ class LangfuseExporter:
             self._wake.set()
 
     async def consume(self, batch: SpanBatch) -> None:
-        if batch.unit == "session" or batch.revision:
-            # a session's spans were forwarded as their traces completed; a revision only adds canonical
-            # fields to spans already forwarded, and their OTLP fields are unchanged
-            return
-        spans = [s for s in batch.spans if s.sampled]
+        spans = spans_to_forward(batch)
         if not spans:
             return
         if self._stopping:
