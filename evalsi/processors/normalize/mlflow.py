@@ -18,6 +18,39 @@ from evalsi.processors.normalize.openinference import (
     request_parameters,
     text_message,
 )
+from evalsi.processors.normalize.otel_genai import (  # the semconv names this convention shares
+    AGENT_NAME as GEN_AI_AGENT_NAME,
+)
+from evalsi.processors.normalize.otel_genai import (
+    CONVERSATION_ID as GEN_AI_CONVERSATION_ID,
+)
+from evalsi.processors.normalize.otel_genai import (
+    INPUT_MESSAGES as GEN_AI_INPUT_MESSAGES,
+)
+from evalsi.processors.normalize.otel_genai import (
+    INPUT_TOKENS as GEN_AI_INPUT_TOKENS,
+)
+from evalsi.processors.normalize.otel_genai import (
+    OUTPUT_MESSAGES as GEN_AI_OUTPUT_MESSAGES,
+)
+from evalsi.processors.normalize.otel_genai import (
+    OUTPUT_TOKENS as GEN_AI_OUTPUT_TOKENS,
+)
+from evalsi.processors.normalize.otel_genai import (
+    PROVIDER as GEN_AI_PROVIDER,
+)
+from evalsi.processors.normalize.otel_genai import (
+    REQUEST_MODEL as GEN_AI_REQUEST_MODEL,
+)
+from evalsi.processors.normalize.otel_genai import (
+    RESPONSE_MODEL as GEN_AI_RESPONSE_MODEL,
+)
+from evalsi.processors.normalize.otel_genai import (
+    SYSTEM as GEN_AI_SYSTEM,
+)
+from evalsi.processors.normalize.otel_genai import (
+    TOOL_NAME as GEN_AI_TOOL_NAME,
+)
 from evalsi.processors.normalize.otel_genai import span_error_type
 from evalsi.processors.normalize.values import count, is_malformed, loads, number, text
 from evalsi.span import Span
@@ -39,17 +72,6 @@ TRACE_SESSION = "mlflow.trace.session"  # the trace-metadata keys, when an app s
 TRACE_USER = "mlflow.trace.user"
 CHUNK_EVENT_PREFIX = "mlflow.chunk.item."  # one event per streamed chunk: mlflow.chunk.item.0, .1, ...
 
-GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
-GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
-GEN_AI_PROVIDER = "gen_ai.provider.name"
-GEN_AI_SYSTEM = "gen_ai.system"
-GEN_AI_INPUT_TOKENS = "gen_ai.usage.input_tokens"
-GEN_AI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
-GEN_AI_TOOL_NAME = "gen_ai.tool.name"
-GEN_AI_AGENT_NAME = "gen_ai.agent.name"
-GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"
-GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
 
 STEP_TYPES: dict[str, str] = {
     "LLM": "llm",

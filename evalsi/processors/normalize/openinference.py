@@ -18,6 +18,33 @@ from evalsi.processors.normalize.messages import (
     tool_arguments,
     unparsed_message,
 )
+from evalsi.processors.normalize.otel_genai import (  # the semconv names this convention shares
+    CONVERSATION_ID as GEN_AI_CONVERSATION_ID,
+)
+from evalsi.processors.normalize.otel_genai import (
+    INPUT_MESSAGES as GEN_AI_INPUT_MESSAGES,
+)
+from evalsi.processors.normalize.otel_genai import (
+    INPUT_TOKENS as GEN_AI_INPUT_TOKENS,
+)
+from evalsi.processors.normalize.otel_genai import (
+    OUTPUT_MESSAGES as GEN_AI_OUTPUT_MESSAGES,
+)
+from evalsi.processors.normalize.otel_genai import (
+    OUTPUT_TOKENS as GEN_AI_OUTPUT_TOKENS,
+)
+from evalsi.processors.normalize.otel_genai import (
+    PROVIDER as GEN_AI_PROVIDER,
+)
+from evalsi.processors.normalize.otel_genai import (
+    REQUEST_MODEL as GEN_AI_REQUEST_MODEL,
+)
+from evalsi.processors.normalize.otel_genai import (
+    RESPONSE_MODEL as GEN_AI_RESPONSE_MODEL,
+)
+from evalsi.processors.normalize.otel_genai import (
+    SYSTEM as GEN_AI_SYSTEM,
+)
 from evalsi.processors.normalize.otel_genai import span_error_type
 from evalsi.processors.normalize.values import as_text, count, is_malformed, loads, number, text
 from evalsi.span import Span
@@ -71,15 +98,6 @@ RERANKER_INPUT_DOCUMENTS = "reranker.input_documents."
 RERANKER_OUTPUT_DOCUMENTS = "reranker.output_documents."
 
 # gen_ai.* read only when the OpenInference attribute is absent (instrumentations that write both)
-GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
-GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
-GEN_AI_PROVIDER = "gen_ai.provider.name"
-GEN_AI_SYSTEM = "gen_ai.system"
-GEN_AI_INPUT_TOKENS = "gen_ai.usage.input_tokens"
-GEN_AI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
-GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"
-GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
 
 STEP_TYPES: dict[str, str] = {
     "LLM": "llm",

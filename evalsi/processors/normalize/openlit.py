@@ -15,13 +15,25 @@ from evalsi.processors.normalize.messages import (
     tool_arguments,
     with_system_instructions,
 )
-from evalsi.processors.normalize.otel_genai import STEP_TYPES as OTEL_STEP_TYPES
-from evalsi.processors.normalize.otel_genai import (
+from evalsi.processors.normalize.otel_genai import (  # the semconv names this convention shares
+    AGENT_NAME,
+    CONVERSATION_ID,
+    INPUT_MESSAGES,
+    OPERATION,
+    OUTPUT_MESSAGES,
+    PROVIDER,
+    REQUEST_MODEL,
+    RESPONSE_MODEL,
+    SYSTEM,
+    SYSTEM_INSTRUCTIONS,
+    TOOL_CALL_ID,
+    TOOL_NAME,
     fill_details,
     fill_provider_and_tokens,
     span_error_type,
     tool_messages,
 )
+from evalsi.processors.normalize.otel_genai import STEP_TYPES as OTEL_STEP_TYPES
 from evalsi.processors.normalize.values import as_text, count, first, number, objects, text
 from evalsi.span import Span
 
@@ -36,24 +48,12 @@ AGENT_VERSION_HASH = "openlit.agent.version_hash"
 STREAM = "gen_ai.request.stream"
 TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token"
 
-OPERATION = "gen_ai.operation.name"
-PROVIDER = "gen_ai.provider.name"
-SYSTEM = "gen_ai.system"
-REQUEST_MODEL = "gen_ai.request.model"
-RESPONSE_MODEL = "gen_ai.response.model"
-INPUT_MESSAGES = "gen_ai.input.messages"
-OUTPUT_MESSAGES = "gen_ai.output.messages"
-SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
 PROMPT = "gen_ai.prompt"  # up to 1.36: "role: content" lines (span attribute from 1.35)
 COMPLETION = "gen_ai.completion"
-TOOL_NAME = "gen_ai.tool.name"
-TOOL_CALL_ID = "gen_ai.tool.call.id"
 TOOL_ARGS = "gen_ai.tool.args"  # OpenLIT's older name for the arguments
 TOOL_INPUT = "gen_ai.tool.input"
 TOOL_OUTPUT = "gen_ai.tool.output"
 TOOL_DEFINITIONS = "gen_ai.tool.definitions"
-AGENT_NAME = "gen_ai.agent.name"
-CONVERSATION_ID = "gen_ai.conversation.id"
 REQUEST_USER = "gen_ai.request.user"
 DB_OPERATION = "db.operation.name"
 DB_OPERATION_OLD = "db.operation"

@@ -17,13 +17,23 @@ from evalsi.processors.normalize.messages import (
     unparsed_message,
     with_system_instructions,
 )
-from evalsi.processors.normalize.otel_genai import STEP_TYPES as OTEL_STEP_TYPES
-from evalsi.processors.normalize.otel_genai import (
+from evalsi.processors.normalize.otel_genai import (  # the semconv names this convention shares
+    AGENT_NAME,
+    CONVERSATION_ID,
+    INPUT_MESSAGES,
+    OPERATION,
+    OUTPUT_MESSAGES,
+    REQUEST_MODEL,
+    RESPONSE_MODEL,
+    SYSTEM_INSTRUCTIONS,
+    TOOL_CALL_ID,
+    TOOL_NAME,
     fill_details,
     fill_provider_and_tokens,
     span_error_type,
     tool_messages,
 )
+from evalsi.processors.normalize.otel_genai import STEP_TYPES as OTEL_STEP_TYPES
 from evalsi.processors.normalize.values import as_text, count, first, is_malformed, loads, objects, text
 from evalsi.span import Span
 
@@ -41,17 +51,7 @@ PROMPT_PREFIX = "gen_ai.prompt."
 COMPLETION_PREFIX = "gen_ai.completion."
 FUNCTIONS_PREFIX = "llm.request.functions."
 
-OPERATION = "gen_ai.operation.name"
-REQUEST_MODEL = "gen_ai.request.model"
-RESPONSE_MODEL = "gen_ai.response.model"
-INPUT_MESSAGES = "gen_ai.input.messages"
-OUTPUT_MESSAGES = "gen_ai.output.messages"
-SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
 TOOL_DEFINITIONS = "gen_ai.tool.definitions"
-TOOL_NAME = "gen_ai.tool.name"
-TOOL_CALL_ID = "gen_ai.tool.call.id"
-AGENT_NAME = "gen_ai.agent.name"
-CONVERSATION_ID = "gen_ai.conversation.id"
 
 # details key <- OpenLLMetry's own count attributes (0.54 names, then the semconv-ai 0.5 ones); the semconv's
 # gen_ai.usage.cache_read.input_tokens and friends are read by otel_genai.fill_details first
