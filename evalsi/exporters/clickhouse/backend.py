@@ -13,7 +13,7 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 
-from evalsi.exporters.clickhouse.schema import insert_sql
+from evalsi.exporters.clickhouse.schema import EMBEDDED_TABLE_SETTINGS, insert_sql
 
 
 class StoreError(Exception):
@@ -26,6 +26,7 @@ class StoreLocked(StoreError):
 
 class Backend(Protocol):
     description: str
+    table_settings: str  # MergeTree settings added to the traces and logs tables this backend creates
 
     def command(self, sql: str) -> None: ...
 
@@ -63,6 +64,8 @@ def _lock_holder(path: Path) -> int | None:
 
 class ChdbBackend:
     """The ClickHouse engine in-process. Calls are serialized: one session, used by the flush thread and readers."""
+
+    table_settings = EMBEDDED_TABLE_SETTINGS
 
     def __init__(self, path: str, *, create: bool = True) -> None:
         self.path = Path(path)
@@ -119,6 +122,8 @@ class ChdbBackend:
 
 class ServerBackend:
     """A ClickHouse server over HTTP(S), through clickhouse-connect."""
+
+    table_settings = ""
 
     def __init__(self, url: str, *, database: str, username: str, password: str, timeout: float) -> None:
         import clickhouse_connect

@@ -47,7 +47,8 @@ class TraceStore:
         return self.backend.description
 
     def create_schema(self) -> None:
-        ddl = traces_ddl(self.table, self.ttl_days) + logs_ddl(self.logs_table, self.ttl_days)
+        extra = self.backend.table_settings
+        ddl = traces_ddl(self.table, self.ttl_days, extra) + logs_ddl(self.logs_table, self.ttl_days, extra)
         for statement in ddl + scores_ddl(self.scores_table):
             self.backend.command(statement)
 
