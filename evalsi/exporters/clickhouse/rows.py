@@ -47,98 +47,102 @@ _STATUS = {"UNSET": "STATUS_CODE_UNSET", "OK": "STATUS_CODE_OK", "ERROR": "STATU
 _STATUS_BACK = {v: k for k, v in _STATUS.items()}
 
 
-class _MapColumn:
-    """A Map(String, String) column built flat (keys, values, offsets): far cheaper than a list of pair lists."""
-
-    def __init__(self) -> None:
-        self.offsets = [0]
-        self.keys: list[str] = []
-        self.values: list[str] = []
-
-    def add(self, keys: Any, values: list[str]) -> None:
-        self.keys.extend(keys)
-        self.values.extend(values)
-        self.offsets.append(len(self.keys))
-
-    def array(self) -> pa.Array:
-        return pa.MapArray.from_arrays(
-            pa.array(self.offsets, pa.int32()), pa.array(self.keys, pa.string()), pa.array(self.values, pa.string())
-        )
+_INT32 = pa.int32()
 
 
 def _strings(attrs: dict[str, Any]) -> list[str]:
     return [v if type(v) is str else attribute_string(v) for v in attrs.values()]
 
 
+def _map_array(maps: list[dict[str, Any]]) -> pa.Array:
+    """A Map(String, String) column built flat (keys, values, offsets): far cheaper than a list of pair lists.
+    Spans of one OTLP resource share its attribute dict: that one is converted once."""
+    offsets = [0]
+    keys: list[str] = []
+    values: list[str] = []
+    converted: dict[int, list[str]] = {}
+    n = 0
+    for attrs in maps:
+        keys.extend(attrs)
+        strings = converted.get(id(attrs))
+        if strings is None:
+            strings = _strings(attrs)
+            if len(maps) > 1:
+                converted[id(attrs)] = strings
+        values.extend(strings)
+        n += len(strings)
+        offsets.append(n)
+    return pa.MapArray.from_arrays(pa.array(offsets, _INT32), pa.array(keys, _STR), pa.array(values, _STR))
+
+
+_STR = pa.string()
+
+
+def _empty_lists(n: int, item: pa.DataType) -> pa.Array:
+    return pa.ListArray.from_arrays(pa.array([0] * (n + 1), _INT32), pa.array([], item))
+
+
 def to_arrow(spans: list[Span]) -> pa.Table:
-    """Column-wise build: one Python list per column, converted by Arrow in C."""
-    cols: list[Any] = [[] for _ in TRACES_SCHEMA]
-    rattrs, sattrs = _MapColumn(), _MapColumn()
-    cols[TRACES_SCHEMA.get_field_index("ResourceAttributes")] = rattrs
-    cols[TRACES_SCHEMA.get_field_index("SpanAttributes")] = sattrs
-    (ts, tid, sid, psid, tstate, name, kind, service, rattrs, scope, scope_v, sattrs, dur, status, status_msg,
-     ev_ts, ev_name, ev_attrs, ln_tid, ln_sid, ln_state, ln_attrs, step, model, provider, in_tok, out_tok,
-     tool, session, agent, user, cost, error, inp, out, captured, convention, unparsed, details) = cols  # fmt: skip
-    resource_cache: dict[int, tuple[list[str], list[str]]] = {}
-    for s in spans:
-        ts.append(s.start_time_unix_nano)
-        tid.append(s.trace_id)
-        sid.append(s.span_id)
-        psid.append(s.parent_span_id)
-        tstate.append(s.trace_state)
-        name.append(s.name)
-        kind.append("SPAN_KIND_" + s.kind)
-        service.append(s.service_name)
-        # spans of one OTLP resource share its dict: convert it once
-        key = id(s.resource_attributes)
-        r = resource_cache.get(key)
-        if r is None:
-            r = resource_cache[key] = (list(s.resource_attributes), _strings(s.resource_attributes))
-        rattrs.add(*r)
-        scope.append(s.scope_name)
-        scope_v.append(s.scope_version)
-        sattrs.add(s.attributes.keys(), _strings(s.attributes))
-        dur.append(s.duration_ns)
-        status.append(_STATUS.get(s.status_code, "STATUS_CODE_UNSET"))
-        status_msg.append(s.status_message)
-        if s.events:
-            ev_ts.append([e.time_unix_nano for e in s.events])
-            ev_name.append([e.name for e in s.events])
-            ev_attrs.append([string_map(e.attributes) for e in s.events])
-        else:
-            ev_ts.append([])
-            ev_name.append([])
-            ev_attrs.append([])
-        if s.links:
-            ln_tid.append([ln.trace_id for ln in s.links])
-            ln_sid.append([ln.span_id for ln in s.links])
-            ln_state.append([ln.trace_state for ln in s.links])
-            ln_attrs.append([string_map(ln.attributes) for ln in s.links])
-        else:
-            ln_tid.append([])
-            ln_sid.append([])
-            ln_state.append([])
-            ln_attrs.append([])
-        step.append(s.step_type)
-        model.append(s.model or "")
-        provider.append(s.provider or "")
-        in_tok.append(s.input_tokens if s.input_tokens is None or s.input_tokens >= 0 else None)
-        out_tok.append(s.output_tokens if s.output_tokens is None or s.output_tokens >= 0 else None)
-        tool.append(s.tool_name or "")
-        session.append(s.session_id or "")
-        agent.append(s.agent_name or "")
-        user.append(s.user_id or "")
-        cost.append(s.cost_usd)
-        error.append(s.error_type or "")
-        inp.append(_content(s.input))
-        out.append(_content(s.output))
-        captured.append(s.content_captured)
-        convention.append(s.convention)
-        unparsed.append(s.unparsed)
-        details.append(_json(s.details) if s.details else "")
+    """Column-wise build: one comprehension per column, converted by Arrow in C. Spans seldom carry events or
+    links: when none in the batch does, those columns are built empty without a pass over the spans."""
+    status = _STATUS
+    n = len(spans)
+    columns: list[Any] = [
+        [s.start_time_unix_nano for s in spans],
+        [s.trace_id for s in spans],
+        [s.span_id for s in spans],
+        [s.parent_span_id for s in spans],
+        [s.trace_state for s in spans],
+        [s.name for s in spans],
+        ["SPAN_KIND_" + s.kind for s in spans],
+        [s.service_name for s in spans],
+        _map_array([s.resource_attributes for s in spans]),
+        [s.scope_name for s in spans],
+        [s.scope_version for s in spans],
+        _map_array([s.attributes for s in spans]),
+        [max(0, s.end_time_unix_nano - s.start_time_unix_nano) for s in spans],
+        [status.get(s.status_code, "STATUS_CODE_UNSET") for s in spans],
+        [s.status_message for s in spans],
+    ]
+    if any(s.events for s in spans):
+        columns += [
+            [[e.time_unix_nano for e in s.events] for s in spans],
+            [[e.name for e in s.events] for s in spans],
+            [[string_map(e.attributes) for e in s.events] for s in spans],
+        ]
+    else:
+        columns += [None] * 3
+    if any(s.links for s in spans):
+        columns += [
+            [[ln.trace_id for ln in s.links] for s in spans],
+            [[ln.span_id for ln in s.links] for s in spans],
+            [[ln.trace_state for ln in s.links] for s in spans],
+            [[string_map(ln.attributes) for ln in s.links] for s in spans],
+        ]
+    else:
+        columns += [None] * 4
+    columns += [
+        [s.step_type for s in spans],
+        [s.model or "" for s in spans],
+        [s.provider or "" for s in spans],
+        [t if (t := s.input_tokens) is None or t >= 0 else None for s in spans],
+        [t if (t := s.output_tokens) is None or t >= 0 else None for s in spans],
+        [s.tool_name or "" for s in spans],
+        [s.session_id or "" for s in spans],
+        [s.agent_name or "" for s in spans],
+        [s.user_id or "" for s in spans],
+        [s.cost_usd for s in spans],
+        [s.error_type or "" for s in spans],
+        [_content(s.input) for s in spans],
+        [_content(s.output) for s in spans],
+        [s.content_captured for s in spans],
+        [s.convention for s in spans],
+        [s.unparsed for s in spans],
+        [_json(s.details) if s.details else "" for s in spans],
+    ]
     arrays = [
-        c.array() if isinstance(c, _MapColumn) else pa.array(c, type=f.type)
-        for c, f in zip(cols, TRACES_SCHEMA, strict=True)
+        _empty_lists(n, f.type.value_type) if c is None else c if isinstance(c, pa.Array) else pa.array(c, type=f.type)
+        for c, f in zip(columns, TRACES_SCHEMA, strict=True)
     ]
     return pa.Table.from_arrays(arrays, schema=TRACES_SCHEMA)
 

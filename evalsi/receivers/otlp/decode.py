@@ -71,6 +71,11 @@ def attributes(kvs: Any) -> dict[str, Any]:
             out[kv.key] = v.double_value
         elif which == "bool_value":
             out[kv.key] = v.bool_value
+        elif which == "array_value":
+            out[kv.key] = [
+                x.string_value if x.WhichOneof("value") == "string_value" else any_value(x)
+                for x in v.array_value.values
+            ]
         else:
             out[kv.key] = any_value(v)
     return out
