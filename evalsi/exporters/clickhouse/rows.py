@@ -48,15 +48,16 @@ _STATUS_BACK = {v: k for k, v in _STATUS.items()}
 
 
 _INT32 = pa.int32()
+_STR = pa.string()
 
 
 def _strings(attrs: dict[str, Any]) -> list[str]:
     return [v if type(v) is str else attribute_string(v) for v in attrs.values()]
 
 
-def _map_array(maps: list[dict[str, Any]]) -> pa.Array:
+def _map_array(maps: list[dict[str, Any]], *, shared: bool = False) -> pa.Array:
     """A Map(String, String) column built flat (keys, values, offsets): far cheaper than a list of pair lists.
-    Spans of one OTLP resource share its attribute dict: that one is converted once."""
+    `shared`: the dicts repeat (spans of one OTLP resource share its attributes), so each is converted once."""
     offsets = [0]
     keys: list[str] = []
     values: list[str] = []
@@ -64,18 +65,16 @@ def _map_array(maps: list[dict[str, Any]]) -> pa.Array:
     n = 0
     for attrs in maps:
         keys.extend(attrs)
-        strings = converted.get(id(attrs))
-        if strings is None:
+        if shared:
+            strings = converted.get(id(attrs))
+            if strings is None:
+                strings = converted[id(attrs)] = _strings(attrs)
+        else:
             strings = _strings(attrs)
-            if len(maps) > 1:
-                converted[id(attrs)] = strings
         values.extend(strings)
         n += len(strings)
         offsets.append(n)
     return pa.MapArray.from_arrays(pa.array(offsets, _INT32), pa.array(keys, _STR), pa.array(values, _STR))
-
-
-_STR = pa.string()
 
 
 def _empty_lists(n: int, item: pa.DataType) -> pa.Array:
@@ -96,11 +95,11 @@ def to_arrow(spans: list[Span]) -> pa.Table:
         [s.name for s in spans],
         ["SPAN_KIND_" + s.kind for s in spans],
         [s.service_name for s in spans],
-        _map_array([s.resource_attributes for s in spans]),
+        _map_array([s.resource_attributes for s in spans], shared=True),
         [s.scope_name for s in spans],
         [s.scope_version for s in spans],
         _map_array([s.attributes for s in spans]),
-        [max(0, s.end_time_unix_nano - s.start_time_unix_nano) for s in spans],
+        [s.duration_ns for s in spans],
         [status.get(s.status_code, "STATUS_CODE_UNSET") for s in spans],
         [s.status_message for s in spans],
     ]
