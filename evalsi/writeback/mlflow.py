@@ -227,6 +227,7 @@ class MlflowExporter:
         # spans queued or in flight per trace: a score for such a trace waits for them
         self._spans_pending: Counter[str] = Counter()
         self._scores: deque[_PendingScore] = deque()
+        self._scores_writing = 0  # taken from `_scores` and not yet written, parked or dropped
         # keys already in MLflow per trace (MLflow trace id), for the traces this process wrote to lately
         self._written: OrderedDict[str, set[str]] = OrderedDict()
         self._experiment_id = config.experiment_id
@@ -240,7 +241,7 @@ class MlflowExporter:
 
     @property
     def held(self) -> int:
-        return len(self._spans) + len(self._scores)
+        return len(self._spans) + len(self._scores) + self._scores_writing
 
     async def start(self) -> None:
         c = self._config
@@ -418,6 +419,7 @@ class MlflowExporter:
                 by_trace: dict[str, list[_PendingScore]] = {}
                 for item in ready:
                     by_trace.setdefault(item.trace_id, []).append(item)
+                self._scores_writing += len(ready)
                 await asyncio.gather(*(self._write_trace(t, items) for t, items in by_trace.items()))
                 self._queue_gauge.set(self.held)
             if self._past_deadline() and self._scores:
@@ -454,6 +456,12 @@ class MlflowExporter:
     async def _write_trace(self, trace_id: str, items: list[_PendingScore]) -> None:
         """Write one trace's scores in order, skipping keys MLflow already has; park them all if the trace is
         not in MLflow yet."""
+        try:
+            await self._write_items(trace_id, items)
+        finally:
+            self._scores_writing -= len(items)
+
+    async def _write_items(self, trace_id: str, items: list[_PendingScore]) -> None:
         for i, item in enumerate(items):
             try:
                 written = await self._keys_in_mlflow(trace_id)
