@@ -122,8 +122,9 @@ class Service:
     def __init__(self, config: Config, *, worker_store: Any = None) -> None:
         self.config = config
         self.metrics = SelfMetrics()
-        self.metrics.registry.register(_JudgeMetrics())
         self.worker_store = worker_store  # set in a worker process
+        if worker_store is None:  # judges never run in pipeline workers (the evaluate processor needs workers: 1)
+            self.metrics.registry.register(_JudgeMetrics())
         self.pool: WorkerPool | None = None  # set in the collector process when pipelines run in workers
         self.heads: dict[str, dict[Signal, Any]] = {}  # what each receiver feeds, by signal
         self.receivers: dict[str, Any] = {}

@@ -35,7 +35,7 @@ from evalsi.collector.config import Config
 from evalsi.collector.logs import configure
 from evalsi.component import Refused
 from evalsi.encoded import EncodedBatch
-from evalsi.exporters.clickhouse.rows import logs_to_arrow, to_arrow
+from evalsi.exporters.clickhouse.rows import load_arrow, logs_to_arrow, to_arrow
 from evalsi.log_record import LogBatch
 from evalsi.log_record import LogRecord as _LogRecord
 from evalsi.receivers.otlp.decode import logs_from_request, spans_from_request
@@ -378,6 +378,7 @@ class StoreLink:
                 raise
 
     async def start(self) -> None:
+        load_arrow()  # before the worker reports ready
         self._task = asyncio.create_task(self._flush_loop())
 
     async def _flush_loop(self) -> None:

@@ -13,6 +13,7 @@ from pydantic import Field, field_validator
 from evalsi.component import ComponentConfig, Refused, Settings, exporter
 from evalsi.duration import Duration
 from evalsi.exporters.clickhouse.backend import StoreError, open_backend
+from evalsi.exporters.clickhouse.rows import load_arrow
 from evalsi.exporters.clickhouse.store import TraceStore
 from evalsi.exporters.delivery import RetryConfig, deliver
 from evalsi.log_record import LogBatch
@@ -114,6 +115,7 @@ class ClickHouseExporter:
             except Exception as e:
                 backend.close()
                 raise StoreError(f"cannot create the tables in the {backend.description}: {e}") from None
+        await asyncio.to_thread(load_arrow)
         self.store = store
         m, cid = self._settings.metrics, self._settings.id
         sent_spans, failed_spans = m.exporter_sent_spans.labels(cid), m.exporter_send_failed_spans.labels(cid)
