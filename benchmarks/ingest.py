@@ -790,6 +790,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"[{tr}] accepted {fmt_rate(r.accepted_per_s)} spans/s, stored {fmt_rate(r.stored_per_s)} spans/s, "
                 f"server CPU {r.server_cpu_pct:.0f}% (CPU s by thread: {r.server_threads_cpu_s}), "
                 f"peak queue {r.peak_queue:,.0f}")  # fmt: skip
+            if r.stored_s is not None:
+                log(f"[{tr}] after the last answer: {r.stored_s - r.accepted_s:.2f}s until stored, {r.retries} retries")
             if r.profile:
                 print_profile(r.profile)
     finally:

@@ -159,7 +159,7 @@ class WorkerPool:
             if msg is None:
                 return
             try:
-                conn.send(msg)
+                send_message(conn, msg)
             except (OSError, ValueError):
                 return  # the worker is gone; the receive loop reports it
 
@@ -168,7 +168,7 @@ class WorkerPool:
         loop = self._loop
         while True:
             try:
-                msg = conn.recv()
+                msg = receive_message(conn)
             except (EOFError, OSError):
                 break
             kind = msg[0]
@@ -266,6 +266,28 @@ def _widen(conn: Any) -> None:
             sock.close()
 
 
+# messages whose last item is a body: a request (~1 MB) to a worker, a table (~10 MB) back
+_WITH_BODY = frozenset({"batch", "table"})
+
+
+def send_message(conn: Any, msg: tuple[Any, ...]) -> None:
+    """Send a message; a body goes as raw bytes after its header, since pickling it would copy it twice more on
+    each side (a 10 MB table: ~14 ms of the collector's CPU to receive pickled, ~3.5 ms raw)."""
+    if msg[0] in _WITH_BODY:
+        conn.send(msg[:-1])
+        conn.send_bytes(msg[-1])
+    else:
+        conn.send(msg)
+
+
+def receive_message(conn: Any) -> tuple[Any, ...]:
+    """The next message `send_message` sent, its body (if any) as bytes again."""
+    msg = conn.recv()
+    if msg[0] in _WITH_BODY:
+        return (*msg, conn.recv_bytes())
+    return msg
+
+
 class MergedMetrics:
     """Self-metrics of the collector process and its workers as one exposition: series of the same name and labels
     are summed (each process counts only what it did)."""
@@ -324,7 +346,7 @@ class StoreLink:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
-        self._outbox.put(("table", kind, sink.getvalue().to_pybytes()))
+        self._outbox.put(("table", kind, sink.getvalue()))
 
     async def consume(self, batch: SpanBatch) -> None:
         if batch.unit == "session":
@@ -424,14 +446,14 @@ class _WorkerRuntime:
             if msg is None:
                 return
             try:
-                self.conn.send(msg)
+                send_message(self.conn, msg)
             except (OSError, ValueError):
                 os._exit(1)  # the collector is gone: nothing here can be delivered any more
 
     def _receive_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:
             try:
-                msg = self.conn.recv()
+                msg = receive_message(self.conn)
             except (EOFError, OSError):
                 msg = ("drain", "collector gone")  # drain what can be drained, then exit
             if msg[0] == "table_taken":
