@@ -560,6 +560,8 @@ def run_one(args: argparse.Namespace, transport: str, payloads: list[bytes], wor
     exporter.pop("flush_interval", None)  # the product defaults unless asked otherwise
     if args.workers > 1:
         config["service"]["workers"] = args.workers
+    if args.worker_max_in_flight:
+        config["service"]["worker_max_in_flight"] = args.worker_max_in_flight
     if args.flush_interval:
         exporter["flush_interval"] = args.flush_interval
     if args.batch_size:
@@ -732,6 +734,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--idle", action="store_true", help="py-spy --idle: count idle (waiting) threads too")
     p.add_argument("--workers", type=int, default=1,
                    help="service.workers: pipeline worker processes (server CPU then sums them all)")  # fmt: skip
+    p.add_argument("--worker-max-in-flight", type=int, help="service.worker_max_in_flight (None: the default)")
     p.add_argument("--no-normalize", action="store_true",
                    help="run the pipeline without the normalize processor (to see its share)")  # fmt: skip
     p.add_argument("--mappers", metavar="NAMES",

