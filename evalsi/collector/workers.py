@@ -136,7 +136,7 @@ class WorkerPool:
         ctx = multiprocessing.get_context("spawn")  # never fork a process holding threads, gRPC and the store
         parent, child = ctx.Pipe(duplex=True)
         for end in (parent, child):
-            _widen(end)
+            widen_pipe(end)
         logs = self._config.service.telemetry.logs
         w.process = ctx.Process(
             target=worker_main,
@@ -254,7 +254,7 @@ class WorkerPool:
             yield from w.metrics
 
 
-def _widen(conn: Any) -> None:
+def widen_pipe(conn: Any) -> None:
     """Give a Pipe's socket 4 MiB buffers: a request body (~1 MB) or a table then moves in a few system calls
     instead of dozens, each of which costs a GIL hand-off in a busy process."""
     with contextlib.suppress(OSError):
