@@ -19,6 +19,7 @@ import os
 import queue
 import signal
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterable
@@ -183,8 +184,8 @@ class WorkerPool:
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(self._on_exit, w)
 
-    async def _queue_table(self, kind: str, body: bytes) -> None:
-        table = pa.ipc.open_stream(body).read_all()
+    async def _queue_table(self, kind: str, body: bytearray) -> None:
+        table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
         while True:
             try:
                 self._store.consume_table(kind, table)
@@ -281,11 +282,28 @@ def send_message(conn: Any, msg: tuple[Any, ...]) -> None:
 
 
 def receive_message(conn: Any) -> tuple[Any, ...]:
-    """The next message `send_message` sent, its body (if any) as bytes again."""
+    """The next message `send_message` sent, its body (if any) as a bytearray the kernel wrote into directly:
+    `Connection.recv_bytes` would copy it twice more while holding the GIL."""
     msg = conn.recv()
     if msg[0] in _WITH_BODY:
-        return (*msg, conn.recv_bytes())
+        fd = conn.fileno()
+        (size,) = struct.unpack("!i", _read(fd, 4))  # `send_bytes` framing: a 4-byte length, then the bytes
+        if size == -1:  # 2 GiB or more: an 8-byte length follows
+            (size,) = struct.unpack("!Q", _read(fd, 8))
+        return (*msg, _read(fd, size))
     return msg
+
+
+def _read(fd: int, size: int) -> bytearray:
+    out = bytearray(size)
+    view = memoryview(out)
+    got = 0
+    while got < size:
+        n = os.readv(fd, [view[got:]])
+        if n == 0:
+            raise EOFError if got == 0 else OSError("the pipe closed in the middle of a message")
+        got += n
+    return out
 
 
 class MergedMetrics:
