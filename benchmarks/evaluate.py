@@ -29,14 +29,20 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
-from opentelemetry.proto.trace.v1.trace_pb2 import Status
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan, Status
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from ingest import PROTOBUF, _kv, cpu_seconds, log, metric_sum, start_collector  # noqa: E402
-from ingest import serve_config as _serve_config  # noqa: E402
+from ingest import (  # noqa: E402
+    PROTOBUF,
+    _kv,
+    cpu_seconds,
+    log,
+    metric_sum,
+    serve_config as _serve_config,
+    start_collector,
+)
 
 from evalsi.processors.normalize import normalize_span  # noqa: E402
 from evalsi.processors.normalize.trajectory import build_trajectory  # noqa: E402

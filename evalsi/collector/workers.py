@@ -37,8 +37,7 @@ from evalsi.collector.logs import configure
 from evalsi.component import Refused
 from evalsi.encoded import EncodedBatch
 from evalsi.exporters.clickhouse.rows import load_arrow, logs_to_arrow, to_arrow
-from evalsi.log_record import LogBatch
-from evalsi.log_record import LogRecord as _LogRecord
+from evalsi.log_record import LogBatch, LogRecord as _LogRecord
 from evalsi.receivers.otlp.decode import logs_from_request, spans_from_request
 from evalsi.score import ScoreBatch
 from evalsi.span import Span, SpanBatch

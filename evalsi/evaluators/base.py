@@ -15,8 +15,13 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from evalsi.processors.normalize.trajectory import STEP_TYPES, build_trajectory, retrieved_documents, span_tree
-from evalsi.processors.normalize.trajectory import _text as _trajectory_text
+from evalsi.processors.normalize.trajectory import (
+    STEP_TYPES,
+    _text as _trajectory_text,
+    build_trajectory,
+    retrieved_documents,
+    span_tree,
+)
 from evalsi.score import Score
 from evalsi.span import Span
 

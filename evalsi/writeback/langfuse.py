@@ -170,14 +170,8 @@ class LangfuseExporter:
     def __init__(self, config: LangfuseConfig, settings: Settings) -> None:
         self._config = config
         self._log = settings.logger
-        cid = settings.id
-        counters = ExporterCounters(settings, config.queue_size + config.span_queue_size)
-        self._queue_gauge = counters.queue_size
-        self._sent, self._failed, self._dropped = counters.scores_sent, counters.scores_failed, counters.scores_dropped
-        self._not_sent = counters.scores_not_sent
-        self._spans_sent, self._spans_failed = counters.spans_sent, counters.spans_failed
-        self._spans_dropped = counters.spans_dropped
-        self._cid = cid
+        self._counters = ExporterCounters(settings, config.queue_size + config.span_queue_size)
+        self._cid = settings.id
         self._items: deque[dict[str, Any]] = deque()
         self._spans: deque[Span] = deque()
         self._client: httpx.AsyncClient | None = None
@@ -213,24 +207,24 @@ class LangfuseExporter:
         for score in batch:
             reason = not_sendable(score)
             if reason is not None:
-                self._not_sent.labels(self._cid, reason).inc()
+                self._counters.scores_not_sent.labels(self._cid, reason).inc()
                 continue
             try:
                 bodies.append(score_body(score))
             except ValueError as e:  # cannot ever be linked in Langfuse; counting beats a 400 later
-                self._failed.inc()
+                self._counters.scores_failed.inc()
                 self._log.error("score not sent to Langfuse", extra={"error": str(e), "score": score.name})
         if not bodies:
             return
         if self._stopping:
-            self._dropped.inc(len(bodies))
+            self._counters.scores_dropped.inc(len(bodies))
             return
         # drop the oldest: ingest must never wait for Langfuse, and fresh verdicts matter most
         over = bounded_extend(self._items, bodies, self._config.queue_size)
         if over:
-            self._dropped.inc(over)
+            self._counters.scores_dropped.inc(over)
             self._log.warning("langfuse export queue full; dropped the oldest scores", extra={"dropped": over})
-        self._queue_gauge.set(self.held)
+        self._counters.queue_size.set(self.held)
         if len(self._items) >= self._config.batch_size:
             self._wake.set()
 
@@ -239,13 +233,13 @@ class LangfuseExporter:
         if not spans:
             return
         if self._stopping:
-            self._spans_dropped.inc(len(spans))
+            self._counters.spans_dropped.inc(len(spans))
             return
         over = bounded_extend(self._spans, spans, self._config.span_queue_size)
         if over:
-            self._spans_dropped.inc(over)
+            self._counters.spans_dropped.inc(over)
             self._log.warning("langfuse span queue full; dropped the oldest spans", extra={"dropped": over})
-        self._queue_gauge.set(self.held)
+        self._counters.queue_size.set(self.held)
         if len(self._spans) >= self._config.span_batch_size:
             self._span_wake.set()
 
@@ -257,7 +251,7 @@ class LangfuseExporter:
         send: Callable[[list[Any]], Awaitable[None]],
         what: str,
     ) -> None:
-        failed = self._failed if what == "scores" else self._spans_failed
+        failed = self._counters.scores_failed if what == "scores" else self._counters.spans_failed
         while True:
             if not self._stopping:
                 try:
@@ -268,7 +262,7 @@ class LangfuseExporter:
             while items:
                 n = min(batch_size, len(items))
                 await send([items.popleft() for _ in range(n)])
-                self._queue_gauge.set(self.held)
+                self._counters.queue_size.set(self.held)
                 if self._stopping and time.monotonic() >= self._deadline and items:
                     failed.inc(len(items))
                     self._log.error(
@@ -276,7 +270,7 @@ class LangfuseExporter:
                         extra={"count": len(items), "host": self._config.host},
                     )
                     items.clear()
-                    self._queue_gauge.set(self.held)
+                    self._counters.queue_size.set(self.held)
             if self._stopping:
                 return
 
@@ -307,13 +301,13 @@ class LangfuseExporter:
             deadline=lambda: self._deadline,
             extra={"score_id": body["id"], "host": self._config.host},
         )
-        (self._sent if delivered else self._failed).inc()
+        (self._counters.scores_sent if delivered else self._counters.scores_failed).inc()
 
     async def _send_spans(self, spans: list[Span]) -> None:
         try:
             body = traces_request(spans).SerializeToString()
         except Exception as e:  # e.g. an id that is not hex: the batch can never be sent, the loop must live
-            self._spans_failed.inc(len(spans))
+            self._counters.spans_failed.inc(len(spans))
             self._log.error("cannot encode spans as OTLP; dropped", extra={"count": len(spans), "error": str(e)})
             return
         headers = {"Content-Type": "application/x-protobuf", "x-langfuse-ingestion-version": INGESTION_VERSION}
@@ -328,7 +322,7 @@ class LangfuseExporter:
             deadline=lambda: self._deadline,
             extra={"count": len(spans), "host": self._config.host},
         )
-        (self._spans_sent if delivered else self._spans_failed).inc(len(spans))
+        (self._counters.spans_sent if delivered else self._counters.spans_failed).inc(len(spans))
 
     async def shutdown(self) -> None:
         """Stop taking work and send what is queued, for at most `shutdown_timeout`."""

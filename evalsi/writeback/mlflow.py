@@ -217,12 +217,7 @@ class MlflowExporter:
         self._config = config
         self._log = settings.logger
         self._cid = settings.id
-        counters = ExporterCounters(settings, config.queue_size)
-        self._queue_gauge = counters.queue_size
-        self._spans_sent, self._spans_failed = counters.spans_sent, counters.spans_failed
-        self._spans_dropped = counters.spans_dropped
-        self._scores_sent, self._scores_failed = counters.scores_sent, counters.scores_failed
-        self._scores_dropped, self._not_sent = counters.scores_dropped, counters.scores_not_sent
+        self._counters = ExporterCounters(settings, config.queue_size)
         self._spans: deque[Span] = deque()
         # spans queued or in flight per trace: a score for such a trace waits for them
         self._spans_pending: Counter[str] = Counter()
@@ -256,7 +251,7 @@ class MlflowExporter:
         if not spans:
             return
         if self._stopping:
-            self._spans_dropped.inc(len(spans))
+            self._counters.spans_dropped.inc(len(spans))
             return
         self._spans.extend(spans)
         for span in spans:
@@ -266,9 +261,9 @@ class MlflowExporter:
             # drop the oldest: ingest must never wait for MLflow
             for _ in range(over):
                 self._span_done(self._spans.popleft())
-            self._spans_dropped.inc(over)
+            self._counters.spans_dropped.inc(over)
             self._log.warning("mlflow export queue full; dropped the oldest spans", extra={"dropped": over})
-        self._queue_gauge.set(self.held)
+        self._counters.queue_size.set(self.held)
         if len(self._spans) >= self._config.batch_size:
             self._span_wake.set()
 
@@ -278,28 +273,28 @@ class MlflowExporter:
         for score in batch:
             reason = not_sendable(score)
             if reason is not None:
-                self._not_sent.labels(self._cid, reason).inc()
+                self._counters.scores_not_sent.labels(self._cid, reason).inc()
                 continue
             try:
                 body = assessment_body(score)
             except ValueError as e:  # can never be linked to a trace in MLflow; counting beats a 400 later
-                self._scores_failed.inc()
+                self._counters.scores_failed.inc()
                 self._log.error("score not sent to MLflow", extra={"error": str(e), "score": score.name})
                 continue
             pending.append(_PendingScore(score_key(score), body["assessment"]["trace_id"], body, now))
         if not pending:
             return
         if self._stopping:
-            self._scores_dropped.inc(len(pending))
+            self._counters.scores_dropped.inc(len(pending))
             return
         self._scores.extend(pending)
         over = len(self._scores) - self._config.queue_size
         if over > 0:
             for _ in range(over):
                 self._scores.popleft()
-            self._scores_dropped.inc(over)
+            self._counters.scores_dropped.inc(over)
             self._log.warning("mlflow export queue full; dropped the oldest scores", extra={"dropped": over})
-        self._queue_gauge.set(self.held)
+        self._counters.queue_size.set(self.held)
         self._score_wake.set()
 
     # --- spans ------------------------------------------------------------------------------------
@@ -321,7 +316,7 @@ class MlflowExporter:
             self._span_wake.clear()
             while self._spans:
                 if self._stopping and time.monotonic() >= self._deadline:
-                    self._spans_failed.inc(len(self._spans))
+                    self._counters.spans_failed.inc(len(self._spans))
                     self._log.error(
                         "shutdown timeout: dropping spans not yet sent to MLflow",
                         extra={"count": len(self._spans), "tracking_uri": self._config.tracking_uri},
@@ -336,7 +331,7 @@ class MlflowExporter:
                 await self._send_spans(chunk)
                 for span in chunk:
                     self._span_done(span)
-                self._queue_gauge.set(self.held)
+                self._counters.queue_size.set(self.held)
                 self._score_wake.set()
             if self._stopping:
                 return
@@ -352,7 +347,7 @@ class MlflowExporter:
         try:
             body = traces_request(chunk).SerializeToString()
         except Exception as e:  # e.g. an id that is not hex: the batch can never be sent, the loop must live
-            self._spans_failed.inc(len(chunk))
+            self._counters.spans_failed.inc(len(chunk))
             self._log.error("cannot encode spans as OTLP; dropped", extra={"count": len(chunk), "error": str(e)})
             return
         if self._config.compression == "gzip":
@@ -365,7 +360,7 @@ class MlflowExporter:
             deadline=lambda: self._deadline,
             extra={"count": len(chunk), "tracking_uri": self._config.tracking_uri},
         )
-        (self._spans_sent if delivered else self._spans_failed).inc(len(chunk))
+        (self._counters.spans_sent if delivered else self._counters.spans_failed).inc(len(chunk))
 
     async def _post_spans(self, body: bytes) -> None:
         assert self._client is not None
@@ -421,15 +416,15 @@ class MlflowExporter:
                     by_trace.setdefault(item.trace_id, []).append(item)
                 self._scores_writing += len(ready)
                 await asyncio.gather(*(self._write_trace(t, items) for t, items in by_trace.items()))
-                self._queue_gauge.set(self.held)
+                self._counters.queue_size.set(self.held)
             if self._past_deadline() and self._scores:
-                self._scores_failed.inc(len(self._scores))
+                self._counters.scores_failed.inc(len(self._scores))
                 self._log.error(
                     "shutdown timeout: dropping scores not yet written to MLflow",
                     extra={"count": len(self._scores), "tracking_uri": self._config.tracking_uri},
                 )
                 self._scores.clear()
-                self._queue_gauge.set(self.held)
+                self._counters.queue_size.set(self.held)
             if self._stopping:
                 if not self._scores:
                     return
@@ -468,7 +463,7 @@ class MlflowExporter:
                 if written is None:
                     raise _TraceMissing
                 if item.key in written:
-                    self._not_sent.labels(self._cid, "already in mlflow").inc()
+                    self._counters.scores_not_sent.labels(self._cid, "already in mlflow").inc()
                     continue
                 missing: list[bool] = []
                 delivered = await deliver(
@@ -487,15 +482,15 @@ class MlflowExporter:
                 return
             if delivered:
                 written.add(item.key)
-                self._scores_sent.inc()
+                self._counters.scores_sent.inc()
             else:
-                self._scores_failed.inc()
+                self._counters.scores_failed.inc()
 
     def _park(self, items: list[_PendingScore]) -> None:
         now = time.monotonic()
         for item in items:
             if now - item.since >= self._config.trace_wait:
-                self._scores_failed.inc()
+                self._counters.scores_failed.inc()
                 self._log.error(
                     "dropping a score: its trace never appeared in MLflow (sampled out, or its spans not sent)",
                     extra={"trace_id": item.trace_id, "key": item.key, "waited_s": round(now - item.since, 1)},

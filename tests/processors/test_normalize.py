@@ -15,8 +15,7 @@ from pydantic import ValidationError
 
 from evalsi.component import REGISTRY, Settings
 from evalsi.exporters.clickhouse.rows import attribute_string
-from evalsi.processors.normalize import MAPPERS, Normalize, NormalizeConfig, normalize_span
-from evalsi.processors.normalize import mapper as mapper_registry
+from evalsi.processors.normalize import MAPPERS, Normalize, NormalizeConfig, mapper as mapper_registry, normalize_span
 from evalsi.processors.normalize.mapper import register_mapper
 from evalsi.processors.normalize.messages import (
     chat_messages,

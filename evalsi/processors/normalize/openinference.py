@@ -20,32 +20,16 @@ from evalsi.processors.normalize.messages import (
 )
 from evalsi.processors.normalize.otel_genai import (  # the semconv names this convention shares
     CONVERSATION_ID as GEN_AI_CONVERSATION_ID,
-)
-from evalsi.processors.normalize.otel_genai import (
     INPUT_MESSAGES as GEN_AI_INPUT_MESSAGES,
-)
-from evalsi.processors.normalize.otel_genai import (
     INPUT_TOKENS as GEN_AI_INPUT_TOKENS,
-)
-from evalsi.processors.normalize.otel_genai import (
     OUTPUT_MESSAGES as GEN_AI_OUTPUT_MESSAGES,
-)
-from evalsi.processors.normalize.otel_genai import (
     OUTPUT_TOKENS as GEN_AI_OUTPUT_TOKENS,
-)
-from evalsi.processors.normalize.otel_genai import (
     PROVIDER as GEN_AI_PROVIDER,
-)
-from evalsi.processors.normalize.otel_genai import (
     REQUEST_MODEL as GEN_AI_REQUEST_MODEL,
-)
-from evalsi.processors.normalize.otel_genai import (
     RESPONSE_MODEL as GEN_AI_RESPONSE_MODEL,
-)
-from evalsi.processors.normalize.otel_genai import (
     SYSTEM as GEN_AI_SYSTEM,
+    span_error_type,
 )
-from evalsi.processors.normalize.otel_genai import span_error_type
 from evalsi.processors.normalize.values import as_text, count, is_malformed, loads, number, text
 from evalsi.span import Span
 

@@ -25,6 +25,7 @@ from evalsi.processors.normalize.otel_genai import (  # the semconv names this c
     OUTPUT_MESSAGES,
     REQUEST_MODEL,
     RESPONSE_MODEL,
+    STEP_TYPES as OTEL_STEP_TYPES,
     SYSTEM_INSTRUCTIONS,
     TOOL_CALL_ID,
     TOOL_NAME,
@@ -33,7 +34,6 @@ from evalsi.processors.normalize.otel_genai import (  # the semconv names this c
     span_error_type,
     tool_messages,
 )
-from evalsi.processors.normalize.otel_genai import STEP_TYPES as OTEL_STEP_TYPES
 from evalsi.processors.normalize.values import as_text, count, first, is_malformed, loads, objects, text
 from evalsi.span import Span
 
