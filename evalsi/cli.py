@@ -64,12 +64,17 @@ def serve(config: ConfigOpt = None) -> None:
     cfg = _config(config)
     logs = cfg.service.telemetry.logs
     configure(logs.level, logs.encoding)
+    service = Service(cfg)
     try:
-        asyncio.run(Service(cfg).run())
+        asyncio.run(service.run())
     except (StartError, StoreError, OSError) as e:
         raise _fail(f"cannot start: {e}") from None
     except KeyboardInterrupt:
         pass
+    lost = service.unstored
+    if lost:
+        what = ", ".join(f"{n} {kind}" for kind, n in lost.items())
+        raise _fail(f"stopped with acknowledged data not stored: {what} (the log says why)")
 
 
 @app.command()

@@ -24,10 +24,14 @@ TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
 
 
 def build_api(
-    store: TraceStore | None, status: Callable[[], dict[str, Any]], scores: ScoreConsumer | None = None
+    store: TraceStore | None,
+    status: Callable[[], dict[str, Any]],
+    scores: ScoreConsumer | None = None,
+    not_ready: Callable[[], list[str]] = list,
 ) -> FastAPI:
     """`scores` is where the `scores` pipelines begin: feedback enters there, as every score does, so the
-    processors in those pipelines (`evaluate`'s late path) see it; without a scores pipeline it goes to `store`."""
+    processors in those pipelines (`evaluate`'s late path) see it; without a scores pipeline it goes to `store`.
+    `not_ready` lists why components cannot take data now (e.g. the store refuses writes): `/readyz` says so."""
     app = FastAPI(title="evalsi", docs_url="/docs", redoc_url=None)
 
     def need_store() -> TraceStore:
@@ -41,6 +45,9 @@ def build_api(
 
     @app.get("/readyz")
     async def readyz() -> dict[str, Any]:
+        reasons = not_ready()
+        if reasons:
+            raise HTTPException(503, "; ".join(reasons))
         if store is not None and not await asyncio.to_thread(store.ping):
             raise HTTPException(503, f"the {store.description} does not answer")
         return {"status": "ready"}

@@ -233,6 +233,24 @@ class Service:
             "store": self.store.description if self.store else None,
         }
 
+    def not_ready(self) -> list[str]:
+        """Why components cannot take data now, each saying which (empty when all can)."""
+        reasons = []
+        for eid, exp in self.exporters.items():
+            why = exp.not_ready() if hasattr(exp, "not_ready") else None
+            if why:
+                reasons.append(f"exporters.{eid}: {why}")
+        return reasons
+
+    @property
+    def unstored(self) -> dict[str, int]:
+        """What exporters were handed (acknowledged to senders) but could not write before they stopped, by kind."""
+        lost: dict[str, int] = {}
+        for exp in [*self.exporters.values(), self.pool]:
+            for kind, n in getattr(exp, "unstored", {}).items():
+                lost[kind] = lost.get(kind, 0) + n
+        return lost
+
     async def start(self) -> None:
         """Exporters first (the store opens), then processors, then receivers, as the Collector does."""
         try:
@@ -251,7 +269,9 @@ class Service:
                     registry = merged_registry(registry, self.pool)
                 self.telemetry = AsgiServer(make_asgi_app(registry), telemetry.address)
                 await self.telemetry.start()
-            self.api = AsgiServer(build_api(self.store, self.status, self.scores), self.config.service.api.endpoint)
+            self.api = AsgiServer(
+                build_api(self.store, self.status, self.scores, self.not_ready), self.config.service.api.endpoint
+            )
             await self.api.start()
             for rid, rec in self.receivers.items():
                 await self._start_one(f"receivers.{rid}", rec)

@@ -36,11 +36,12 @@ from evalsi.collector.config import Config
 from evalsi.collector.logs import configure
 from evalsi.component import Refused
 from evalsi.encoded import EncodedBatch
-from evalsi.exporters.clickhouse.rows import load_arrow, logs_to_arrow, to_arrow
+from evalsi.exporters.clickhouse.rows import convert_good, load_arrow, logs_to_arrow, to_arrow
 from evalsi.log_record import LogBatch, LogRecord as _LogRecord
 from evalsi.receivers.otlp.decode import logs_from_request, spans_from_request
 from evalsi.score import ScoreBatch
 from evalsi.span import Span, SpanBatch
+from evalsi.supervise import supervise
 from evalsi.telemetry import SelfMetrics
 
 log = logging.getLogger("evalsi.workers")
@@ -50,6 +51,7 @@ LINK_ROWS = 4_000
 LINK_FLUSH = 0.2
 # tables a worker may have sent and the collector not yet queued for the store
 LINK_TABLES_IN_FLIGHT = 16
+STORE_LINK = "store_link"  # the exporter label of what a worker's store link counts
 METRICS_INTERVAL = 1.0
 PIPE_BUFFER = 4 << 20
 START_TIMEOUT = 120.0
@@ -92,6 +94,7 @@ class WorkerPool:
             "Accepted requests a worker died holding (some of their spans or log records may be lost).",
             ["worker"],
         )
+        self.unstored: dict[str, int] = {}  # accepted requests workers died holding or did not drain in time
 
     # the pipeline's consumer interface: receivers hand encoded requests; nothing else reaches the pool
 
@@ -101,6 +104,9 @@ class WorkerPool:
         targets = [self._workers[i] for i in sorted(batch.shards)]
         for w in targets:
             if len(w.in_flight) >= self._max_in_flight:
+                why = self._store.not_ready() if self._store is not None else None
+                if why:  # the workers wait for the store: say so, as the store's own queue would
+                    raise Refused(f"{why}; retry later", unavailable=True, retry_after=5.0)
                 raise Refused(
                     f"pipeline worker {w.index} has {len(w.in_flight)} requests not yet taken; retry later",
                     retry_after=1.0,
@@ -223,6 +229,8 @@ class WorkerPool:
         )
         self._restarts.labels(str(w.index)).inc()
         self._lost.labels(str(w.index)).inc(lost)
+        if lost:
+            self.unstored["requests"] = self.unstored.get("requests", 0) + lost
         w.outbox.put(None)
         self._spawn(w)
 
@@ -241,7 +249,12 @@ class WorkerPool:
             try:
                 await asyncio.wait_for(w.drained.wait(), max(0.1, deadline - time.monotonic()))
             except TimeoutError:
-                log.error("pipeline worker did not drain in time", extra={"worker": w.index})
+                log.error(
+                    "pipeline worker did not drain in time",
+                    extra={"worker": w.index, "requests_in_flight": len(w.in_flight)},
+                )
+                if w.in_flight:
+                    self.unstored["requests"] = self.unstored.get("requests", 0) + len(w.in_flight)
         for w in self._workers:
             w.outbox.put(None)
             if w.process is not None:
@@ -348,8 +361,11 @@ class StoreLink:
     """In a worker, stands where the store exporter stands in the pipelines: puts spans and log records in the
     store's Arrow columns and sends them to the collector process, which writes them."""
 
-    def __init__(self, outbox: queue.SimpleQueue[Any], tables_taken: threading.Semaphore) -> None:
+    def __init__(
+        self, outbox: queue.SimpleQueue[Any], tables_taken: threading.Semaphore, metrics: SelfMetrics | None = None
+    ) -> None:
         self._outbox = outbox
+        self.metrics = metrics or SelfMetrics()  # the worker's service metrics, once it has them
         self._room = tables_taken  # one permit per table the collector may not have queued yet
         self._spans: list[Span] = []
         self._logs: list[_LogRecord] = []
@@ -373,7 +389,9 @@ class StoreLink:
             return
         if batch.revision:
             self._flush_spans()  # a revision goes after the spans it revises
-            self._send("revisions", to_arrow(spans))
+            table = self._table("span revisions", spans, to_arrow)
+            if table is not None:
+                self._send("revisions", table)
             return
         if not self._room_left():
             raise Refused("the store is behind; retry later", retry_after=0.5)
@@ -398,12 +416,33 @@ class StoreLink:
             return True
         return False
 
+    def _table(self, kind: str, items: list[Any], convert: Any) -> pa.Table | None:
+        """The items in the store's columns; an item whose values no column can hold is dropped alone, counted
+        and logged, as the store exporter does."""
+        table, bad = convert_good(items, convert)
+        if bad:
+            dropped = self.metrics.counter(
+                "evalsi_exporter_dropped_items",
+                "Spans, log records and scores the store refused for their data, dropped alone (by reason).",
+                ["exporter", "kind", "reason"],
+            )
+            for item, error in bad:
+                dropped.labels(STORE_LINK, kind, type(error).__name__).inc()
+                log.error(
+                    f"dropping {kind} the store refuses for their data; the others are stored",
+                    extra={"reason": type(error).__name__, "error": str(error)[:500],
+                           "ids": f"{item.trace_id}/{item.span_id}"},
+                )  # fmt: skip
+        return table
+
     def _flush_spans(self) -> None:
         if self._spans:
             spans, self._spans = self._spans, []
             try:
-                self._send("spans", to_arrow(spans))
-            except Refused:
+                table = self._table("spans", spans, to_arrow)
+                if table is not None:
+                    self._send("spans", table)
+            except BaseException:  # kept for the next flush: Refused, or a failure the supervisor logs
                 self._spans = spans + self._spans
                 raise
 
@@ -411,14 +450,16 @@ class StoreLink:
         if self._logs:
             records, self._logs = self._logs, []
             try:
-                self._send("logs", logs_to_arrow(records))
-            except Refused:
+                table = self._table("log records", records, logs_to_arrow)
+                if table is not None:
+                    self._send("logs", table)
+            except BaseException:
                 self._logs = records + self._logs
                 raise
 
     async def start(self) -> None:
         load_arrow()  # before the worker reports ready
-        self._task = asyncio.create_task(self._flush_loop())
+        self._task = supervise("store link flush", self._flush_loop, log=log, metrics=self.metrics)
 
     async def _flush_loop(self) -> None:
         while not self._stopping:
@@ -492,6 +533,7 @@ class _WorkerRuntime:
         link = StoreLink(self.outbox, self.room)
         try:
             service = Service(self.config, worker_store=link)
+            link.metrics = service.metrics
             await service.start()
         except Exception as e:
             self.outbox.put(("failed", f"{type(e).__name__}: {e}"))

@@ -3,22 +3,45 @@
 from __future__ import annotations
 
 import asyncio
+import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pyarrow as pa
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from evalsi.component import ComponentConfig, Refused, Settings, exporter
 from evalsi.duration import Duration
-from evalsi.exporters.clickhouse.backend import StoreError, open_backend
-from evalsi.exporters.clickhouse.rows import load_arrow
+from evalsi.exporters.clickhouse.backend import StoreError, error_reason, is_data_error, open_backend
+from evalsi.exporters.clickhouse.rows import convert_good, load_arrow, logs_to_arrow, scores_to_arrow, to_arrow
 from evalsi.exporters.clickhouse.store import TraceStore
-from evalsi.exporters.delivery import RetryConfig, deliver
 from evalsi.log_record import LogBatch
 from evalsi.score import ScoreBatch
 from evalsi.span import SpanBatch
+from evalsi.supervise import supervise
+
+
+class StoreRetryConfig(ComponentConfig):
+    """How soon a write the store refused for its availability (disk full, server down) is tried again. There is no
+    deadline: the queue holds the rows meanwhile, and receivers refuse new data once it is full."""
+
+    initial_interval: Duration = 1.0
+    max_interval: Duration = 10.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_deadline(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in ("enabled", "max_elapsed_time"):
+                if key in data:
+                    raise ValueError(
+                        f"{key}: the store retries a write it cannot take for its availability until the store "
+                        "recovers (nothing acknowledged is dropped by a deadline; receivers refuse once the queue "
+                        f"is full); remove `{key}`, or bound shutdown with `drain_timeout`"
+                    )
+        return data
 
 
 class ClickHouseConfig(ComponentConfig):
@@ -36,7 +59,10 @@ class ClickHouseConfig(ComponentConfig):
     flush_interval: Duration = 1.0
     batch_size: int = Field(default=20_000, gt=0)
     queue_size: int = Field(default=500_000, gt=0)
-    retry_on_failure: RetryConfig = RetryConfig(initial_interval=1.0)
+    retry_on_failure: StoreRetryConfig = StoreRetryConfig()
+    # at shutdown, how long writes the store refuses are still retried before what is queued is given up (counted,
+    # logged, and the exit code is 1)
+    drain_timeout: Duration = 30.0
 
     @field_validator("endpoint")
     @classmethod
@@ -53,12 +79,17 @@ class ClickHouseConfig(ComponentConfig):
         return v
 
 
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+
 @dataclass
 class _Queue:
-    """Items of one kind waiting for the store, and how to write them."""
+    """Items of one kind waiting for the store, how to put them in columns, and how to insert those."""
 
-    kind: str  # "spans", "span revisions", "log records": for logs and errors
-    write: Callable[[list[Any]], None]
+    kind: str  # "spans", "span revisions", "log records", "scores": for logs, errors and metrics
+    convert: Callable[[list[Any]], pa.Table]
+    insert: Callable[[pa.Table], None]
     sent: Any
     failed: Any
     items: list[Any] = field(default_factory=list)
@@ -80,8 +111,19 @@ class _Queue:
         return chunk, n
 
 
+def _ids(table: pa.Table) -> str:
+    """The trace and span ids of a table's rows (each stored table has both columns), for a log line."""
+    pairs = zip(table["TraceId"].to_pylist(), table["SpanId"].to_pylist(), strict=True)
+    return ", ".join(f"{t}/{s}" if s else t for t, s in pairs)
+
+
 @exporter("clickhouse", config=ClickHouseConfig, signals=("traces", "logs", "scores"))
 class ClickHouseExporter:
+    """Writes what it queued in large inserts. A row the store refuses for its data (a value its column cannot hold)
+    is dropped alone, counted and logged with its ids: the batch is halved until it is alone. A write the store
+    refuses for its availability (disk full, server down) is retried until it passes, holding the queue; once the
+    queue is full the receivers answer 503 and `/readyz` says why."""
+
     def __init__(self, config: ClickHouseConfig, settings: Settings) -> None:
         self._config = config
         self._log = settings.logger
@@ -89,12 +131,30 @@ class ClickHouseExporter:
         m = settings.metrics
         self._queue_gauge = m.exporter_queue_size.labels(settings.id)
         m.exporter_queue_capacity.labels(settings.id).set(config.queue_size)
+        self._dropped = m.counter(
+            "evalsi_exporter_dropped_items",
+            "Spans, log records and scores the store refused for their data, dropped alone (by reason).",
+            ["exporter", "kind", "reason"],
+        )
+        self._retries = m.counter(
+            "evalsi_exporter_write_retries",
+            "Writes the store could not take for its availability, retried (by reason, e.g. NOT_ENOUGH_SPACE).",
+            ["exporter", "reason"],
+        )
+        self._unavailable_gauge = m.gauge(
+            "evalsi_exporter_store_unavailable",
+            "1 while the store refuses writes for its availability (the queue holds what was acknowledged).",
+            ["exporter"],
+        ).labels(settings.id)
         self._queues: list[_Queue] = []
         self._held = 0  # items queued plus the chunk being written
         self._wake = asyncio.Event()
         self._stopping = False
+        self._deadline = float("inf")  # set by shutdown: when retries give up
+        self._outage: tuple[str, float] | None = None  # (reason, since): the store refuses writes
         self._task: asyncio.Task[None] | None = None
         self.store: TraceStore | None = None
+        self.unstored: dict[str, int] = {}  # what shutdown could not write, by kind
 
     async def start(self) -> None:
         c = self._config
@@ -119,41 +179,55 @@ class ClickHouseExporter:
         self.store = store
         m, cid = self._settings.metrics, self._settings.id
         sent_spans, failed_spans = m.exporter_sent_spans.labels(cid), m.exporter_send_failed_spans.labels(cid)
-        self._spans = _Queue("spans", store.write, sent_spans, failed_spans)
+        sent_logs, failed_logs = m.exporter_sent_log_records.labels(cid), m.exporter_send_failed_log_records.labels(cid)
+        self._spans = _Queue("spans", to_arrow, store.insert_spans, sent_spans, failed_spans)
         # revisions go after the spans queued before them, so a revision never lands before its span
-        self._revisions = _Queue("span revisions", store.revise, sent_spans, failed_spans)
-        self._logs = _Queue(
-            "log records",
-            store.write_logs,
-            m.exporter_sent_log_records.labels(cid),
-            m.exporter_send_failed_log_records.labels(cid),
-        )
+        self._revisions = _Queue("span revisions", to_arrow, store.revise_spans, sent_spans, failed_spans)
+        self._logs = _Queue("log records", logs_to_arrow, store.insert_logs, sent_logs, failed_logs)
         self._scores = _Queue(
             "scores",
-            store.write_scores,
+            scores_to_arrow,
+            store.insert_scores,
             m.counter("evalsi_exporter_sent_scores", "Scores written to the store.", ["exporter"]).labels(cid),
             m.counter("evalsi_exporter_send_failed_scores", "Scores the store would not take.", ["exporter"]).labels(
                 cid
             ),
         )
         # the same, already in Arrow columns: what pipeline worker processes send (service.workers > 1)
-        self._span_tables = _Queue("spans", store.write_tables, sent_spans, failed_spans, tables=True)
-        self._revision_tables = _Queue("span revisions", store.revise_tables, sent_spans, failed_spans, tables=True)
-        self._log_tables = _Queue(
-            "log records", store.write_log_tables, self._logs.sent, self._logs.failed, tables=True
+        self._span_tables = _Queue("spans", _concat, store.insert_spans, sent_spans, failed_spans, tables=True)
+        self._revision_tables = _Queue(
+            "span revisions", _concat, store.revise_spans, sent_spans, failed_spans, tables=True
         )
+        self._log_tables = _Queue("log records", _concat, store.insert_logs, sent_logs, failed_logs, tables=True)
         self._queues = [
             self._spans, self._span_tables, self._revisions, self._revision_tables, self._logs, self._log_tables,
             self._scores,
         ]  # fmt: skip
         self._log.info("store open", extra={"store": backend.description})
-        self._task = asyncio.create_task(self._flush_loop())
+        self._task = supervise(f"{self._settings.id} flush", self._flush_loop, log=self._log, metrics=m)
+
+    def not_ready(self) -> str | None:
+        """Why the store cannot take writes now (for `/readyz`), None while it can."""
+        if self._outage is None:
+            return None
+        reason, since = self._outage
+        assert self.store is not None
+        return (
+            f"the {self.store.description} refuses writes ({reason}) for {time.monotonic() - since:.0f}s; "
+            f"{self._held} items wait in the exporter's queue (capacity {self._config.queue_size})"
+        )
 
     def _enqueue(self, queue: _Queue, items: list[Any], rows: int | None = None) -> None:
         n = len(items) if rows is None else rows
         if self._stopping:
             raise Refused("the collector is shutting down", unavailable=True, retry_after=5)
         if self._held + n > self._config.queue_size:
+            if self._outage is not None:
+                raise Refused(
+                    f"{self.not_ready()}; retry later",
+                    unavailable=True,
+                    retry_after=max(1.0, self._config.retry_on_failure.max_interval),
+                )
             raise Refused(
                 f"store queue is full ({self._held} items waiting for the store); retry later",
                 retry_after=max(1.0, self._config.flush_interval),
@@ -194,32 +268,114 @@ class ClickHouseExporter:
                 except TimeoutError:
                     pass
             self._wake.clear()
-            while any(q.items for q in self._queues):
+            while any(q.items for q in self._queues) and time.monotonic() < self._deadline:
                 for queue in self._queues:
                     if not queue.items:
                         continue
                     chunk, rows = queue.take(self._config.batch_size)
-                    await self._write(queue, chunk, rows)
-                    self._held -= rows
-                    self._queue_gauge.set(self._held)
+                    try:
+                        await self._write(queue, chunk)
+                    finally:
+                        self._held -= rows
+                        self._queue_gauge.set(self._held)
             if self._stopping:
                 return
 
-    async def _write(self, queue: _Queue, chunk: list[Any], rows: int) -> None:
-        assert self.store is not None
-        delivered = await deliver(
-            lambda: asyncio.to_thread(queue.write, chunk),
-            self._config.retry_on_failure,
-            log=self._log,
-            what=queue.kind,
-            extra={"count": rows, "store": self.store.description},
+    async def _write(self, queue: _Queue, chunk: list[Any]) -> None:
+        table, bad = await asyncio.to_thread(convert_good, chunk, queue.convert)
+        for item, error in bad:
+            ids = f"{item.trace_id}/{item.span_id}" if hasattr(item, "trace_id") else _ids(item)
+            self._drop(queue, 1 if hasattr(item, "trace_id") else item.num_rows, error, ids)
+        if table is not None and table.num_rows:
+            await self._insert(queue, table)
+
+    async def _insert(self, queue: _Queue, table: pa.Table) -> None:
+        pending = [table]
+        delay = self._config.retry_on_failure.initial_interval
+        while pending:
+            part = pending.pop()
+            try:
+                await asyncio.to_thread(queue.insert, part)
+            except Exception as e:
+                if is_data_error(e):
+                    if part.num_rows == 1:
+                        self._drop(queue, 1, e, _ids(part))
+                    else:  # halve until the rows the store refuses are alone
+                        half = part.num_rows // 2
+                        pending += [part.slice(half), part.slice(0, half)]
+                    continue
+                pending.append(part)
+                if not await self._wait_out(e, delay):
+                    self._give_up(queue, sum(p.num_rows for p in pending), e)
+                    return
+                delay = min(delay * 2, self._config.retry_on_failure.max_interval)
+                continue
+            queue.sent.inc(part.num_rows)
+            if self._outage is not None:
+                self._log.warning(
+                    "the store takes writes again",
+                    extra={"store": self.store.description if self.store else "", "outage_s": self._outage_s()},
+                )
+                self._outage = None
+                self._unavailable_gauge.set(0)
+
+    def _outage_s(self) -> float:
+        return round(time.monotonic() - self._outage[1], 1) if self._outage else 0.0
+
+    async def _wait_out(self, error: Exception, delay: float) -> bool:
+        """Wait before retrying a write the store refused for its availability; False when shutdown's deadline
+        passes first."""
+        reason = error_reason(error)
+        if self._outage is None:
+            self._outage = (reason, time.monotonic())
+            self._unavailable_gauge.set(1)
+        self._retries.labels(self._settings.id, reason).inc()
+        wait = delay * random.uniform(0.8, 1.2)
+        self._log.warning(
+            "the store refuses writes; the queue holds them and the write is retried",
+            extra={"error": str(error).splitlines()[0][:500], "reason": reason, "retry_in_s": round(wait, 2),
+                   "queued": self._held, "outage_s": self._outage_s()},
+        )  # fmt: skip
+        retry_at = time.monotonic() + wait
+        while (left := retry_at - time.monotonic()) > 0:
+            if time.monotonic() >= self._deadline:
+                return False
+            await asyncio.sleep(min(left, 0.25))
+        return time.monotonic() < self._deadline
+
+    def _drop(self, queue: _Queue, rows: int, error: BaseException, ids: str) -> None:
+        reason = error_reason(error)
+        self._dropped.labels(self._settings.id, queue.kind, reason).inc(rows)
+        queue.failed.inc(rows)
+        self._log.error(
+            f"dropping {queue.kind} the store refuses for their data; the others are stored",
+            extra={"reason": reason, "error": str(error).splitlines()[0][:500] if str(error) else reason,
+                   "count": rows, "ids": ids[:2000]},
+        )  # fmt: skip
+
+    def _give_up(self, queue: _Queue, rows: int, error: BaseException) -> None:
+        queue.failed.inc(rows)
+        self.unstored[queue.kind] = self.unstored.get(queue.kind, 0) + rows
+        self._log.error(
+            f"shutdown: giving up {rows} {queue.kind} the store would not take in time",
+            extra={"reason": error_reason(error), "drain_timeout_s": self._config.drain_timeout},
         )
-        (queue.sent if delivered else queue.failed).inc(rows)
 
     async def shutdown(self) -> None:
         self._stopping = True
+        self._deadline = time.monotonic() + self._config.drain_timeout
         self._wake.set()
         if self._task is not None:
             await self._task
+        for queue in self._queues:  # what the deadline left queued
+            if queue.rows:
+                queue.failed.inc(queue.rows)
+                self.unstored[queue.kind] = self.unstored.get(queue.kind, 0) + queue.rows
+                queue.items, queue.rows = [], 0
+        if self.unstored:
+            self._log.error(
+                "acknowledged data was not stored: the store refused writes until the drain timeout",
+                extra={"unstored": self.unstored, "reason": self._outage[0] if self._outage else ""},
+            )
         if self.store is not None:
             await asyncio.to_thread(self.store.close)

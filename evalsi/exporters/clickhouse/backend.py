@@ -6,6 +6,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,6 +23,40 @@ class StoreError(Exception):
 
 class StoreLocked(StoreError):
     pass
+
+
+# ClickHouse errors that an insert raises for the data it was given: the same rows fail again, other rows pass.
+# Everything else (disk full, memory, too many parts, a server down, a timeout) is about the store's availability
+# and passes once the store recovers.
+DATA_ERRORS = frozenset(
+    {
+        "ARGUMENT_OUT_OF_BOUND", "BAD_ARGUMENTS", "CANNOT_CONVERT_TYPE", "CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN",
+        "CANNOT_PARSE_BOOL", "CANNOT_PARSE_DATE", "CANNOT_PARSE_DATETIME", "CANNOT_PARSE_INPUT_ASSERTION_FAILED",
+        "CANNOT_PARSE_NUMBER", "CANNOT_PARSE_QUOTED_STRING", "CANNOT_PARSE_TEXT", "DECIMAL_OVERFLOW",
+        "ILLEGAL_COLUMN", "ILLEGAL_TYPE_OF_ARGUMENT", "INCORRECT_DATA", "SIZES_OF_ARRAYS_DONT_MATCH",
+        "SIZES_OF_NESTED_COLUMNS_ARE_INCONSISTENT", "TOO_LARGE_ARRAY_SIZE", "TOO_LARGE_STRING_SIZE", "TYPE_MISMATCH",
+        "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE",
+    }
+)  # fmt: skip
+# raised before anything reaches the store, while rows are put in columns: a value the column type cannot hold
+CONVERSION_ERRORS = (pa.ArrowException, OverflowError, TypeError, ValueError, UnicodeError)
+_ERROR_NAME = re.compile(r"\(([A-Z][A-Z0-9_]+)\)")
+
+
+def error_reason(error: BaseException) -> str:
+    """A short name for a failed write: ClickHouse's error name (e.g. NOT_ENOUGH_SPACE), else the exception type."""
+    found = _ERROR_NAME.findall(str(error))
+    return found[-1] if found else type(error).__name__
+
+
+def is_data_error(error: BaseException) -> bool:
+    """Whether a write failed for the rows it carried (drop them alone) rather than for the store (retry)."""
+    reason = error_reason(error)
+    if reason in DATA_ERRORS:
+        return True
+    if reason == "TOO_MANY_PARTS" and "partitions for single INSERT block" in str(error):
+        return True  # rows spread over too many days for one insert: smaller inserts pass
+    return isinstance(error, CONVERSION_ERRORS) and not _ERROR_NAME.search(str(error))
 
 
 class Backend(Protocol):

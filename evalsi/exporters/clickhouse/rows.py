@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -144,6 +145,25 @@ def to_arrow(spans: list[Span]) -> pa.Table:
         for c, f in zip(columns, TRACES_SCHEMA, strict=True)
     ]
     return pa.Table.from_arrays(arrays, schema=TRACES_SCHEMA)
+
+
+def convert_good(
+    items: list[Any], convert: Callable[[list[Any]], pa.Table]
+) -> tuple[pa.Table | None, list[tuple[Any, BaseException]]]:
+    """Put `items` in columns with `convert`; when a value cannot be converted (an int past 64 bits, text that is
+    not Unicode), halve until each such item is alone, so only those are left out: the table of the others (None
+    when there is none), and each item left out with its error. Costs O(bad * log n) conversions when any fail."""
+    try:
+        return (convert(items) if items else None), []
+    except Exception as e:  # whatever a row makes the conversion raise, that row cannot be stored
+        if len(items) == 1:
+            return None, [(items[0], e)]
+    half = len(items) // 2
+    left, bad_left = convert_good(items[:half], convert)
+    right, bad_right = convert_good(items[half:], convert)
+    tables = [t for t in (left, right) if t is not None]
+    table = None if not tables else tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    return table, bad_left + bad_right
 
 
 def load_arrow() -> None:

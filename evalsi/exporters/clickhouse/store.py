@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 
 from evalsi.exporters.clickhouse.backend import Backend
-from evalsi.exporters.clickhouse.rows import canonical_from_row, logs_to_arrow, scores_to_arrow, to_arrow
+from evalsi.exporters.clickhouse.rows import canonical_from_row, scores_to_arrow, to_arrow
 from evalsi.exporters.clickhouse.schema import (
     delete_spans_sql,
     list_scores_sql,
@@ -19,7 +19,6 @@ from evalsi.exporters.clickhouse.schema import (
     trace_spans_sql,
     traces_ddl,
 )
-from evalsi.log_record import LogRecord
 from evalsi.score import Score
 from evalsi.span import Span
 
@@ -54,39 +53,31 @@ class TraceStore:
 
     def write(self, spans: list[Span]) -> None:
         if spans:
-            self.backend.insert(self.table, to_arrow(spans))
+            self.insert_spans(to_arrow(spans))
 
-    def revise(self, spans: list[Span]) -> None:
+    def insert_spans(self, table: pa.Table) -> None:
+        """Insert spans already in the table's columns (`rows.to_arrow`)."""
+        self.backend.insert(self.table, table)
+
+    def revise_spans(self, table: pa.Table) -> None:
         """Replace stored spans by these newer versions of them (same trace and span ids)."""
-        self._delete([(s.trace_id, s.span_id) for s in spans])
-        self.write(spans)
+        self._delete(list(zip(table["TraceId"].to_pylist(), table["SpanId"].to_pylist(), strict=True)))
+        self.insert_spans(table)
 
     def _delete(self, keys: list[tuple[str, str]]) -> None:
         keys = [(t, s) for t, s in keys if _HEX.match(t) and _HEX.match(s)]
         if keys:
             self.backend.command(delete_spans_sql(self.table, keys))
 
-    def write_tables(self, tables: list[pa.Table]) -> None:
-        """Insert spans already in the table's columns (`rows.to_arrow`), e.g. from pipeline worker processes."""
-        if tables:
-            self.backend.insert(self.table, pa.concat_tables(tables))
+    def insert_logs(self, table: pa.Table) -> None:
+        self.backend.insert(self.logs_table, table)
 
-    def revise_tables(self, tables: list[pa.Table]) -> None:
-        for table in tables:
-            self._delete(list(zip(table["TraceId"].to_pylist(), table["SpanId"].to_pylist(), strict=True)))
-        self.write_tables(tables)
-
-    def write_log_tables(self, tables: list[pa.Table]) -> None:
-        if tables:
-            self.backend.insert(self.logs_table, pa.concat_tables(tables))
-
-    def write_logs(self, records: list[LogRecord]) -> None:
-        if records:
-            self.backend.insert(self.logs_table, logs_to_arrow(records))
+    def insert_scores(self, table: pa.Table) -> None:
+        self.backend.insert(self.scores_table, table)
 
     def write_scores(self, scores: list[Score]) -> None:
         if scores:
-            self.backend.insert(self.scores_table, scores_to_arrow(scores))
+            self.insert_scores(scores_to_arrow(scores))
 
     def list_scores(
         self, *, limit: int = 100, trace_id: str | None = None, policy: str | None = None

@@ -39,12 +39,20 @@ class OtlpReceiver:
             "traces": {t: m.receiver_refused_spans.labels(settings.id, t) for t in transports},
             "logs": {t: m.receiver_refused_log_records.labels(settings.id, t) for t in transports},
         }
+        clamped = m.counter(
+            "evalsi_receiver_clamped_items",
+            "Spans and log records accepted with out-of-range fields clamped (marked with the evalsi.clamped "
+            "attribute).",
+            ["receiver", "signal"],
+        )
+        self._clamped = {signal: clamped.labels(settings.id, signal) for signal in ("traces", "logs")}
 
     async def _export(self, codec: Codec, decoded: Decoded, transport: str) -> None:
         refused = self._refused[codec.signal][transport]
-        if decoded.rejected:
+        if decoded.rejected or decoded.clamped:
             refused.inc(decoded.rejected)
-            self._settings.logger.warning("rejected invalid %s: %s", codec.signal, decoded.message)
+            self._clamped[codec.signal].inc(decoded.clamped)
+            self._settings.logger.warning("invalid %s: %s", codec.signal, decoded.message)
         n = len(decoded.batch)
         if not n:
             return

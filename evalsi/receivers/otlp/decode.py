@@ -23,6 +23,12 @@ from evalsi.span import SPAN_KINDS, STATUS_CODES, Span, SpanBatch, SpanEvent, Sp
 _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
 
+# The latest time the store holds: ClickHouse's DateTime64(9) and Arrow's timestamp[ns] are signed 64-bit
+# nanoseconds since the epoch (2262-04-11T23:47:16.854775807Z); OTLP's fixed64 times go up to 2^64 - 1.
+MAX_TIME_NS = (1 << 63) - 1
+# The marker attribute of a span or log record whose out-of-range fields the receiver clamped: the fields' names.
+CLAMPED = "evalsi.clamped"
+
 
 class DecodeFailed(ValueError):
     """The request body is not an OTLP message at all (answered 400 / INVALID_ARGUMENT)."""
@@ -35,6 +41,7 @@ class Decoded:
     batch: SpanBatch | LogBatch | EncodedBatch
     rejected: int = 0
     message: str = ""
+    clamped: int = 0  # items kept with out-of-range fields clamped (and marked with `evalsi.clamped`)
 
 
 def any_value(v: AnyValue) -> Any:
@@ -95,6 +102,35 @@ def _check_ids(trace_id: bytes, span_id: bytes, parent: bytes) -> str:
     return ""
 
 
+_TIME_TOO_LATE = "is after 2262-04-11, the latest time the store holds"
+
+
+def _span_clamps(start: int, end: int, kind: int, code: int, event_times: Any) -> list[str]:
+    """The fields of a span (already known to start in range) that the receiver clamps: an end out of range or
+    before the start (the duration becomes 0), an event time out of range (it becomes the span's start), an enum
+    number OTLP does not define (UNSPECIFIED / UNSET)."""
+    clamped = []
+    if end < start or end > MAX_TIME_NS:
+        clamped.append("end_time_unix_nano")
+    if any(t > MAX_TIME_NS for t in event_times):
+        clamped.append("events.time_unix_nano")
+    if not 0 <= kind < len(SPAN_KINDS):
+        clamped.append("kind")
+    if not 0 <= code < len(STATUS_CODES):
+        clamped.append("status.code")
+    return clamped
+
+
+def _answer(what: str, rejected: int, first_error: str, clamped: int, first_clamp: str) -> str:
+    """The partial success message: what was rejected, and as a warning what was kept with fields clamped."""
+    parts = []
+    if rejected:
+        parts.append(f"{rejected} {what}(s) rejected; first: {first_error}")
+    if clamped:
+        parts.append(f"{clamped} {what}(s) kept with out-of-range fields clamped ({CLAMPED}); first: {first_clamp}")
+    return "; ".join(parts)
+
+
 def _check_log_ids(trace_id: bytes, span_id: bytes) -> str:
     if trace_id and len(trace_id) != 16:
         return f"trace id must be empty or 16 bytes, got {len(trace_id)}"
@@ -113,8 +149,8 @@ def spans_from_request(req: ExportTraceServiceRequest, shard: tuple[int, int] | 
     """The request's valid spans; with `shard=(i, n)` only those of traces worker i of n owns (the others are
     decoded by their own worker; invalid spans were already counted by the receiver)."""
     spans: list[Span] = []
-    rejected = 0
-    first_error = ""
+    rejected = clamped = 0
+    first_error = first_clamp = ""
     n_kinds = len(SPAN_KINDS)
     for rs in req.resource_spans:
         resource_attributes = attributes(rs.resource.attributes)
@@ -130,16 +166,36 @@ def spans_from_request(req: ExportTraceServiceRequest, shard: tuple[int, int] | 
                 span_id = s.span_id
                 parent = s.parent_span_id
                 problem = _check_ids(trace_id, span_id, parent)
+                start = s.start_time_unix_nano
+                if not problem and start > MAX_TIME_NS:
+                    problem = f"start_time_unix_nano {start} {_TIME_TOO_LATE}"
                 if problem:
                     rejected += 1
                     if not first_error:
                         first_error = f"span {s.name!r}: {problem}"
                     continue
+                end = s.end_time_unix_nano
+                kind = s.kind
+                status = s.status
+                code = status.code
                 events = (
                     [SpanEvent(e.time_unix_nano, e.name, attributes(e.attributes)) for e in s.events]
                     if s.events
                     else []
                 )
+                span_attributes = attributes(s.attributes)
+                if end < start or end > MAX_TIME_NS or not 0 <= kind < n_kinds or not 0 <= code < 3 or events:
+                    fields = _span_clamps(start, end, kind, code, [e.time_unix_nano for e in events])
+                    if fields:
+                        clamped += 1
+                        if not first_clamp:
+                            first_clamp = f"span {s.name!r} ({trace_id.hex()}/{span_id.hex()}): {', '.join(fields)}"
+                        span_attributes[CLAMPED] = fields
+                        if "end_time_unix_nano" in fields:
+                            end = start
+                        for e in events:
+                            if e.time_unix_nano > MAX_TIME_NS:
+                                e.time_unix_nano = start
                 links = (
                     [
                         SpanLink(ln.trace_id.hex(), ln.span_id.hex(), ln.trace_state, attributes(ln.attributes))
@@ -148,9 +204,6 @@ def spans_from_request(req: ExportTraceServiceRequest, shard: tuple[int, int] | 
                     if s.links
                     else []
                 )
-                kind = s.kind
-                status = s.status
-                code = status.code
                 # positional: this constructor runs once per span on the ingest path
                 spans.append(
                     Span(
@@ -159,31 +212,41 @@ def spans_from_request(req: ExportTraceServiceRequest, shard: tuple[int, int] | 
                         parent.hex(),
                         s.name,
                         SPAN_KINDS[kind] if 0 <= kind < n_kinds else "UNSPECIFIED",
-                        s.start_time_unix_nano,
-                        s.end_time_unix_nano,
+                        start,
+                        end,
                         STATUS_CODES[code] if 0 <= code < 3 else "UNSET",
                         status.message,
                         s.trace_state,
                         service_name,
                         scope_name,
                         scope_version,
-                        attributes(s.attributes),
+                        span_attributes,
                         resource_attributes,
                         events,
                         links,
                         s.flags,
                     )
                 )
-    message = ""
-    if rejected:
-        message = f"{rejected} span(s) rejected; first: {first_error}"
-    return Decoded(SpanBatch(spans), rejected, message)
+    message = _answer("span", rejected, first_error, clamped, first_clamp)
+    return Decoded(SpanBatch(spans), rejected, message, clamped)
+
+
+def _log_clamps(time_ns: int, observed_ns: int) -> list[str]:
+    """A log record's times past the store's range: they become 0 (unknown), and the record's timestamp the other
+    time when that one is in range."""
+    return [
+        name for name, t in (("time_unix_nano", time_ns), ("observed_time_unix_nano", observed_ns)) if t > MAX_TIME_NS
+    ]
+
+
+def _clamp_time(t: int) -> int:
+    return 0 if t > MAX_TIME_NS else t
 
 
 def logs_from_request(req: ExportLogsServiceRequest, shard: tuple[int, int] | None = None) -> Decoded:
     records: list[LogRecord] = []
-    rejected = 0
-    first_error = ""
+    rejected = clamped = 0
+    first_error = first_clamp = ""
     for rl in req.resource_logs:
         resource_attributes = attributes(rl.resource.attributes)
         service = resource_attributes.get("service.name", "")
@@ -203,10 +266,18 @@ def logs_from_request(req: ExportLogsServiceRequest, shard: tuple[int, int] | No
                     continue
                 attrs = attributes(r.attributes)
                 event_name = r.event_name or attrs.get("event.name", "")
+                time_ns, observed_ns = r.time_unix_nano, r.observed_time_unix_nano
+                if time_ns > MAX_TIME_NS or observed_ns > MAX_TIME_NS:
+                    fields = _log_clamps(time_ns, observed_ns)
+                    clamped += 1
+                    if not first_clamp:
+                        first_clamp = f"log record: {', '.join(fields)}"
+                    attrs[CLAMPED] = fields
+                    time_ns, observed_ns = _clamp_time(time_ns), _clamp_time(observed_ns)
                 records.append(
                     LogRecord(
-                        time_unix_nano=r.time_unix_nano,
-                        observed_time_unix_nano=r.observed_time_unix_nano,
+                        time_unix_nano=time_ns,
+                        observed_time_unix_nano=observed_ns,
                         trace_id=trace_id.hex(),
                         span_id=span_id.hex(),
                         flags=r.flags,
@@ -221,8 +292,8 @@ def logs_from_request(req: ExportLogsServiceRequest, shard: tuple[int, int] | No
                         scope_version=scope_version,
                     )
                 )
-    message = f"{rejected} log record(s) rejected; first: {first_error}" if rejected else ""
-    return Decoded(LogBatch(records), rejected, message)
+    message = _answer("log record", rejected, first_error, clamped, first_clamp)
+    return Decoded(LogBatch(records), rejected, message, clamped)
 
 
 def _parse_protobuf(body: bytes, message: Message, what: str) -> None:
@@ -270,6 +341,47 @@ def _items(obj: dict[str, Any], camel: str, snake: str) -> list[Any]:
 
 
 def _parse_json(body: bytes, message: Message, what: str, fix_ids: Any) -> None:
+    """Parse OTLP/JSON into `message`; anything wrong with the body, whatever part of the parser finds it, is a
+    `DecodeFailed` naming the problem."""
+
+    def lone_surrogate(doc: Any) -> str:
+        """Where the first string (object key or value) holding a lone UTF-16 surrogate is, or "". JSON escapes
+        (`"\\ud800"`), or surrogates encoded as UTF-8 bytes, decode to such strings, which no UTF-8 text can
+        hold: protobuf refuses them in values and fails inside its C code on them in keys."""
+        # cheap screens first: such a string needs a `\ud`/`\uD` escape or an 0xED byte in UTF-8 (a UTF-16/32
+        # body, which `json.loads` also takes, is checked in full), and then fails to encode as a whole
+        if json.detect_encoding(body).startswith("utf-8") and not (
+            b"\\ud" in body or b"\\uD" in body or b"\xed" in body
+        ):
+            return ""
+        try:
+            json.dumps(doc, ensure_ascii=False).encode("utf-8")
+            return ""
+        except UnicodeEncodeError:
+            pass
+
+        def shown(s: str) -> str:  # lone surrogates as `\udXXXX` text
+            return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+        stack: list[tuple[Any, str]] = [(doc, "")]
+        while stack:
+            node, path = stack.pop()
+            for k, v in node.items() if isinstance(node, dict) else enumerate(node):
+                if isinstance(k, str):
+                    name = shown(k)
+                    if name != k:
+                        return f"the object key '{name[:60]}' in {path or 'the top-level object'}"
+                    at = f"{path}.{name}" if path else name
+                else:
+                    at = f"{path}[{k}]"
+                if isinstance(v, str):
+                    text = shown(v)
+                    if text != v:
+                        return f"the string '{text[:60]}' at {at}"
+                elif isinstance(v, dict | list):
+                    stack.append((v, at))
+        return "a string"  # not reached: encoding the whole document failed on one
+
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
@@ -277,10 +389,18 @@ def _parse_json(body: bytes, message: Message, what: str, fix_ids: Any) -> None:
     if not isinstance(doc, dict):
         raise DecodeFailed(f"body must be a JSON object (an OTLP {what})")
     try:
+        where = lone_surrogate(doc)
+    except (RecursionError, MemoryError) as e:
+        raise DecodeFailed(f"body is not a valid OTLP/JSON {what}: {type(e).__name__}: {e}") from None
+    if where:
+        raise DecodeFailed(f"body is not a valid OTLP/JSON {what}: invalid Unicode escape (lone surrogate) in {where}")
+    try:
         fix_ids(doc)
         json_format.ParseDict(doc, message, ignore_unknown_fields=True)
     except (json_format.ParseError, AttributeError, TypeError, ValueError, RecursionError, binascii.Error) as e:
         raise DecodeFailed(f"body is not a valid OTLP/JSON {what}: {e}") from None
+    except Exception as e:  # protobuf's parser fails in other ways on some input (e.g. a SystemError from upb)
+        raise DecodeFailed(f"body is not a valid OTLP/JSON {what}: {type(e).__name__}: {e}") from None
 
 
 def _fix_span_ids(doc: dict[str, Any]) -> None:
@@ -338,12 +458,16 @@ LOGS = Codec(
 )
 
 
-def _check_spans(req: ExportTraceServiceRequest, shards: int) -> tuple[int, int, str, frozenset[int]]:
-    """Valid spans, rejected spans, the first problem, and the shards owning the valid spans: what a receiver
-    answers without decoding attributes (the workers decode)."""
-    valid = rejected = 0
-    first_error = ""
+_Checked = tuple[int, int, str, frozenset[int], int]
+
+
+def _check_spans(req: ExportTraceServiceRequest, shards: int) -> _Checked:
+    """Valid spans, rejected spans, the answer's message, the shards owning the valid spans, and the spans kept
+    with fields clamped: what a receiver answers without decoding attributes (the workers decode)."""
+    valid = rejected = clamped = 0
+    first_error = first_clamp = ""
     owners: set[int] = set()
+    n_kinds = len(SPAN_KINDS)
     # the checks of `_check_ids` and `shard_of` inline, the shard only until every worker owns a span: this loop
     # runs in the collector process for every span received (~0.7 µs a span instead of ~1.3)
     for rs in req.resource_spans:
@@ -363,16 +487,29 @@ def _check_spans(req: ExportTraceServiceRequest, shards: int) -> tuple[int, int,
                     if not first_error:
                         first_error = f"span {s.name!r}: {_check_ids(trace_id, span_id, parent)}"
                     continue
+                start = s.start_time_unix_nano
+                if start > MAX_TIME_NS:
+                    rejected += 1
+                    if not first_error:
+                        first_error = f"span {s.name!r}: start_time_unix_nano {start} {_TIME_TOO_LATE}"
+                    continue
+                end, kind, code = s.end_time_unix_nano, s.kind, s.status.code
+                if end < start or end > MAX_TIME_NS or not 0 <= kind < n_kinds or not 0 <= code < 3 or s.events:
+                    fields = _span_clamps(start, end, kind, code, [e.time_unix_nano for e in s.events])
+                    if fields:
+                        clamped += 1
+                        if not first_clamp:
+                            first_clamp = f"span {s.name!r} ({trace_id.hex()}/{span_id.hex()}): {', '.join(fields)}"
                 valid += 1
                 if len(owners) < shards:
                     owners.add(int.from_bytes(trace_id[8:], "big") % shards)
-    message = f"{rejected} span(s) rejected; first: {first_error}" if rejected else ""
-    return valid, rejected, message, frozenset(owners)
+    message = _answer("span", rejected, first_error, clamped, first_clamp)
+    return valid, rejected, message, frozenset(owners), clamped
 
 
-def _check_logs(req: ExportLogsServiceRequest, shards: int) -> tuple[int, int, str, frozenset[int]]:
-    valid = rejected = 0
-    first_error = ""
+def _check_logs(req: ExportLogsServiceRequest, shards: int) -> _Checked:
+    valid = rejected = clamped = 0
+    first_error = first_clamp = ""
     owners: set[int] = set()
     for rl in req.resource_logs:
         for sl in rl.scope_logs:
@@ -384,10 +521,15 @@ def _check_logs(req: ExportLogsServiceRequest, shards: int) -> tuple[int, int, s
                     if not first_error:
                         first_error = f"log record: {problem}"
                     continue
+                if r.time_unix_nano > MAX_TIME_NS or r.observed_time_unix_nano > MAX_TIME_NS:
+                    clamped += 1
+                    if not first_clamp:
+                        fields = _log_clamps(r.time_unix_nano, r.observed_time_unix_nano)
+                        first_clamp = f"log record: {', '.join(fields)}"
                 valid += 1
                 owners.add(shard_of(trace_id, shards))
-    message = f"{rejected} log record(s) rejected; first: {first_error}" if rejected else ""
-    return valid, rejected, message, frozenset(owners)
+    message = _answer("log record", rejected, first_error, clamped, first_clamp)
+    return valid, rejected, message, frozenset(owners), clamped
 
 
 def checking_codec(codec: Codec, shards: int) -> Codec:
@@ -395,7 +537,7 @@ def checking_codec(codec: Codec, shards: int) -> Codec:
     the answer (status, partial success) is the one full decoding would give."""
     if codec.signal == "traces":
         message_type: Any = ExportTraceServiceRequest
-        check: Callable[[Any, int], tuple[int, int, str, frozenset[int]]] = _check_spans
+        check: Callable[[Any, int], _Checked] = _check_spans
         fix_ids: Any = _fix_span_ids
     else:
         message_type, check, fix_ids = ExportLogsServiceRequest, _check_logs, _fix_log_ids
@@ -403,8 +545,8 @@ def checking_codec(codec: Codec, shards: int) -> Codec:
     signal: Any = codec.signal
 
     def checked(req: Message, body: bytes) -> Decoded:
-        valid, rejected, message, owners = check(req, shards)
-        return Decoded(EncodedBatch(signal, body, valid, owners), rejected, message)
+        valid, rejected, message, owners, clamped = check(req, shards)
+        return Decoded(EncodedBatch(signal, body, valid, owners), rejected, message, clamped)
 
     def from_protobuf(body: bytes) -> Decoded:
         req = message_type()
