@@ -263,3 +263,21 @@ def test_one_bad_score_or_log_record_does_not_hold_back_the_others(backend: Faul
 def test_a_retry_config_with_a_deadline_is_refused_naming_the_key(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max_elapsed_time: the store retries"):
         ClickHouseConfig(retry_on_failure={"max_elapsed_time": "5m"})
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+@pytest.mark.parametrize("page", ["receivers/otlp.md", "configuration.md"])
+def test_the_config_examples_of_the_failure_docs_validate(page: str) -> None:
+    import re
+
+    import yaml
+
+    from evalsi.collector.config import parse_config
+
+    blocks = re.findall(r"```yaml\n(.*?)```", (DOCS / page).read_text(), re.S)
+    for block in blocks:
+        parse_config(yaml.safe_load(block), source=page)
+    if page == "receivers/otlp.md":
+        assert blocks, "the page shows its config"
