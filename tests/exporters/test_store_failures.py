@@ -281,3 +281,12 @@ def test_the_config_examples_of_the_failure_docs_validate(page: str) -> None:
         parse_config(yaml.safe_load(block), source=page)
     if page == "receivers/otlp.md":
         assert blocks, "the page shows its config"
+
+
+def test_the_deploy_config_validates() -> None:
+    import yaml
+
+    from evalsi.collector.config import parse_config
+
+    path = DOCS.parent / "deploy" / "evalsi.yaml"
+    parse_config(yaml.safe_load(path.read_text()), source=str(path))
