@@ -551,7 +551,9 @@ class _WorkerRuntime:
             ).labels(worker),
         }
         self.outbox.put(("ready", os.getpid()))
-        metrics_task = asyncio.create_task(self._metrics_loop(service.metrics))
+        metrics_task = supervise(
+            "worker metrics", lambda: self._metrics_loop(service.metrics), log=log, metrics=service.metrics
+        )
         shard = (self.index, self.shards)
         while True:
             msg = await self.inbox.get()

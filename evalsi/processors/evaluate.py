@@ -25,6 +25,7 @@ from evalsi.duration import Duration
 from evalsi.log_record import LogBatch, LogRecord
 from evalsi.score import Score, ScoreBatch
 from evalsi.span import Span, SpanBatch
+from evalsi.supervise import supervise
 
 if TYPE_CHECKING:
     from evalsi.policies import Notifier, PolicySet
@@ -222,7 +223,11 @@ class Evaluate:
         from evalsi.policies import Notifier
 
         self._notifier = Notifier()
-        self._tasks = [asyncio.create_task(self._work_loop()), asyncio.create_task(self._close_windows_loop())]
+        log, metrics, cid = self.settings.logger, self.settings.metrics, self.settings.id
+        self._tasks = [
+            supervise(f"{cid} evaluation", self._work_loop, log=log, metrics=metrics),
+            supervise(f"{cid} windows", self._close_windows_loop, log=log, metrics=metrics),
+        ]
 
     def _send_alerts(self) -> None:
         for event in self.policies.drain_alerts():

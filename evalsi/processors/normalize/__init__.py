@@ -25,6 +25,7 @@ from evalsi.processors.normalize import (  # noqa: F401
 from evalsi.processors.normalize.events import EventJoin
 from evalsi.processors.normalize.mapper import MAPPERS, Mapper, register_mapper
 from evalsi.span import Span, SpanBatch
+from evalsi.supervise import supervise
 
 __all__ = ["MAPPERS", "Mapper", "Normalize", "NormalizeConfig", "normalize_span", "register_mapper"]
 
@@ -127,7 +128,9 @@ class Normalize:
         self._ticker: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._ticker = asyncio.create_task(self._release_loop())
+        self._ticker = supervise(
+            f"{self.settings.id} release", self._release_loop, log=self.settings.logger, metrics=self.settings.metrics
+        )
 
     async def _release_loop(self) -> None:
         period = min(0.1, max(0.01, self.config.event_wait / 4))
