@@ -14,6 +14,7 @@ import gzip
 import json
 import re
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -41,9 +42,20 @@ class FakeLangfuse:
     """Answers the scripted statuses first, then 200; stores accepted scores by id and spans by (trace, span) id;
     records protocol violations. Scores for traces it has no spans of are accepted, as Langfuse documents."""
 
-    def __init__(self, failures: list[int] | None = None, span_failures: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        failures: list[int] | None = None,
+        span_failures: list[int] | None = None,
+        max_body: int | None = None,
+        item_error: Callable[[dict[str, Any]], str | None] | None = None,
+    ) -> None:
         self.failures = list(failures or [])  # for score requests
         self.span_failures = list(span_failures or [])  # for OTLP span requests
+        # a body limit, as a server or its proxy has: a larger request (as sent) is answered 413
+        self.max_body = max_body
+        self.too_large = 0  # requests answered 413
+        # a score this returns a message for is answered 207 with that item error (Langfuse's multi-status answer)
+        self.item_error = item_error
         self.attempts: list[dict[str, Any]] = []  # score bodies, every attempt
         self.stored: dict[str, dict[str, Any]] = {}  # score id -> last accepted body
         self.span_requests: list[ExportTraceServiceRequest] = []  # accepted OTLP requests
@@ -123,6 +135,9 @@ class FakeLangfuse:
 
     def handle(self, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, str, bytes]:
         with self.lock:
+            if self.max_body is not None and len(raw) > self.max_body:
+                self.too_large += 1
+                return 413, "application/json", b'{"message": "request entity too large"}'
             if path == SCORES_PATH:
                 return self._score(headers, raw)
             if path == TRACES_PATH:
@@ -138,6 +153,9 @@ class FakeLangfuse:
             return 400, "application/json", json.dumps({"message": "; ".join(problems)}).encode()
         if self.failures:
             return self.failures.pop(0), "application/json", b'{"message": "scripted failure"}'
+        if self.item_error is not None and (message := self.item_error(body)):
+            errors = [{"id": body["id"], "status": 400, "message": message, "error": message}]
+            return 207, "application/json", json.dumps({"successes": [], "errors": errors}).encode()
         self.stored[body["id"]] = body  # Langfuse upserts a score by id
         return 200, "application/json", json.dumps({"id": body["id"]}).encode()
 

@@ -37,6 +37,7 @@ from evalsi.collector.logs import configure
 from evalsi.component import Refused
 from evalsi.encoded import EncodedBatch
 from evalsi.exporters.clickhouse.rows import convert_good, load_arrow, logs_to_arrow, to_arrow
+from evalsi.exporters.delivery import items_refused_counter
 from evalsi.log_record import LogBatch, LogRecord as _LogRecord
 from evalsi.receivers.otlp.decode import logs_from_request, spans_from_request
 from evalsi.score import ScoreBatch
@@ -421,11 +422,7 @@ class StoreLink:
         and logged, as the store exporter does."""
         table, bad = convert_good(items, convert)
         if bad:
-            dropped = self.metrics.counter(
-                "evalsi_exporter_dropped_items",
-                "Spans, log records and scores the store refused for their data, dropped alone (by reason).",
-                ["exporter", "kind", "reason"],
-            )
+            dropped = items_refused_counter(self.metrics)
             for item, error in bad:
                 dropped.labels(STORE_LINK, kind, type(error).__name__).inc()
                 log.error(

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from evalsi.component import ComponentConfig, Settings
 from evalsi.duration import Duration
@@ -59,6 +61,9 @@ class ExporterCounters:
             "Spans dropped because the exporter's queue was full.",
             ["exporter"],
         ).labels(cid)
+        # labelled (exporter, kind, reason) at use: items dropped alone, also counted in `*_failed`
+        self.items_refused = items_refused_counter(m)
+        self.sender_errors = sender_errors_counter(m).labels(cid)
 
 
 def spans_to_forward(batch: SpanBatch) -> list[Span]:
@@ -141,3 +146,148 @@ def _dropped(log: logging.Logger, what: str, failure: SendFailed, extra: dict[st
         extra={"error": str(failure), "retryable": failure.retryable, **(extra or {})},
     )
     return False
+
+
+# --- one bad item never blocks the others ------------------------------------------------------------
+
+# why an item was dropped alone: the `reason` label of `evalsi_exporter_items_refused_total`, a bounded set
+REFUSED_ENCODE = "encode"  # it cannot be encoded for the backend (an id that is not hex, NaN in JSON, bad UTF-8)
+REFUSED_INVALID = "invalid"  # the backend refused it for its data (HTTP 400/422, gRPC INVALID_ARGUMENT, a 207 item)
+REFUSED_TOO_LARGE = "too large"  # HTTP 413, gRPC "message larger than max", alone
+REFUSED_PARTIAL = "partial success"  # an OTLP backend took the request but rejected some of it (which, it does not say)
+# HTTP answers that refuse a request for the data in it: a part of the request may pass
+REFUSED_HTTP = {400: REFUSED_INVALID, 413: REFUSED_TOO_LARGE, 422: REFUSED_INVALID}
+
+T = TypeVar("T")
+P = TypeVar("P")
+
+
+class ItemsRefused(SendFailed):
+    """The backend refused a request for the data in it (HTTP 400, 413, 422, gRPC INVALID_ARGUMENT, an item error in
+    a 207 answer): not retryable as it is, but a part of it may pass. `deliver_items` sends halves until each refused
+    item is alone, and drops only those."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message, retryable=False)
+        self.reason = reason
+
+
+def http_failure(what: str, resp: Any) -> SendFailed:
+    """The failure for an HTTP answer of 300 or more: retryable for 429/502/503/504 (with its Retry-After), a data
+    refusal (`ItemsRefused`) for 400/413/422, else permanent for the whole request (401, 403, 404, 500, ...)."""
+    message = f"{what}: HTTP {resp.status_code} {resp.text[:200]}"
+    if resp.status_code in REFUSED_HTTP:
+        return ItemsRefused(message, reason=REFUSED_HTTP[resp.status_code])
+    retryable = resp.status_code in RETRYABLE_HTTP
+    return SendFailed(
+        message, retryable=retryable, retry_after=retry_after(resp.headers.get("retry-after")) if retryable else None
+    )
+
+
+@dataclass
+class ItemsOutcome(Generic[T]):
+    """What became of the items given to `deliver_items`."""
+
+    # in requests the backend took
+    sent: list[T] = field(default_factory=list)
+    # given up on for no fault of their own: retries ran out, shutdown, a permanent failure of the whole request
+    # (401, 404, ...)
+    failed: list[T] = field(default_factory=list)
+    # each refused alone, for its data
+    refused: list[tuple[T, ItemsRefused]] = field(default_factory=list)
+
+
+async def deliver_items(
+    items: Sequence[T],
+    prepare: Callable[[list[T]], P],
+    send: Callable[[P], Awaitable[None]],
+    retry: RetryConfig,
+    *,
+    log: logging.Logger,
+    what: str,
+    deadline: Callable[[], float] = lambda: float("inf"),
+    extra: dict[str, Any] | None = None,
+) -> ItemsOutcome[T]:
+    """Send `items` in one request, `prepare`d (encoded) once and `send` through `deliver`, so availability failures
+    are retried as always. When the request is refused for its data (`send` raises `ItemsRefused`) or cannot be
+    encoded (`prepare` raises anything), each half is sent on its own, and so on until each bad item is alone: it is
+    returned in `refused`, and every other item is delivered. A request never goes again as it was; n items that all
+    fail take at most 2n - 1 requests. Once `deadline()` has passed, the parts not yet sent are `failed`."""
+    outcome: ItemsOutcome[T] = ItemsOutcome()
+    parts = [list(items)]
+    first = True
+    while parts:
+        part = parts.pop()
+        if not part:
+            continue
+        if not first and time.monotonic() >= deadline():
+            outcome.failed.extend(part)
+            continue
+        first = False
+        refusal: ItemsRefused | None = None
+        try:
+            payload = prepare(part)
+        except Exception as e:
+            refusal = ItemsRefused(f"cannot encode: {type(e).__name__}: {e}", reason=REFUSED_ENCODE)
+        else:
+            refusals: list[ItemsRefused] = []
+
+            async def attempt(payload: P = payload, refusals: list[ItemsRefused] = refusals) -> None:
+                try:
+                    await send(payload)
+                except ItemsRefused as e:  # not a failed delivery: the items are at fault, not the backend
+                    refusals.append(e)
+
+            delivered = await deliver(
+                attempt, retry, log=log, what=what, deadline=deadline, extra={**(extra or {}), "count": len(part)}
+            )
+            if not delivered:
+                outcome.failed.extend(part)
+                continue
+            if not refusals:
+                outcome.sent.extend(part)
+                continue
+            refusal = refusals[-1]
+        if len(part) == 1:
+            outcome.refused.append((part[0], refusal))
+            continue
+        log.warning(
+            f"the backend refused {len(part)} {what} for their data; sending each half on its own to find the bad ones",
+            extra={"error": str(refusal), "reason": refusal.reason, **(extra or {})},
+        )
+        mid = len(part) // 2
+        parts += [part[mid:], part[:mid]]  # the first half goes first
+    return outcome
+
+
+def items_refused_counter(metrics: Any) -> Any:
+    """`evalsi_exporter_items_refused_total{exporter, kind, reason}`: the items an exporter dropped alone."""
+    return metrics.counter(
+        "evalsi_exporter_items_refused",
+        "Scores or spans dropped alone because the backend refused them for their data or they could not be "
+        "encoded; the other items of their batch went on. Also counted in otelcol_exporter_send_failed_*.",
+        ["exporter", "kind", "reason"],
+    )
+
+
+def sender_errors_counter(metrics: Any) -> Any:
+    """`evalsi_exporter_sender_errors_total{exporter}`: unexpected errors a sender task logged and survived."""
+    return metrics.counter(
+        "evalsi_exporter_sender_errors",
+        "Unexpected errors in an exporter's background sender: logged with their traceback; the sender went on.",
+        ["exporter"],
+    )
+
+
+def log_refused(log: logging.Logger, what: str, refusal: ItemsRefused, **ids: Any) -> None:
+    """Log one item dropped alone, with its trace and span ids (in `ids`)."""
+    log.error(
+        f"dropping {what} the backend refused ({refusal.reason}); the rest of its batch goes on",
+        extra={"reason": refusal.reason, "error": str(refusal)[:500], **ids},
+    )
+
+
+def encode_json(body: Any) -> bytes:
+    """A JSON request body, strict as the APIs that parse it: raises on NaN and infinities (JSON has none) and on
+    strings that are not UTF-8 (half a surrogate pair), so a score that cannot be sent is known before it is queued."""
+    return json.dumps(body, allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode()

@@ -4,6 +4,12 @@ Delivery: `consume*` only appends to a bounded in-memory queue; when it is full 
 and counted (`otelcol_exporter_enqueue_failed_*`), so ingest never waits on the backend and the newest verdicts
 win. A background task sends batches, retrying what the OTLP spec calls retryable with exponential backoff and
 jitter (honouring `Retry-After` / `RetryInfo`); permanent failures are logged, counted and dropped.
+
+One bad item never blocks the others: an item that cannot be encoded is left out of its request, and a request the
+backend refuses for its data (HTTP 400/413/422, gRPC `INVALID_ARGUMENT`) is split in halves, sent again, until each
+refused item is alone; only those are dropped, logged with their trace and span ids and counted in
+`evalsi_exporter_items_refused_total{kind, reason}` (and `otelcol_exporter_send_failed_*`). The `rejected_*` count of
+an answer's `partial_success` is counted the same way (reason `partial success`).
 """
 
 from __future__ import annotations
@@ -24,10 +30,25 @@ from pydantic import Field, field_validator
 
 from evalsi.component import ComponentConfig, Settings, exporter
 from evalsi.duration import Duration
-from evalsi.exporters.delivery import RETRYABLE_HTTP, RetryConfig, SendFailed, deliver, retry_after, spans_to_forward
-from evalsi.exporters.otlp_encode import logs_request, traces_request
+from evalsi.exporters.delivery import (
+    REFUSED_ENCODE,
+    REFUSED_INVALID,
+    REFUSED_PARTIAL,
+    REFUSED_TOO_LARGE,
+    ItemsRefused,
+    RetryConfig,
+    SendFailed,
+    deliver_items,
+    http_failure,
+    items_refused_counter,
+    log_refused,
+    sender_errors_counter,
+    spans_to_forward,
+)
+from evalsi.exporters.otlp_encode import logs_request, rejected_in_answer, traces_request
 from evalsi.score import ScoreBatch
 from evalsi.span import SpanBatch
+from evalsi.supervise import supervise
 
 LOGS_METHOD = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
 TRACES_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -97,21 +118,33 @@ class _GrpcSender:
             for m in (LOGS_METHOD, TRACES_METHOD)
         }
 
-    async def send(self, method: str, body: bytes) -> None:
+    async def send(self, method: str, body: bytes) -> tuple[int, str]:
+        """One export; returns the answer's `partial_success` (rejected items, message)."""
         try:
-            await self._calls[method](
+            answer = await self._calls[method](
                 body, timeout=self._timeout, metadata=self._metadata, compression=self._compression
             )
         except grpc.aio.AioRpcError as e:
             code = e.code()
+            message = f"gRPC {code.name}: {e.details()}"
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                raise ItemsRefused(message, reason=REFUSED_INVALID) from None
             retry_after = _retry_info(e.trailing_metadata())
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED and retry_after is None and _too_large(e.details()):
+                raise ItemsRefused(message, reason=REFUSED_TOO_LARGE) from None
             retryable = code in RETRYABLE_GRPC or (
                 code == grpc.StatusCode.RESOURCE_EXHAUSTED and retry_after is not None
             )
-            raise SendFailed(f"gRPC {code.name}: {e.details()}", retryable=retryable, retry_after=retry_after) from None
+            raise SendFailed(message, retryable=retryable, retry_after=retry_after) from None
+        return rejected_in_answer(answer or b"", spans=method == TRACES_METHOD)
 
     async def close(self) -> None:
         await self._channel.close()
+
+
+def _too_large(details: str | None) -> bool:
+    """gRPC's own refusal of a message above the server's size limit ("Received message larger than max")."""
+    return "larger than max" in (details or "")
 
 
 def _retry_info(metadata: Any) -> float | None:
@@ -141,19 +174,17 @@ class _HttpSender:
             headers["Content-Encoding"] = "gzip"
         self._client = httpx.AsyncClient(headers=headers, timeout=config.timeout, verify=verify)
 
-    async def send(self, method: str, body: bytes) -> None:
+    async def send(self, method: str, body: bytes) -> tuple[int, str]:
+        """One export; returns the answer's `partial_success` (rejected items, message)."""
         url = self._urls[method]
         try:
             resp = await self._client.post(url, content=gzip.compress(body) if self._gzip else body)
         except httpx.HTTPError as e:
             raise SendFailed(f"POST {url}: {type(e).__name__}: {e}", retryable=True) from None
-        if resp.status_code < 300:
-            return
-        retryable = resp.status_code in RETRYABLE_HTTP
-        raise SendFailed(
-            f"POST {url}: HTTP {resp.status_code} {resp.text[:200]}",
-            retryable=retryable,
-            retry_after=retry_after(resp.headers.get("retry-after")) if retryable else None,
+        if resp.status_code >= 300:
+            raise http_failure(f"POST {url}", resp)  # 400/413/422: refused for its data; 429/502/503/504: retried
+        return rejected_in_answer(
+            resp.content, spans=method == TRACES_METHOD, content_type=resp.headers.get("content-type", "")
         )
 
     async def close(self) -> None:
@@ -167,9 +198,9 @@ class _HttpSender:
 class _Queue:
     """Items of one signal waiting to be sent, and how to encode them."""
 
-    kind: str  # "scores" or "spans": for logs
+    kind: str  # "scores" or "spans": for logs and the `kind` label
     method: str
-    encode: Callable[[list[Any]], Any]
+    encode: Callable[..., Any]  # (items, refused list or None) -> request
     sent: Any
     failed: Any
     dropped: Any
@@ -181,6 +212,7 @@ class OtlpExporter:
     def __init__(self, config: OtlpExporterConfig, settings: Settings) -> None:
         self._config = config
         self._log = settings.logger
+        self._id = settings.id
         m, cid = settings.metrics, settings.id
         self._queue_gauge = m.exporter_queue_size.labels(cid)
         m.exporter_queue_capacity.labels(cid).set(config.queue_size)
@@ -209,6 +241,9 @@ class OtlpExporter:
             ).labels(cid),
         )
         self._queues = (self.scores, self.spans)
+        self._cid = cid
+        self._refused = items_refused_counter(m)
+        self._sender_errors = sender_errors_counter(m).labels(cid)
         self._sender: _GrpcSender | _HttpSender | None = None
         self._wake = asyncio.Event()
         self._stopping = False
@@ -222,7 +257,7 @@ class OtlpExporter:
     async def start(self) -> None:
         c = self._config
         self._sender = _GrpcSender(c) if c.protocol == "grpc" else _HttpSender(c)
-        self._task = asyncio.create_task(self._send_loop())
+        self._task = supervise(f"{self._id} sender", self._send_loop, log=self._log, on_failure=self._sender_errors.inc)
 
     def _enqueue(self, queue: _Queue, items: list[Any]) -> None:
         if self._stopping:
@@ -266,7 +301,12 @@ class OtlpExporter:
                         continue
                     n = min(self._config.batch_size, len(queue.items))
                     chunk = [queue.items.popleft() for _ in range(n)]
-                    await self._send(queue, chunk)
+                    try:
+                        await self._send(queue, chunk)
+                    except Exception:  # a bug, not the backend: say so at once, count the chunk, go on
+                        self._sender_errors.inc()
+                        queue.failed.inc(len(chunk))
+                        self._log.exception(f"sending {queue.kind} failed unexpectedly; dropped", extra={"count": n})
                     self._queue_gauge.set(self.held)
                 if self._stopping and time.monotonic() >= self._deadline:
                     for queue in self._queues:
@@ -283,24 +323,67 @@ class OtlpExporter:
 
     async def _send(self, queue: _Queue, chunk: list[Any]) -> None:
         assert self._sender is not None
-        try:
-            body = queue.encode(chunk).SerializeToString()
-        except Exception as e:  # e.g. an id that is not hex: the batch can never be sent, the loop must live
-            queue.failed.inc(len(chunk))
-            self._log.error(
-                f"cannot encode {queue.kind} as OTLP; dropped", extra={"count": len(chunk), "error": str(e)}
+        # encode item by item: one that cannot be (an id that is not hex, ...) is left out, alone
+        unencodable: list[tuple[Any, Exception]] = []
+        request = queue.encode(chunk, unencodable)
+        for item, error in unencodable:
+            self._refuse(
+                queue, item, ItemsRefused(f"cannot encode: {type(error).__name__}: {error}", reason=REFUSED_ENCODE)
             )
+        left_out = {id(item) for item, _ in unencodable}
+        good = [item for item in chunk if id(item) not in left_out]
+        if not good:
             return
+
+        def prepare(part: list[Any]) -> bytes:
+            # the whole batch is encoded already; a part (after a refusal) is encoded again
+            return (request if len(part) == len(good) else queue.encode(part)).SerializeToString()
+
         sender = self._sender
-        delivered = await deliver(
-            lambda: sender.send(queue.method, body),
+        partial: list[tuple[int, str]] = []
+
+        async def send(body: bytes) -> None:
+            rejected, message = await sender.send(queue.method, body)
+            if rejected:
+                partial.append((rejected, message))
+
+        outcome = await deliver_items(
+            good,
+            prepare,
+            send,
             self._config.retry_on_failure,
             log=self._log,
             what=queue.kind,
             deadline=lambda: self._deadline,
-            extra={"count": len(chunk), "endpoint": self._config.endpoint},
+            extra={"endpoint": self._config.endpoint},
         )
-        (queue.sent if delivered else queue.failed).inc(len(chunk))
+        for item, refusal in outcome.refused:
+            self._refuse(queue, item, refusal)
+        queue.failed.inc(len(outcome.failed))
+        # an answer's partial_success: the backend took the request but not all of it, and does not say which
+        rejected = min(sum(n for n, _ in partial), len(outcome.sent))
+        queue.sent.inc(len(outcome.sent) - rejected)
+        if rejected:
+            queue.failed.inc(rejected)
+            self._refused.labels(self._cid, queue.kind, REFUSED_PARTIAL).inc(rejected)
+            self._log.error(
+                f"the backend rejected {rejected} {queue.kind} of a request it took (partial success)",
+                extra={
+                    "count": rejected,
+                    "error": "; ".join(m for _, m in partial if m)[:500],
+                    "endpoint": self._config.endpoint,
+                },
+            )
+
+    def _refuse(self, queue: _Queue, item: Any, refusal: ItemsRefused) -> None:
+        """Count and log one item dropped alone."""
+        queue.failed.inc()
+        self._refused.labels(self._cid, queue.kind, refusal.reason).inc()
+        ids = {"trace_id": item.trace_id, "span_id": item.span_id, "endpoint": self._config.endpoint}
+        if queue is self.scores:
+            log_refused(self._log, "a score", refusal, score=item.name, policy=item.policy, **ids)
+        else:
+            log_refused(self._log, "a span", refusal, span_name=item.name, **ids)
 
     async def shutdown(self) -> None:
         """Stop taking work and send what is queued, for at most `shutdown_timeout`."""

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import json
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest, ExportLogsServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import SEVERITY_NUMBER_INFO, SEVERITY_NUMBER_WARN, LogRecord
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
@@ -60,26 +65,59 @@ def _id(hex_id: str) -> bytes:
 # --- spans ----------------------------------------------------------------------------------------
 
 
-def traces_request(spans: Iterable[Span]) -> ExportTraceServiceRequest:
-    """Spans grouped back under their resource and scope, every OTLP field as it was received."""
+def traces_request(
+    spans: Iterable[Span], refused: list[tuple[Span, Exception]] | None = None
+) -> ExportTraceServiceRequest:
+    """Spans grouped back under their resource and scope, every OTLP field as it was received.
+
+    A span that cannot be encoded (an id that is not hex, an integer out of int64, a string that is not UTF-8, ...)
+    raises; with `refused` given, it is left out instead and appended there with its error, the others encoded."""
     req = ExportTraceServiceRequest()
     resources: dict[int, Any] = {}
     scopes: dict[tuple[int, str, str], Any] = {}
     for span in spans:
-        # spans of one OTLP resource share one attributes dict (see `Span`)
-        rkey = id(span.resource_attributes)
-        rs = resources.get(rkey)
-        if rs is None:
-            rs = resources[rkey] = req.resource_spans.add()
-            _fill(rs.resource.attributes, span.resource_attributes)
-        skey = (rkey, span.scope_name, span.scope_version)
-        ss = scopes.get(skey)
-        if ss is None:
-            ss = scopes[skey] = rs.scope_spans.add()
-            ss.scope.name = span.scope_name
-            ss.scope.version = span.scope_version
-        _encode_span(ss.spans.add(), span)
+        try:
+            # spans of one OTLP resource share one attributes dict (see `Span`)
+            rkey = id(span.resource_attributes)
+            rs = resources.get(rkey)
+            if rs is None:
+                rs = req.resource_spans.add()
+                _or_remove(req.resource_spans, _fill, rs.resource.attributes, span.resource_attributes)
+                resources[rkey] = rs
+            skey = (rkey, span.scope_name, span.scope_version)
+            ss = scopes.get(skey)
+            if ss is None:
+                ss = rs.scope_spans.add()
+                _or_remove(rs.scope_spans, _set_scope, ss.scope, span)
+                scopes[skey] = ss
+            out = ss.spans.add()
+            _or_remove(ss.spans, _encode_span, out, span)
+        except Exception as e:
+            if refused is None:
+                raise
+            refused.append((span, e))
+    if refused:  # a resource or scope whose every span was refused
+        for rs in list(req.resource_spans):
+            for ss in list(rs.scope_spans):
+                if not ss.spans:
+                    rs.scope_spans.remove(ss)
+            if not rs.scope_spans:
+                req.resource_spans.remove(rs)
     return req
+
+
+def _or_remove(container: Any, encode: Callable[..., None], *args: Any) -> None:
+    """Run `encode(*args)` to fill the message just added last to `container`; when it raises, take it out again."""
+    try:
+        encode(*args)
+    except Exception:
+        del container[-1]
+        raise
+
+
+def _set_scope(scope: Any, span: Span) -> None:
+    scope.name = span.scope_name
+    scope.version = span.scope_version
 
 
 def _encode_span(out: PbSpan, span: Span) -> None:
@@ -138,8 +176,13 @@ def score_attributes(score: Score) -> dict[str, Any]:
     return attrs
 
 
-def logs_request(scores: Iterable[Score]) -> ExportLogsServiceRequest:
-    """Scores as log records of one `service.name: evalsi` resource, each on its evaluated span's ids."""
+def logs_request(
+    scores: Iterable[Score], refused: list[tuple[Score, Exception]] | None = None
+) -> ExportLogsServiceRequest:
+    """Scores as log records of one `service.name: evalsi` resource, each on its evaluated span's ids.
+
+    A score that cannot be encoded (an id that is not hex, a value that is not a number, a string that is not
+    UTF-8, ...) raises; with `refused` given, it is left out instead and appended there with its error."""
     req = ExportLogsServiceRequest()
     rl = req.resource_logs.add()
     _fill(rl.resource.attributes, RESOURCE)
@@ -147,13 +190,43 @@ def logs_request(scores: Iterable[Score]) -> ExportLogsServiceRequest:
     sl.scope.name = SCOPE_NAME
     for score in scores:
         rec: LogRecord = sl.log_records.add()
-        rec.time_unix_nano = score.timestamp_unix_nano
-        rec.observed_time_unix_nano = score.timestamp_unix_nano
-        rec.event_name = EVENT_NAME
-        error = score.outcome == "error"
-        rec.severity_number = SEVERITY_NUMBER_WARN if error else SEVERITY_NUMBER_INFO
-        rec.severity_text = "WARN" if error else "INFO"
-        rec.trace_id = _id(score.trace_id)
-        rec.span_id = _id(score.span_id)
-        _fill(rec.attributes, score_attributes(score))
+        try:
+            _or_remove(sl.log_records, _encode_record, rec, score)
+        except Exception as e:
+            if refused is None:
+                raise
+            refused.append((score, e))
     return req
+
+
+def _encode_record(rec: LogRecord, score: Score) -> None:
+    rec.time_unix_nano = score.timestamp_unix_nano
+    rec.observed_time_unix_nano = score.timestamp_unix_nano
+    rec.event_name = EVENT_NAME
+    error = score.outcome == "error"
+    rec.severity_number = SEVERITY_NUMBER_WARN if error else SEVERITY_NUMBER_INFO
+    rec.severity_text = "WARN" if error else "INFO"
+    rec.trace_id = _id(score.trace_id)
+    rec.span_id = _id(score.span_id)
+    _fill(rec.attributes, score_attributes(score))
+
+
+# --- answers --------------------------------------------------------------------------------------
+
+
+def rejected_in_answer(body: bytes, *, spans: bool, content_type: str = "application/x-protobuf") -> tuple[int, str]:
+    """How many items an OTLP backend's successful answer says it rejected (`partial_success`), and its message;
+    (0, "") when it rejected none or the answer cannot be read (an empty body is a full success)."""
+    if not body:
+        return 0, ""
+    try:
+        if content_type.split(";")[0].strip() == "application/json":
+            partial = json.loads(body).get("partialSuccess") or {}
+            rejected = partial.get("rejectedSpans" if spans else "rejectedLogRecords") or 0
+            return int(rejected), str(partial.get("errorMessage") or "")
+        answer = ExportTraceServiceResponse() if spans else ExportLogsServiceResponse()
+        answer.ParseFromString(body)
+    except (ValueError, TypeError, AttributeError, DecodeError):
+        return 0, ""
+    p = answer.partial_success
+    return (p.rejected_spans if spans else p.rejected_log_records), p.error_message  # type: ignore[union-attr]

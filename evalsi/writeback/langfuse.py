@@ -11,6 +11,12 @@ derived from `Score.key`, so a retry or a replay upserts the same Langfuse score
 wait for their trace's spans: Langfuse links a score to a trace that arrives later. Only `scored` outcomes are sent:
 skipped and error verdicts are not scores in Langfuse's model; they are counted in `evalsi_exporter_scores_not_sent`.
 
+One bad item never blocks the others. A score is encoded to JSON when it is queued: one that cannot be (an id that is
+not hex, a NaN or infinite value, a string that is not UTF-8) is dropped there. A score Langfuse refuses (400, 413,
+422, or an item error in a 207 answer) is dropped alone: it was its own request. A span request refused for its data
+(400, 413, 422) is split in halves, sent again, until each refused span is alone. Each dropped item is logged with its
+trace and span ids and counted in `evalsi_exporter_items_refused_total{kind, reason}` and `*_send_failed_*`.
+
 Plain httpx, not the langfuse SDK: the SDK registers its own global tracer provider and drops scores for traces it
 did not sample.
 """
@@ -25,6 +31,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import httpx
@@ -33,17 +40,25 @@ from pydantic import Field, field_validator
 from evalsi.component import ComponentConfig, Settings, exporter
 from evalsi.duration import Duration
 from evalsi.exporters.delivery import (
+    REFUSED_ENCODE,
+    REFUSED_INVALID,
+    REFUSED_PARTIAL,
     RETRYABLE_HTTP,
     ExporterCounters,
+    ItemsOutcome,
+    ItemsRefused,
     RetryConfig,
     SendFailed,
-    deliver,
-    retry_after,
+    deliver_items,
+    encode_json,
+    http_failure,
+    log_refused,
     spans_to_forward,
 )
-from evalsi.exporters.otlp_encode import traces_request
+from evalsi.exporters.otlp_encode import rejected_in_answer, traces_request
 from evalsi.score import Score, ScoreBatch
 from evalsi.span import Span, SpanBatch
+from evalsi.supervise import supervise
 
 SCORES_PATH = "/api/public/scores"
 TRACES_PATH = "/api/public/otel/v1/traces"
@@ -153,6 +168,28 @@ def score_body(score: Score) -> dict[str, Any]:
     return body
 
 
+@dataclass(slots=True)
+class _QueuedScore:
+    """A score ready to send: its request body, encoded once, and what names it in logs."""
+
+    id: str
+    trace_id: str
+    span_id: str
+    name: str
+    content: bytes
+
+
+def _item_errors(resp: httpx.Response) -> list[dict[str, Any]]:
+    """The per-item errors of a 207 (multi-status) answer, as Langfuse's batch endpoints give them."""
+    if resp.status_code != 207:
+        return []
+    try:
+        errors = resp.json().get("errors") or []
+    except (ValueError, AttributeError):
+        return []
+    return [e for e in errors if isinstance(e, dict)] if isinstance(errors, list) else []
+
+
 T = TypeVar("T")
 
 
@@ -172,7 +209,7 @@ class LangfuseExporter:
         self._log = settings.logger
         self._counters = ExporterCounters(settings, config.queue_size + config.span_queue_size)
         self._cid = settings.id
-        self._items: deque[dict[str, Any]] = deque()
+        self._items: deque[_QueuedScore] = deque()
         self._spans: deque[Span] = deque()
         self._client: httpx.AsyncClient | None = None
         self._wake = asyncio.Event()
@@ -196,24 +233,33 @@ class LangfuseExporter:
             limits=httpx.Limits(max_connections=c.batch_size + 1, max_keepalive_connections=c.batch_size + 1),
         )
         self._tasks = [
-            asyncio.create_task(self._send_loop(self._items, self._wake, c.batch_size, self._send_scores, "scores")),
-            asyncio.create_task(
-                self._send_loop(self._spans, self._span_wake, c.span_batch_size, self._send_spans, "spans")
+            supervise(
+                "langfuse scores sender",
+                lambda: self._send_loop(self._items, self._wake, c.batch_size, self._send_scores, "scores"),
+                log=self._log,
+                on_failure=self._counters.sender_errors.inc,
+            ),
+            supervise(
+                "langfuse spans sender",
+                lambda: self._send_loop(self._spans, self._span_wake, c.span_batch_size, self._send_spans, "spans"),
+                log=self._log,
+                on_failure=self._counters.sender_errors.inc,
             ),
         ]
 
     async def consume_scores(self, batch: ScoreBatch) -> None:
-        bodies: list[dict[str, Any]] = []
+        bodies: list[_QueuedScore] = []
         for score in batch:
             reason = not_sendable(score)
             if reason is not None:
                 self._counters.scores_not_sent.labels(self._cid, reason).inc()
                 continue
             try:
-                bodies.append(score_body(score))
-            except ValueError as e:  # cannot ever be linked in Langfuse; counting beats a 400 later
-                self._counters.scores_failed.inc()
-                self._log.error("score not sent to Langfuse", extra={"error": str(e), "score": score.name})
+                body = score_body(score)
+                bodies.append(_QueuedScore(body["id"], score.trace_id, score.span_id, score.name, encode_json(body)))
+            except Exception as e:  # an id Langfuse cannot link, NaN, bad UTF-8: counting beats a 400 later
+                refusal = ItemsRefused(f"cannot encode: {type(e).__name__}: {e}", reason=REFUSED_ENCODE)
+                self._refuse("scores", refusal, trace_id=score.trace_id, span_id=score.span_id, score=score.name)
         if not bodies:
             return
         if self._stopping:
@@ -261,7 +307,13 @@ class LangfuseExporter:
             wake.clear()
             while items:
                 n = min(batch_size, len(items))
-                await send([items.popleft() for _ in range(n)])
+                chunk = [items.popleft() for _ in range(n)]
+                try:
+                    await send(chunk)
+                except Exception:  # a bug, not Langfuse: say so at once, count the chunk, go on
+                    self._counters.sender_errors.inc()
+                    failed.inc(len(chunk))
+                    self._log.exception(f"sending {what} to Langfuse failed unexpectedly; dropped", extra={"count": n})
                 self._counters.queue_size.set(self.held)
                 if self._stopping and time.monotonic() >= self._deadline and items:
                     failed.inc(len(items))
@@ -274,55 +326,115 @@ class LangfuseExporter:
             if self._stopping:
                 return
 
-    async def _post(self, path: str, **request: Any) -> None:
+    async def _post(self, path: str, **request: Any) -> httpx.Response:
+        """One attempt; the answer when it is a 2xx, else the failure (`ItemsRefused` for 400/413/422)."""
         assert self._client is not None
         try:
             resp = await self._client.post(path, **request)
         except httpx.HTTPError as e:
             raise SendFailed(f"POST {path}: {type(e).__name__}: {e}", retryable=True) from None
-        if resp.status_code < 300:
-            return
-        retryable = resp.status_code in RETRYABLE_HTTP
-        raise SendFailed(
-            f"POST {path}: HTTP {resp.status_code} {resp.text[:200]}",
-            retryable=retryable,
-            retry_after=retry_after(resp.headers.get("retry-after")) if retryable else None,
-        )
+        if resp.status_code >= 300:
+            raise http_failure(f"POST {path}", resp)
+        return resp
 
-    async def _send_scores(self, bodies: list[dict[str, Any]]) -> None:
-        await asyncio.gather(*(self._send_score(body) for body in bodies))
+    async def _post_score(self, content: bytes) -> None:
+        resp = await self._post(SCORES_PATH, content=content, headers={"Content-Type": "application/json"})
+        errors = _item_errors(resp)  # one score per request: an item error is this score's
+        if errors:
+            status = errors[0].get("status")
+            message = f"POST {SCORES_PATH}: HTTP 207 item error {status}: {str(errors[0].get('message'))[:200]}"
+            if status in RETRYABLE_HTTP or (isinstance(status, int) and status >= 500):
+                raise SendFailed(message, retryable=True)
+            raise ItemsRefused(message, reason=REFUSED_INVALID)
 
-    async def _send_score(self, body: dict[str, Any]) -> None:
-        delivered = await deliver(
-            lambda: self._post(SCORES_PATH, json=body),
+    async def _send_scores(self, items: list[_QueuedScore]) -> None:
+        outcomes = await asyncio.gather(*(self._send_score(item) for item in items), return_exceptions=True)
+        for item, outcome in zip(items, outcomes, strict=True):
+            if isinstance(outcome, Exception):  # a bug: the other scores went on; this one is counted
+                self._counters.sender_errors.inc()
+                self._counters.scores_failed.inc()
+                self._log.error(
+                    "sending a score to Langfuse failed unexpectedly; dropped",
+                    exc_info=outcome,
+                    extra={"trace_id": item.trace_id, "span_id": item.span_id, "score_id": item.id},
+                )
+
+    async def _send_score(self, item: _QueuedScore) -> None:
+        outcome: ItemsOutcome[_QueuedScore] = await deliver_items(
+            [item],
+            lambda part: part[0].content,
+            self._post_score,
             self._config.retry_on_failure,
             log=self._log,
             what="a score",
             deadline=lambda: self._deadline,
-            extra={"score_id": body["id"], "host": self._config.host},
+            extra={"score_id": item.id, "trace_id": item.trace_id, "span_id": item.span_id, "host": self._config.host},
         )
-        (self._counters.scores_sent if delivered else self._counters.scores_failed).inc()
+        self._counters.scores_sent.inc(len(outcome.sent))
+        self._counters.scores_failed.inc(len(outcome.failed))
+        for _, refusal in outcome.refused:
+            self._refuse(
+                "scores", refusal, trace_id=item.trace_id, span_id=item.span_id, score=item.name, score_id=item.id
+            )
 
     async def _send_spans(self, spans: list[Span]) -> None:
-        try:
-            body = traces_request(spans).SerializeToString()
-        except Exception as e:  # e.g. an id that is not hex: the batch can never be sent, the loop must live
-            self._counters.spans_failed.inc(len(spans))
-            self._log.error("cannot encode spans as OTLP; dropped", extra={"count": len(spans), "error": str(e)})
+        # encode span by span: one that cannot be (an id that is not hex, ...) is left out, alone
+        unencodable: list[tuple[Span, Exception]] = []
+        request = traces_request(spans, unencodable)
+        for span, error in unencodable:
+            refusal = ItemsRefused(f"cannot encode: {type(error).__name__}: {error}", reason=REFUSED_ENCODE)
+            self._refuse("spans", refusal, trace_id=span.trace_id, span_id=span.span_id, span_name=span.name)
+        left_out = {id(span) for span, _ in unencodable}
+        good = [span for span in spans if id(span) not in left_out]
+        if not good:
             return
+        gzipped = self._config.compression == "gzip"
         headers = {"Content-Type": "application/x-protobuf", "x-langfuse-ingestion-version": INGESTION_VERSION}
-        if self._config.compression == "gzip":
-            body = gzip.compress(body)
+        if gzipped:
             headers["Content-Encoding"] = "gzip"
-        delivered = await deliver(
-            lambda: self._post(TRACES_PATH, content=body, headers=headers),
+
+        def prepare(part: list[Span]) -> bytes:
+            # the whole batch is encoded already; a part (after a refusal) is encoded again
+            body = (request if len(part) == len(good) else traces_request(part)).SerializeToString()
+            return gzip.compress(body) if gzipped else body
+
+        rejected: list[tuple[int, str]] = []
+
+        async def send(body: bytes) -> None:
+            resp = await self._post(TRACES_PATH, content=body, headers=headers)
+            n, message = rejected_in_answer(resp.content, spans=True, content_type=resp.headers.get("content-type", ""))
+            if n:
+                rejected.append((n, message))
+
+        outcome = await deliver_items(
+            good,
+            prepare,
+            send,
             self._config.retry_on_failure,
             log=self._log,
             what="spans",
             deadline=lambda: self._deadline,
-            extra={"count": len(spans), "host": self._config.host},
+            extra={"host": self._config.host},
         )
-        (self._counters.spans_sent if delivered else self._counters.spans_failed).inc(len(spans))
+        for span, refusal in outcome.refused:
+            self._refuse("spans", refusal, trace_id=span.trace_id, span_id=span.span_id, span_name=span.name)
+        self._counters.spans_failed.inc(len(outcome.failed))
+        # an answer's partial_success: Langfuse took the request but not all of it, and does not say which
+        partial = min(sum(n for n, _ in rejected), len(outcome.sent))
+        self._counters.spans_sent.inc(len(outcome.sent) - partial)
+        if partial:
+            self._counters.spans_failed.inc(partial)
+            self._counters.items_refused.labels(self._cid, "spans", REFUSED_PARTIAL).inc(partial)
+            self._log.error(
+                f"Langfuse rejected {partial} spans of a request it took (partial success)",
+                extra={"count": partial, "error": "; ".join(m for _, m in rejected if m)[:500]},
+            )
+
+    def _refuse(self, kind: str, refusal: ItemsRefused, **ids: Any) -> None:
+        """Count and log one score or span dropped alone."""
+        (self._counters.scores_failed if kind == "scores" else self._counters.spans_failed).inc()
+        self._counters.items_refused.labels(self._cid, kind, refusal.reason).inc()
+        log_refused(self._log, "a score" if kind == "scores" else "a span", refusal, host=self._config.host, **ids)
 
     async def shutdown(self) -> None:
         """Stop taking work and send what is queued, for at most `shutdown_timeout`."""

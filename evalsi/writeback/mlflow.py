@@ -6,6 +6,13 @@ OTLP/protobuf batches paced to `spans_per_second` (an MLflow tracking server ing
 as `POST /api/3.0/mlflow/traces/tr-<trace id>/assessments`. Both retry 429/502/503/504 and network errors with the
 shared backoff loop (`evalsi.exporters.delivery`); other 4xx are permanent: logged, counted, dropped.
 
+One bad item never blocks the others. An assessment is encoded to JSON when its score is queued: one that cannot be
+(an id that is not hex, a NaN or infinite value, a string that is not UTF-8, a timestamp out of range) is dropped
+there. An assessment MLflow refuses (400, 413, 422) is dropped alone: it was its own request. A span batch MLflow
+refuses (422 "Cannot convert OpenTelemetry span", 400, 413) is split in halves, sent again, until each refused span is
+alone. Each dropped item is logged with its trace and span ids and counted in
+`evalsi_exporter_items_refused_total{kind, reason}` and `*_send_failed_*`.
+
 Idempotency: every assessment carries `evalsi.key` (a UUID5 of `Score.key`) in its metadata. The first time this
 process writes to a trace it reads the trace's assessments and remembers the keys present; a score whose key is
 there is not written again, so a replay or a restarted collector adds no duplicate. A score for a trace MLflow does
@@ -34,17 +41,24 @@ from pydantic import Field, field_validator, model_validator
 from evalsi.component import ComponentConfig, Settings, exporter
 from evalsi.duration import Duration
 from evalsi.exporters.delivery import (
+    REFUSED_ENCODE,
     RETRYABLE_HTTP,
     ExporterCounters,
+    ItemsRefused,
     RetryConfig,
     SendFailed,
     deliver,
+    deliver_items,
+    encode_json,
+    http_failure,
+    log_refused,
     retry_after,
     spans_to_forward,
 )
 from evalsi.exporters.otlp_encode import traces_request
 from evalsi.score import Score, ScoreBatch
 from evalsi.span import Span, SpanBatch
+from evalsi.supervise import supervise
 
 OTLP_TRACES_PATH = "/v1/traces"
 EXPERIMENT_HEADER = "x-mlflow-experiment-id"
@@ -184,6 +198,9 @@ class _PendingScore:
     trace_id: str  # MLflow's: tr-...
     body: dict[str, Any]
     since: float  # monotonic time it was queued
+    content: bytes = b""  # `body` as JSON, encoded once
+    span_id: str = ""  # the OTel span id, for logs
+    name: str = ""  # the score's, for logs
     not_before: float = 0.0
     waits: int = 0  # how often it found its trace missing
 
@@ -242,7 +259,11 @@ class MlflowExporter:
         c = self._config
         headers = {**c.headers, "Accept": "application/json"}
         self._client = httpx.AsyncClient(base_url=c.tracking_uri, headers=headers, timeout=c.timeout)
-        self._tasks = [asyncio.create_task(self._span_loop()), asyncio.create_task(self._score_loop())]
+        errors = self._counters.sender_errors.inc
+        self._tasks = [
+            supervise("mlflow spans sender", self._span_loop, log=self._log, on_failure=errors),
+            supervise("mlflow scores sender", self._score_loop, log=self._log, on_failure=errors),
+        ]
 
     # --- intake -----------------------------------------------------------------------------------
 
@@ -277,11 +298,22 @@ class MlflowExporter:
                 continue
             try:
                 body = assessment_body(score)
-            except ValueError as e:  # can never be linked to a trace in MLflow; counting beats a 400 later
-                self._counters.scores_failed.inc()
-                self._log.error("score not sent to MLflow", extra={"error": str(e), "score": score.name})
+                content = encode_json(body)
+            except Exception as e:  # an id MLflow cannot link, NaN, bad UTF-8: counting beats a 400 later
+                refusal = ItemsRefused(f"cannot encode: {type(e).__name__}: {e}", reason=REFUSED_ENCODE)
+                self._refuse("scores", refusal, trace_id=score.trace_id, span_id=score.span_id, score=score.name)
                 continue
-            pending.append(_PendingScore(score_key(score), body["assessment"]["trace_id"], body, now))
+            pending.append(
+                _PendingScore(
+                    score_key(score),
+                    body["assessment"]["trace_id"],
+                    body,
+                    now,
+                    content=content,
+                    span_id=score.span_id,
+                    name=score.name,
+                )
+            )
         if not pending:
             return
         if self._stopping:
@@ -327,10 +359,16 @@ class MlflowExporter:
                 n = min(self._config.batch_size, len(self._spans))
                 # the chunk stays counted in `_spans_pending` until sent, so its traces' scores wait
                 chunk = [self._spans.popleft() for _ in range(n)]
-                await self._pace(n)
-                await self._send_spans(chunk)
-                for span in chunk:
-                    self._span_done(span)
+                try:
+                    await self._pace(n)
+                    await self._send_spans(chunk)
+                except Exception:  # a bug, not MLflow: say so at once, count the chunk, go on
+                    self._counters.sender_errors.inc()
+                    self._counters.spans_failed.inc(n)
+                    self._log.exception("sending spans to MLflow failed unexpectedly; dropped", extra={"count": n})
+                finally:
+                    for span in chunk:
+                        self._span_done(span)
                 self._counters.queue_size.set(self.held)
                 self._score_wake.set()
             if self._stopping:
@@ -344,23 +382,45 @@ class MlflowExporter:
         self._next_span_slot = max(now, self._next_span_slot) + n / self._config.spans_per_second
 
     async def _send_spans(self, chunk: list[Span]) -> None:
-        try:
-            body = traces_request(chunk).SerializeToString()
-        except Exception as e:  # e.g. an id that is not hex: the batch can never be sent, the loop must live
-            self._counters.spans_failed.inc(len(chunk))
-            self._log.error("cannot encode spans as OTLP; dropped", extra={"count": len(chunk), "error": str(e)})
+        # encode span by span: one that cannot be (an id that is not hex, ...) is left out, alone
+        unencodable: list[tuple[Span, Exception]] = []
+        request = traces_request(chunk, unencodable)
+        for span, error in unencodable:
+            refusal = ItemsRefused(f"cannot encode: {type(error).__name__}: {error}", reason=REFUSED_ENCODE)
+            self._refuse("spans", refusal, trace_id=span.trace_id, span_id=span.span_id, span_name=span.name)
+        left_out = {id(span) for span, _ in unencodable}
+        good = [span for span in chunk if id(span) not in left_out]
+        if not good:
             return
-        if self._config.compression == "gzip":
-            body = gzip.compress(body)
-        delivered = await deliver(
-            lambda: self._post_spans(body),
+
+        def prepare(part: list[Span]) -> bytes:
+            # the whole batch is encoded already; a part (after a refusal) is encoded again
+            body = (request if len(part) == len(good) else traces_request(part)).SerializeToString()
+            return gzip.compress(body) if self._config.compression == "gzip" else body
+
+        # MLflow stores a request's spans all or none: one it cannot convert (422) refuses them all, so the batch is
+        # split until that span is alone
+        outcome = await deliver_items(
+            good,
+            prepare,
+            self._post_spans,
             self._config.retry_on_failure,
             log=self._log,
             what="spans",
             deadline=lambda: self._deadline,
-            extra={"count": len(chunk), "tracking_uri": self._config.tracking_uri},
+            extra={"tracking_uri": self._config.tracking_uri},
         )
-        (self._counters.spans_sent if delivered else self._counters.spans_failed).inc(len(chunk))
+        for span, refusal in outcome.refused:
+            self._refuse("spans", refusal, trace_id=span.trace_id, span_id=span.span_id, span_name=span.name)
+        self._counters.spans_sent.inc(len(outcome.sent))
+        self._counters.spans_failed.inc(len(outcome.failed))
+
+    def _refuse(self, kind: str, refusal: ItemsRefused, **ids: Any) -> None:
+        """Count and log one score or span dropped alone."""
+        (self._counters.scores_failed if kind == "scores" else self._counters.spans_failed).inc()
+        self._counters.items_refused.labels(self._cid, kind, refusal.reason).inc()
+        what = "an assessment" if kind == "scores" else "a span"
+        log_refused(self._log, what, refusal, tracking_uri=self._config.tracking_uri, **ids)
 
     async def _post_spans(self, body: bytes) -> None:
         assert self._client is not None
@@ -371,8 +431,8 @@ class MlflowExporter:
             resp = await self._client.post(OTLP_TRACES_PATH, content=body, headers=headers)
         except httpx.HTTPError as e:
             raise SendFailed(f"POST {OTLP_TRACES_PATH}: {type(e).__name__}: {e}", retryable=True) from None
-        if resp.status_code >= 300:
-            raise _failure(f"POST {OTLP_TRACES_PATH}", resp)
+        if resp.status_code >= 300:  # 400/413/422: refused for its data; 429/502/503/504: retried
+            raise http_failure(f"POST {OTLP_TRACES_PATH}", resp)
 
     async def _experiment(self) -> str:
         """The experiment id spans go to; a configured name is looked up, and created when missing, once."""
@@ -415,7 +475,17 @@ class MlflowExporter:
                 for item in ready:
                     by_trace.setdefault(item.trace_id, []).append(item)
                 self._scores_writing += len(ready)
-                await asyncio.gather(*(self._write_trace(t, items) for t, items in by_trace.items()))
+                results = await asyncio.gather(
+                    *(self._write_trace(t, items) for t, items in by_trace.items()), return_exceptions=True
+                )
+                for trace_id, result in zip(by_trace, results, strict=True):
+                    if isinstance(result, Exception):  # a bug: the other traces' scores went on
+                        self._counters.sender_errors.inc()
+                        self._log.error(
+                            "writing a trace's assessments failed unexpectedly",
+                            exc_info=result,
+                            extra={"trace_id": trace_id},
+                        )
                 self._counters.queue_size.set(self.held)
             if self._past_deadline() and self._scores:
                 self._counters.scores_failed.inc(len(self._scores))
@@ -466,8 +536,11 @@ class MlflowExporter:
                     self._counters.scores_not_sent.labels(self._cid, "already in mlflow").inc()
                     continue
                 missing: list[bool] = []
-                delivered = await deliver(
-                    lambda item=item, missing=missing: self._post_assessment(item, missing),
+                # one assessment per request: one MLflow refuses (400, 413, 422) is dropped alone
+                outcome = await deliver_items(
+                    [item],
+                    lambda part: part[0],
+                    lambda item, missing=missing: self._post_assessment(item, missing),
                     self._config.retry_on_failure,
                     log=self._log,
                     what="an assessment",
@@ -480,9 +553,23 @@ class MlflowExporter:
             except _TraceMissing:
                 self._park(items[i:])
                 return
-            if delivered:
+            except Exception:  # a bug, not MLflow: say so at once, count this score, go on with the next
+                self._counters.sender_errors.inc()
+                self._counters.scores_failed.inc()
+                self._log.exception(
+                    "writing an assessment failed unexpectedly; dropped",
+                    extra={"trace_id": trace_id.removeprefix("tr-"), "span_id": item.span_id, "key": item.key},
+                )
+                continue
+            if outcome.sent:
                 written.add(item.key)
                 self._counters.scores_sent.inc()
+            elif outcome.refused:
+                otel_trace_id = trace_id.removeprefix("tr-")
+                refusal = outcome.refused[0][1]
+                self._refuse(
+                    "scores", refusal, trace_id=otel_trace_id, span_id=item.span_id, score=item.name, key=item.key
+                )
             else:
                 self._counters.scores_failed.inc()
 
@@ -549,14 +636,14 @@ class MlflowExporter:
         assert self._client is not None
         path = f"{TRACES_PATH}/{item.trace_id}/assessments"
         try:
-            resp = await self._client.post(path, json=item.body)
+            resp = await self._client.post(path, content=item.content, headers={"Content-Type": "application/json"})
         except httpx.HTTPError as e:
             raise SendFailed(f"POST {path}: {type(e).__name__}: {e}", retryable=True) from None
         if _no_such_trace(resp):
             missing.append(True)
             return
-        if resp.status_code >= 300:
-            raise _failure(f"POST {path}", resp)
+        if resp.status_code >= 300:  # 400/413/422: this assessment refused for its data; 429/502/503/504: retried
+            raise http_failure(f"POST {path}", resp)
 
     # --- lifecycle --------------------------------------------------------------------------------
 

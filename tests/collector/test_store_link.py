@@ -87,6 +87,6 @@ def test_a_span_no_column_can_hold_is_dropped_alone_in_the_worker() -> None:
     sent = _sent_rows(outbox)
     assert len(sent) == 19 and spans[4].span_id not in sent
     dropped = metrics.registry.get_sample_value(
-        "evalsi_exporter_dropped_items_total", {"exporter": "store_link", "kind": "spans", "reason": "OverflowError"}
+        "evalsi_exporter_items_refused_total", {"exporter": "store_link", "kind": "spans", "reason": "OverflowError"}
     )
     assert dropped == 1

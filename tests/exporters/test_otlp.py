@@ -6,9 +6,10 @@ import asyncio
 import gzip
 import json
 import logging
+import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -47,11 +48,23 @@ FAST_RETRY = {"initial_interval": "10ms", "max_interval": "50ms", "max_elapsed_t
 
 
 class Script:
-    """What a receiver answers: the failures first, in order, then OK; and every request that got OK."""
+    """What a receiver answers: the failures first, in order, then OK; and every request that got OK.
 
-    def __init__(self, failures: list[str] | None = None) -> None:
+    Like a backend that validates its data, it refuses a whole request (HTTP 400, gRPC INVALID_ARGUMENT) holding an
+    item (log record or span) `refuse` is true for, and takes a request holding items `reject` is true for but leaves
+    those out and says how many in the answer's `partial_success`."""
+
+    def __init__(
+        self,
+        failures: list[str] | None = None,
+        refuse: Callable[[Any], bool] | None = None,
+        reject: Callable[[Any], bool] | None = None,
+    ) -> None:
         self.failures = list(failures or [])
+        self.refuse = refuse
+        self.reject = reject
         self.attempts = 0
+        self.bodies: list[bytes] = []  # every request, refused or not, as sent
         self.logs: list[logs_service_pb2.ExportLogsServiceRequest] = []
         self.traces: list[trace_service_pb2.ExportTraceServiceRequest] = []
         self.headers: list[dict[str, str]] = []
@@ -60,11 +73,45 @@ class Script:
         self.attempts += 1
         return self.failures.pop(0) if self.failures else None
 
+    def judge(self, request: Any) -> tuple[bool, int]:
+        """Whether to refuse the whole request, else how many items to reject (removed from `request`)."""
+        self.bodies.append(request.SerializeToString())
+        if self.refuse is not None and any(self.refuse(item) for _, item in items_of(request)):
+            return True, 0
+        rejected = 0
+        if self.reject is not None:
+            for container, item in items_of(request):
+                if self.reject(item):
+                    container.remove(item)
+                    rejected += 1
+        return False, rejected
+
+
+def items_of(request: Any) -> list[tuple[Any, Any]]:
+    """(container, item) of every log record or span of an OTLP request."""
+    if isinstance(request, logs_service_pb2.ExportLogsServiceRequest):
+        return [(sl.log_records, r) for rl in request.resource_logs for sl in rl.scope_logs for r in sl.log_records]
+    return [(ss.spans, s) for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
+
+
+def answer(request: Any, rejected: int) -> Any:
+    if isinstance(request, logs_service_pb2.ExportLogsServiceRequest):
+        reply = logs_service_pb2.ExportLogsServiceResponse()
+        if rejected:
+            reply.partial_success.rejected_log_records = rejected
+    else:
+        reply = trace_service_pb2.ExportTraceServiceResponse()
+        if rejected:
+            reply.partial_success.rejected_spans = rejected
+    if rejected:
+        reply.partial_success.error_message = "score value is not a finite number"
+    return reply
+
 
 class GrpcReceiver(logs_service_pb2_grpc.LogsServiceServicer, trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, options: list[tuple[str, Any]] | None = None) -> None:
         self.script = script
-        self.server = grpc.aio.server()
+        self.server = grpc.aio.server(options=options)
         logs_service_pb2_grpc.add_LogsServiceServicer_to_server(self, self.server)
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")
@@ -91,11 +138,14 @@ class GrpcReceiver(logs_service_pb2_grpc.LogsServiceServicer, trace_service_pb2_
 
     async def Export(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await self._answer(context)
+        refused, rejected = self.script.judge(request)
+        if refused:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a record is invalid")
         if isinstance(request, logs_service_pb2.ExportLogsServiceRequest):
             self.script.logs.append(request)
-            return logs_service_pb2.ExportLogsServiceResponse()
-        self.script.traces.append(request)
-        return trace_service_pb2.ExportTraceServiceResponse()
+        else:
+            self.script.traces.append(request)
+        return answer(request, rejected)
 
 
 class HttpReceiver:
@@ -120,14 +170,20 @@ class HttpReceiver:
                     self._reply(400)
                     return
                 assert self.headers["Content-Type"] == "application/x-protobuf"
+                request: Any
                 if self.path == "/v1/logs":
-                    script_.logs.append(logs_service_pb2.ExportLogsServiceRequest.FromString(body))
-                    self._reply(200, body=logs_service_pb2.ExportLogsServiceResponse().SerializeToString())
+                    request = logs_service_pb2.ExportLogsServiceRequest.FromString(body)
                 elif self.path == "/v1/traces":
-                    script_.traces.append(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
-                    self._reply(200, body=trace_service_pb2.ExportTraceServiceResponse().SerializeToString())
+                    request = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
                 else:
                     self._reply(404)
+                    return
+                refused, rejected = script_.judge(request)
+                if refused:
+                    self._reply(400)
+                    return
+                (script_.logs if self.path == "/v1/logs" else script_.traces).append(request)
+                self._reply(200, body=answer(request, rejected).SerializeToString())
 
             def _reply(self, code: int, headers: dict[str, str] | None = None, body: bytes = b"") -> None:
                 self.send_response(code)
@@ -171,6 +227,11 @@ def make_exporter(**config: Any) -> tuple[OtlpExporter, SelfMetrics]:
 
 def metric(metrics: SelfMetrics, name: str) -> float:
     return metrics.registry.get_sample_value(name, {"exporter": "otlp"}) or 0.0
+
+
+def refused(metrics: SelfMetrics, kind: str, reason: str) -> float:
+    labels = {"exporter": "otlp", "kind": kind, "reason": reason}
+    return metrics.registry.get_sample_value("evalsi_exporter_items_refused_total", labels) or 0.0
 
 
 def scores() -> list[Score]:
@@ -389,8 +450,8 @@ def test_http_503_twice_then_ok_is_delivered_once(http_receiver: HttpReceiver) -
     asyncio.run(run())
 
 
-def test_http_400_is_not_retried_and_is_counted(http_receiver: HttpReceiver) -> None:
-    http_receiver.script.failures = ["invalid"]
+def test_http_400_is_never_retried_as_is_and_each_refused_score_is_counted(http_receiver: HttpReceiver) -> None:
+    http_receiver.script.refuse = lambda record: True  # a backend that takes none of them
 
     async def run() -> None:
         exp, metrics = make_exporter(endpoint=f"http://127.0.0.1:{http_receiver.port}", protocol="http/protobuf")
@@ -399,9 +460,12 @@ def test_http_400_is_not_retried_and_is_counted(http_receiver: HttpReceiver) -> 
         await wait_for(lambda: metric(metrics, "otelcol_exporter_send_failed_log_records_total") == 5)
         await asyncio.sleep(0.1)  # time enough for a retry that must not come
         await exp.shutdown()
-        assert http_receiver.script.attempts == 1
+        # halves until each score is alone: 2n - 1 requests, none sent twice as it was
+        assert http_receiver.script.attempts == 9
+        assert len(set(http_receiver.script.bodies)) == 9
         assert http_receiver.script.logs == []
         assert metric(metrics, "otelcol_exporter_sent_log_records_total") == 0
+        assert refused(metrics, "scores", "invalid") == 5
 
     asyncio.run(run())
 
@@ -443,9 +507,9 @@ def test_grpc_resource_exhausted_is_retried_only_with_retry_info(failure: str, a
     asyncio.run(run())
 
 
-def test_grpc_invalid_argument_is_not_retried_and_is_counted() -> None:
+def test_grpc_invalid_argument_is_not_retried_as_is_but_split() -> None:
     async def run() -> None:
-        script = Script(["invalid"])
+        script = Script(["invalid"])  # the whole batch refused once: its halves pass
         receiver = GrpcReceiver(script)
         await receiver.server.start()
         exp, metrics = make_exporter(endpoint=f"127.0.0.1:{receiver.port}")
@@ -453,11 +517,213 @@ def test_grpc_invalid_argument_is_not_retried_and_is_counted() -> None:
         await exp.consume_scores(ScoreBatch(scores()))
         await exp.shutdown()
         await receiver.server.stop(None)
-        assert script.attempts == 1
-        assert script.logs == []
-        assert metric(metrics, "otelcol_exporter_send_failed_log_records_total") == 5
+        assert script.attempts == 3
+        assert [len(items_of(r)) for r in script.logs] == [2, 3]
+        assert script.bodies[0] not in script.bodies[1:]  # never sent again as it was
+        assert metric(metrics, "otelcol_exporter_sent_log_records_total") == 5
+        assert metric(metrics, "otelcol_exporter_send_failed_log_records_total") == 0
 
     asyncio.run(run())
+
+
+# --- one bad item never blocks the others ---------------------------------------------------------
+
+
+def not_finite(record: Any) -> bool:
+    """A record a backend that validates its data refuses: a score value that is NaN or infinite."""
+    return any(kv.key == "gen_ai.evaluation.score.value" and not math.isfinite(kv.value.double_value)
+               for kv in record.attributes)  # fmt: skip
+
+
+def good_and_poison(n: int = 7, at: int = 3) -> tuple[list[Score], Score]:
+    good = [replace(scores()[0], name=f"check-{i}", value=i / 10) for i in range(n)]
+    poison = replace(scores()[0], name="poison", value=float("nan"))
+    return [*good[:at], poison, *good[at:]], poison
+
+
+def received_names(requests: list[Any]) -> list[str]:
+    return [
+        {kv.key: any_value(kv.value) for kv in record.attributes}["gen_ai.evaluation.name"]
+        for req in requests
+        for _, record in items_of(req)
+    ]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_score_the_backend_refuses_is_dropped_alone_and_the_others_arrive(
+    protocol: str, http_receiver: HttpReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def run() -> None:
+        receiver: GrpcReceiver | None = None
+        if protocol == "grpc":
+            receiver = GrpcReceiver(Script(refuse=not_finite))
+            await receiver.server.start()
+            endpoint, script = f"127.0.0.1:{receiver.port}", receiver.script
+        else:
+            http_receiver.script.refuse = not_finite
+            endpoint, script = f"http://127.0.0.1:{http_receiver.port}", http_receiver.script
+        batch, poison = good_and_poison()
+        exp, metrics = make_exporter(endpoint=endpoint, protocol=protocol, batch_size=8)
+        await exp.start()
+        started = time.monotonic()
+        await exp.consume_scores(ScoreBatch(batch))
+        await wait_for(lambda: metric(metrics, "otelcol_exporter_send_failed_log_records_total") == 1)
+        took = time.monotonic() - started
+        await exp.shutdown()
+        if receiver is not None:
+            await receiver.server.stop(None)
+        assert sorted(received_names(script.logs)) == sorted(s.name for s in batch if s is not poison)
+        assert metric(metrics, "otelcol_exporter_sent_log_records_total") == 7
+        assert refused(metrics, "scores", "invalid") == 1
+        # 8 -> 4 + 4 -> 2 + 2 -> 1 + 1: seven requests, none retried as it was, no backoff waited
+        assert script.attempts == 7
+        assert len(set(script.bodies)) == 7
+        assert took < 1.0
+        assert exp.held == 0
+
+    with caplog.at_level(logging.ERROR, logger="evalsi.exporter.otlp.test"):
+        asyncio.run(run())
+    [logged] = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert (logged.trace_id, logged.span_id, logged.score, logged.reason) == (TRACE, SPAN, "poison", "invalid")
+
+
+def test_a_score_too_large_for_a_grpc_backend_is_dropped_alone() -> None:
+    async def run() -> None:
+        # the server's own limit: gRPC answers RESOURCE_EXHAUSTED "Received message larger than max"
+        receiver = GrpcReceiver(Script(), options=[("grpc.max_receive_message_length", 4096)])
+        await receiver.server.start()
+        batch, _ = good_and_poison()
+        huge = replace(batch[0], name="huge", explanation="x" * 10_000)
+        exp, metrics = make_exporter(endpoint=f"127.0.0.1:{receiver.port}", compression="none")
+        await exp.start()
+        await exp.consume_scores(ScoreBatch([*batch[:4], huge, *batch[4:]]))
+        await exp.shutdown()
+        await receiver.server.stop(None)
+        assert sorted(received_names(receiver.script.logs)) == sorted(s.name for s in batch)
+        assert refused(metrics, "scores", "too large") == 1
+        assert metric(metrics, "otelcol_exporter_sent_log_records_total") == len(batch)
+
+    asyncio.run(run())
+
+
+def test_a_score_that_cannot_be_encoded_is_left_out_alone(http_receiver: HttpReceiver) -> None:
+    async def run() -> None:
+        good = scores()
+        bad_id = replace(good[0], name="bad-id", trace_id="not-hex")
+        bad_text = replace(good[0], name="bad-text", explanation="half a surrogate pair \ud800")
+        exp, metrics = make_exporter(endpoint=f"http://127.0.0.1:{http_receiver.port}", protocol="http/protobuf")
+        await exp.start()
+        await exp.consume_scores(ScoreBatch([bad_id, *good[:2], bad_text, *good[2:]]))
+        await exp.shutdown()
+        assert_evaluation_records(http_receiver.script.logs)  # every good one, in one request
+        assert http_receiver.script.attempts == 1
+        assert refused(metrics, "scores", "encode") == 2
+        assert metric(metrics, "otelcol_exporter_send_failed_log_records_total") == 2
+        assert metric(metrics, "otelcol_exporter_sent_log_records_total") == 5
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_partial_success_counts_the_rejected_scores(protocol: str, http_receiver: HttpReceiver) -> None:
+    async def run() -> None:
+        receiver: GrpcReceiver | None = None
+        if protocol == "grpc":
+            receiver = GrpcReceiver(Script(reject=not_finite))
+            await receiver.server.start()
+            endpoint, script = f"127.0.0.1:{receiver.port}", receiver.script
+        else:
+            http_receiver.script.reject = not_finite
+            endpoint, script = f"http://127.0.0.1:{http_receiver.port}", http_receiver.script
+        batch, poison = good_and_poison()
+        exp, metrics = make_exporter(endpoint=endpoint, protocol=protocol)
+        await exp.start()
+        await exp.consume_scores(ScoreBatch(batch))
+        await exp.shutdown()
+        if receiver is not None:
+            await receiver.server.stop(None)
+        assert script.attempts == 1  # per the OTLP spec, a partial success is not retried
+        assert sorted(received_names(script.logs)) == sorted(s.name for s in batch if s is not poison)
+        assert metric(metrics, "otelcol_exporter_sent_log_records_total") == 7
+        assert metric(metrics, "otelcol_exporter_send_failed_log_records_total") == 1
+        assert refused(metrics, "scores", "partial success") == 1
+
+    asyncio.run(run())
+
+
+def test_a_span_the_backend_refuses_or_that_cannot_be_encoded_is_dropped_alone(http_receiver: HttpReceiver) -> None:
+    spans = [
+        s for scenario in ("chat_tools", "chat_simple", "chat_error") for s in fixture_spans("otel-openai-v2", scenario)
+    ]
+    refused_span, unencodable = spans[1], spans[4]
+    refused_span.attributes = {**refused_span.attributes, "poison": True}
+    unencodable.attributes = {**unencodable.attributes, "too.big": 2**70}  # not an int64
+    http_receiver.script.refuse = lambda span: any(kv.key == "poison" for kv in span.attributes)
+
+    async def run() -> None:
+        exp, metrics = make_exporter(endpoint=f"http://127.0.0.1:{http_receiver.port}", protocol="http/protobuf")
+        await exp.start()
+        await exp.consume(SpanBatch(spans))
+        await exp.shutdown()
+        got = [
+            s
+            for req in http_receiver.script.traces
+            for s in decode_traces_protobuf(req.SerializeToString()).batch.spans
+        ]
+        assert sorted((s.trace_id, s.span_id) for s in got) == sorted(
+            (s.trace_id, s.span_id) for s in spans if s not in (refused_span, unencodable)
+        )
+        assert refused(metrics, "spans", "invalid") == 1
+        assert refused(metrics, "spans", "encode") == 1
+        assert metric(metrics, "otelcol_exporter_sent_spans_total") == len(spans) - 2
+        assert metric(metrics, "otelcol_exporter_send_failed_spans_total") == 2
+
+    asyncio.run(run())
+
+
+def test_the_sender_survives_an_unexpected_error_and_says_so(
+    http_receiver: HttpReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Flaky(asyncio.Event):
+        """The sender loop's wake-up event, failing once: a bug outside any one send."""
+
+        failed = False
+
+        def clear(self) -> None:
+            if not Flaky.failed:
+                Flaky.failed = True
+                raise RuntimeError("a bug in the loop")
+            super().clear()
+
+    async def run() -> None:
+        exp, metrics = make_exporter(endpoint=f"http://127.0.0.1:{http_receiver.port}", protocol="http/protobuf")
+        exp._wake = Flaky()
+        real_send = exp._send
+        calls = 0
+
+        async def send_failing_once(queue: Any, chunk: list[Any]) -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise RuntimeError("a bug in one send")
+            await real_send(queue, chunk)
+
+        exp._send = send_failing_once  # type: ignore[method-assign]
+        await exp.start()
+        await exp.consume_scores(ScoreBatch(scores()[:2]))  # lost to the bug in one send, and counted
+        await wait_for(lambda: metric(metrics, "evalsi_exporter_sender_errors_total") == 2)
+        await exp.consume_scores(ScoreBatch(scores()))
+        await wait_for(lambda: http_receiver.script.logs)
+        await exp.shutdown()
+        assert_evaluation_records(http_receiver.script.logs)
+        assert metric(metrics, "otelcol_exporter_send_failed_log_records_total") == 2
+        assert metric(metrics, "otelcol_exporter_sent_log_records_total") == 5
+
+    with caplog.at_level(logging.ERROR, logger="evalsi.exporter.otlp.test"):
+        asyncio.run(run())
+    tracebacks = [r.exc_text or "" for r in caplog.records if r.exc_info]
+    assert any("a bug in the loop" in t for t in tracebacks)
+    assert any("a bug in one send" in t for t in tracebacks)
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])

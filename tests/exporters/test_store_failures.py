@@ -111,7 +111,7 @@ def _dropped(metrics: SelfMetrics, kind: str) -> float:
     return sum(
         sample.value
         for family in metrics.registry.collect()
-        if family.name == "evalsi_exporter_dropped_items"
+        if family.name == "evalsi_exporter_items_refused"
         for sample in family.samples
         if sample.labels.get("kind") == kind
     )
@@ -144,7 +144,7 @@ def test_a_span_no_column_can_hold_is_dropped_alone_and_counted(backend: FaultyB
         await exp.consume(SpanBatch(spans))
         await _until(lambda: _sample(metrics, "otelcol_exporter_sent_spans_total", exporter="clickhouse") == 48)
         assert _count(exp) == 48
-        assert _sample(metrics, "evalsi_exporter_dropped_items_total", exporter="clickhouse", kind="spans",
+        assert _sample(metrics, "evalsi_exporter_items_refused_total", exporter="clickhouse", kind="spans",
                        reason="OverflowError") == 2  # fmt: skip
         await exp.shutdown()
         assert exp.unstored == {}
@@ -161,7 +161,7 @@ def test_rows_the_store_refuses_for_their_data_are_found_by_halving(backend: Fau
         await exp.consume(SpanBatch(spans))
         await _until(lambda: _sample(metrics, "otelcol_exporter_sent_spans_total", exporter="clickhouse") == 999)
         assert _count(exp) == 999
-        assert _sample(metrics, "evalsi_exporter_dropped_items_total", exporter="clickhouse", kind="spans",
+        assert _sample(metrics, "evalsi_exporter_items_refused_total", exporter="clickhouse", kind="spans",
                        reason="TYPE_MISMATCH") == 1  # fmt: skip
         assert backend.inserts <= 2 * 11 + 1  # about two inserts per halving of 1000 rows, not one per row
         stored = {r["SpanId"] for r in exp.store.backend.query(f"SELECT SpanId FROM {exp.store.table}")}  # type: ignore[union-attr]

@@ -54,6 +54,10 @@ def sample(metrics: SelfMetrics, name: str, **labels: str) -> float:
     return metrics.registry.get_sample_value(name, {"exporter": "langfuse", **labels}) or 0.0
 
 
+def refused(metrics: SelfMetrics, kind: str, reason: str) -> float:
+    return sample(metrics, "evalsi_exporter_items_refused_total", kind=kind, reason=reason)
+
+
 def verdict(name: str, **fields: Any) -> Score:
     return Score(name, trace_id=TRACE, policy="support-answers", evaluator=f"builtin/{name}", **fields)
 
@@ -303,6 +307,97 @@ def test_a_score_is_taken_for_a_trace_whose_spans_are_still_queued() -> None:
     assert list(langfuse.stored) == [score_id(score)]
     assert {t for t, _ in langfuse.spans} == {trace_id}  # and the spans followed once Langfuse took them
     assert sample(metrics, "otelcol_exporter_sent_spans_total") == len(spans)
+
+
+# --- one bad item never blocks the others ---------------------------------------------------------
+
+
+def test_scores_langfuse_refuses_or_that_cannot_be_encoded_are_dropped_alone(caplog: pytest.LogCaptureFixture) -> None:
+    good = [verdict(f"check-{i}", value=i / 10, span_id=SPAN) for i in range(6)]
+    not_finite = verdict("nan", value=float("nan"), span_id=SPAN)  # JSON has no NaN
+    huge = verdict("huge", value=1.0, span_id=SPAN, explanation="x" * 10_000)  # over the server's body limit
+    reserved = verdict("reserved", value=1.0, span_id=SPAN)  # answered 207 with an item error
+    bad_id = verdict("bad-id", value=1.0, span_id="not-a-span-id")
+    scores = [*good[:2], not_finite, huge, *good[2:4], reserved, bad_id, *good[4:]]
+
+    def item_error(body: dict[str, Any]) -> str | None:
+        return "score name is reserved" if body["name"] == "reserved" else None
+
+    with FakeLangfuse(max_body=4000, item_error=item_error) as langfuse:
+        exp, metrics = exporter(langfuse.host)
+        started = time.monotonic()
+        with caplog.at_level(logging.ERROR, logger="test.langfuse"):
+            run(exp, scores)
+        took = time.monotonic() - started
+    assert langfuse.violations == []
+    assert sorted(b["name"] for b in langfuse.stored.values()) == sorted(s.name for s in good)
+    assert refused(metrics, "scores", "encode") == 2
+    assert refused(metrics, "scores", "too large") == 1
+    assert refused(metrics, "scores", "invalid") == 1
+    assert sample(metrics, "otelcol_exporter_send_failed_scores_total") == 4
+    assert sample(metrics, "otelcol_exporter_sent_scores_total") == 6
+    # each sent once, none retried: the 6 good ones and the one answered 207, plus the one answered 413
+    assert (len(langfuse.attempts), langfuse.too_large) == (7, 1)
+    assert took < 2  # no backoff waited for any of them
+    logged = {r.score: r for r in caplog.records if getattr(r, "reason", None)}
+    assert set(logged) == {"nan", "huge", "reserved", "bad-id"}
+    assert (logged["reserved"].trace_id, logged["reserved"].span_id) == (TRACE, SPAN)
+
+
+def test_spans_langfuse_refuses_or_that_cannot_be_encoded_are_dropped_alone() -> None:
+    spans = [s for scenario in ("chat_tools", "chat_simple", "chat_error", "chat_pii") for s in capture(scenario)]
+    short_id, huge, unencodable = spans[1], spans[3], spans[5]
+    short_id.trace_id = "abcd"  # hex, but 2 bytes: the OTLP endpoint refuses the request
+    huge.attributes = {**huge.attributes, "blob": "x" * 30_000}  # over the server's body limit
+    unencodable.attributes = {**unencodable.attributes, "too.big": 2**70}  # not an int64
+    bad = (short_id, huge, unencodable)
+    with FakeLangfuse(max_body=20_000) as langfuse:
+        exp, metrics = exporter(langfuse.host, compression="none")
+        run_spans(exp, SpanBatch(spans))
+    # the one request that held the short id, each time before it was alone
+    assert set(langfuse.violations) == {"span without a 16-byte trace id and an 8-byte span id"}
+    assert sorted(langfuse.spans) == sorted((s.trace_id, s.span_id) for s in spans if s not in bad)
+    assert refused(metrics, "spans", "invalid") == 1
+    assert refused(metrics, "spans", "too large") == 1
+    assert refused(metrics, "spans", "encode") == 1
+    assert sample(metrics, "otelcol_exporter_send_failed_spans_total") == 3
+    assert sample(metrics, "otelcol_exporter_sent_spans_total") == len(spans) - 3
+    assert len(langfuse.span_headers) + langfuse.too_large <= 2 * (len(spans) - 1) - 1  # bounded: no retry as is
+
+
+def test_the_senders_survive_unexpected_errors_and_say_so(
+    langfuse: FakeLangfuse, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Flaky(asyncio.Event):
+        """The score sender's wake-up event, failing once: a bug outside any one send."""
+
+        failed = False
+
+        def clear(self) -> None:
+            if not Flaky.failed:
+                Flaky.failed = True
+                raise RuntimeError("a bug in the loop")
+            super().clear()
+
+    exp, metrics = exporter(langfuse.host)
+    exp._wake = Flaky()
+    real_send_score = exp._send_score
+
+    async def send_score(item: Any) -> None:
+        if item.name == "unlucky":
+            raise RuntimeError("a bug in one send")
+        await real_send_score(item)
+
+    exp._send_score = send_score  # type: ignore[method-assign]
+    scores = [verdict(f"check-{i}", value=1.0) for i in range(3)] + [verdict("unlucky", value=1.0)]
+    with caplog.at_level(logging.ERROR, logger="test.langfuse"):
+        run(exp, scores)
+    assert sorted(b["name"] for b in langfuse.stored.values()) == ["check-0", "check-1", "check-2"]
+    assert sample(metrics, "evalsi_exporter_sender_errors_total") == 2
+    assert sample(metrics, "otelcol_exporter_send_failed_scores_total") == 1
+    tracebacks = [r.exc_text or "" for r in caplog.records if r.exc_info]
+    assert any("a bug in the loop" in t for t in tracebacks)
+    assert any("a bug in one send" in t for t in tracebacks)
 
 
 POLICY = """

@@ -34,6 +34,7 @@ from evalsi.component import REGISTRY, Settings, load_builtin_components
 from evalsi.score import Score, ScoreBatch
 from evalsi.span import Span, SpanBatch
 from evalsi.telemetry import SelfMetrics
+from evalsi.writeback import mlflow as mlflow_exporter
 from evalsi.writeback.mlflow import KEY_METADATA, MlflowConfig, MlflowExporter, score_key
 
 FAST_RETRY = {"initial_interval": "20ms", "max_interval": "100ms", "max_elapsed_time": "5s"}
@@ -96,6 +97,10 @@ def exporter(uri: str, **config: Any) -> tuple[MlflowExporter, SelfMetrics]:
 
 def sample(metrics: SelfMetrics, name: str, **labels: str) -> float:
     return metrics.registry.get_sample_value(name, {"exporter": "mlflow", **labels}) or 0.0
+
+
+def refused(metrics: SelfMetrics, kind: str, reason: str) -> float:
+    return sample(metrics, "evalsi_exporter_items_refused_total", kind=kind, reason=reason)
 
 
 def trace_spans(n_children: int = 1) -> tuple[str, list[Span]]:
@@ -316,6 +321,85 @@ def test_spans_are_paced_to_the_rate_limit_and_consume_never_waits(mlflow_uri: s
     assert sample(metrics, "otelcol_exporter_sent_spans_total") == 300
     found = MlflowClient(mlflow_uri).search_traces(locations=["0"], max_results=100)
     assert {f"tr-{t}" for t, _ in traces} <= {t.info.trace_id for t in found}
+
+
+def test_a_span_or_score_mlflow_refuses_is_dropped_alone_and_the_others_land(
+    mlflow_uri: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    trace_id, spans = trace_spans(n_children=6)
+    root = spans[0]
+    # MLflow cannot convert a span without a span id: it answers 422 for the whole request (it stores all or none)
+    no_span_id = Span(trace_id, "", root.span_id, "no span id", "CLIENT", root.start_time_unix_nano,
+                      root.end_time_unix_nano, resource_attributes=root.resource_attributes)  # fmt: skip
+    # an attribute that is not an int64: it cannot be encoded
+    unencodable = Span(trace_id, os.urandom(8).hex(), root.span_id, "too big", "CLIENT", root.start_time_unix_nano,
+                       root.end_time_unix_nano, attributes={"n": 2**70})  # fmt: skip
+    good = [verdict(f"check-{i}", trace_id, value=i / 10, span_id=spans[1 + i].span_id) for i in range(3)]
+    not_finite = verdict("nan", trace_id, value=float("nan"))  # JSON has no NaN
+    # evalsi's own bodies are all ones MLflow takes: one it refuses (400 INVALID_PARAMETER_VALUE) is made here
+    refused_by_mlflow = verdict("refused", trace_id, value=1.0, span_id=spans[4].span_id)
+    real_body = mlflow_exporter.assessment_body
+
+    def assessment_body(score: Score) -> dict[str, Any]:
+        body = real_body(score)
+        if score.name == "refused":
+            body["assessment"]["create_time"] = "not a time"
+        return body
+
+    monkeypatch.setattr(mlflow_exporter, "assessment_body", assessment_body)
+    exp, metrics = exporter(mlflow_uri, experiment_id="0")
+    started = time.monotonic()
+    with caplog.at_level(logging.ERROR, logger="test.mlflow"):
+        run(
+            exp,
+            SpanBatch([*spans[:3], no_span_id, *spans[3:], unencodable]),
+            ScoreBatch([good[0], not_finite, good[1], refused_by_mlflow, good[2]]),
+        )
+    took = time.monotonic() - started
+
+    trace = MlflowClient(mlflow_uri).get_trace(f"tr-{trace_id}")
+    assert sorted(s.span_id for s in trace.data.spans) == sorted(s.span_id for s in spans)
+    assert set(feedback(mlflow_uri, trace_id)) == {s.name for s in good}
+    assert refused(metrics, "spans", "invalid") == 1
+    assert refused(metrics, "spans", "encode") == 1
+    assert refused(metrics, "scores", "encode") == 1
+    assert refused(metrics, "scores", "invalid") == 1
+    assert sample(metrics, "otelcol_exporter_sent_spans_total") == len(spans)
+    assert sample(metrics, "otelcol_exporter_send_failed_spans_total") == 2
+    assert sample(metrics, "otelcol_exporter_sent_scores_total") == 3
+    assert sample(metrics, "otelcol_exporter_send_failed_scores_total") == 2
+    assert took < 10  # nothing waited out a retry
+    logged = [r for r in caplog.records if getattr(r, "reason", None)]
+    assert {(r.trace_id, r.span_id) for r in logged} == {
+        (trace_id, ""),  # the span without an id; the NaN score, a trace score
+        (trace_id, unencodable.span_id),
+        (trace_id, spans[4].span_id),
+    }
+
+
+def test_the_senders_survive_unexpected_errors_and_say_so(caplog: pytest.LogCaptureFixture) -> None:
+    uri = f"http://127.0.0.1:{_free_port()}"  # nothing listens there: only the bugs matter here
+    exp, metrics = exporter(uri, shutdown_timeout="300ms", timeout="200ms")
+
+    async def pace(n: int) -> None:
+        raise RuntimeError("a bug in the span sender")
+
+    exp._pace = pace  # type: ignore[method-assign]
+
+    async def keys(trace_id: str) -> set[str] | None:
+        raise RuntimeError("a bug in the score writer")
+
+    exp._keys_in_mlflow = keys  # type: ignore[method-assign]
+    trace_id, spans = trace_spans()
+    with caplog.at_level(logging.ERROR, logger="test.mlflow"):
+        run(exp, SpanBatch(spans), 0.2, ScoreBatch([verdict("relevance", trace_id, value=1.0)]), 0.2)
+    assert sample(metrics, "evalsi_exporter_sender_errors_total") == 2
+    assert sample(metrics, "otelcol_exporter_send_failed_spans_total") == len(spans)
+    assert sample(metrics, "otelcol_exporter_send_failed_scores_total") == 1
+    assert exp.held == 0
+    tracebacks = [r.exc_text or "" for r in caplog.records if r.exc_info]
+    assert any("a bug in the span sender" in t for t in tracebacks)
+    assert any("a bug in the score writer" in t for t in tracebacks)
 
 
 def test_a_dead_mlflow_never_blocks_consume_and_shutdown_ends() -> None:

@@ -17,6 +17,7 @@ from evalsi.duration import Duration
 from evalsi.exporters.clickhouse.backend import StoreError, error_reason, is_data_error, open_backend
 from evalsi.exporters.clickhouse.rows import convert_good, load_arrow, logs_to_arrow, scores_to_arrow, to_arrow
 from evalsi.exporters.clickhouse.store import TraceStore
+from evalsi.exporters.delivery import items_refused_counter
 from evalsi.log_record import LogBatch
 from evalsi.score import ScoreBatch
 from evalsi.span import SpanBatch
@@ -131,11 +132,7 @@ class ClickHouseExporter:
         m = settings.metrics
         self._queue_gauge = m.exporter_queue_size.labels(settings.id)
         m.exporter_queue_capacity.labels(settings.id).set(config.queue_size)
-        self._dropped = m.counter(
-            "evalsi_exporter_dropped_items",
-            "Spans, log records and scores the store refused for their data, dropped alone (by reason).",
-            ["exporter", "kind", "reason"],
-        )
+        self._dropped = items_refused_counter(m)
         self._retries = m.counter(
             "evalsi_exporter_write_retries",
             "Writes the store could not take for its availability, retried (by reason, e.g. NOT_ENOUGH_SPACE).",
