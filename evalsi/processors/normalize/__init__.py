@@ -24,6 +24,7 @@ from evalsi.processors.normalize import (  # noqa: F401
 )
 from evalsi.processors.normalize.events import EventJoin
 from evalsi.processors.normalize.mapper import MAPPERS, Mapper, register_mapper
+from evalsi.processors.normalize.values import MAX_TOKENS
 from evalsi.span import Span, SpanBatch
 from evalsi.supervise import supervise
 
@@ -75,21 +76,16 @@ def _reset(span: Span) -> None:
     span.unparsed = []
 
 
-# token counts the store's UInt64 columns take, and that sum without overflow in Int64 aggregates
-_MAX_TOKENS = (1 << 63) - 1
-
-
 def _flag_unparsed(span: Span) -> None:
     for name, messages in (("input", span.input), ("output", span.output)):
         if messages and any(m.get("unparsed") for m in messages):
             span.unparsed.append(name)
-    # a count no model reports ("1e30", 1e25, a 23-digit number, a negative): none, and said so
-    if span.input_tokens is not None and not 0 <= span.input_tokens <= _MAX_TOKENS:
-        span.input_tokens = None
-        span.unparsed.append("input_tokens")
-    if span.output_tokens is not None and not 0 <= span.output_tokens <= _MAX_TOKENS:
-        span.output_tokens = None
-        span.unparsed.append("output_tokens")
+    # a count no model reports, from a mapper that does not read counts with `token_count`: none, and said so
+    for field in ("input_tokens", "output_tokens"):
+        tokens = getattr(span, field)
+        if tokens is not None and not 0 <= tokens <= MAX_TOKENS:
+            setattr(span, field, None)
+            span.unparsed.append(field)
 
 
 def normalize_span(span: Span, mappers: Sequence[Mapper] | None = None) -> None:

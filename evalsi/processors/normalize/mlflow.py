@@ -32,7 +32,7 @@ from evalsi.processors.normalize.otel_genai import (  # the semconv names this c
     TOOL_NAME as GEN_AI_TOOL_NAME,
     span_error_type,
 )
-from evalsi.processors.normalize.values import count, is_malformed, loads, number, text
+from evalsi.processors.normalize.values import count, first, is_malformed, loads, number, text, token_count
 from evalsi.span import Span
 
 SPAN_TYPE = "mlflow.spanType"
@@ -259,26 +259,22 @@ class MLflow:
         get = span.attributes.get
         details = span.details
         usage = _parsed(get(TOKEN_USAGE))
-        input_tokens = output_tokens = None
+        usage_in = usage_out = None
         if isinstance(usage, Mapping):
-            input_tokens = count(usage.get("input_tokens"))
-            output_tokens = count(usage.get("output_tokens"))
+            usage_in, usage_out = usage.get("input_tokens"), usage.get("output_tokens")
             for key, field in USAGE_DETAILS.items():
                 value = count(usage.get(field))
                 if value is not None:
                     details[key] = value
-        if input_tokens is None:
-            input_tokens = count(get(GEN_AI_INPUT_TOKENS))
-        if output_tokens is None:
-            output_tokens = count(get(GEN_AI_OUTPUT_TOKENS))
         body_usage = outputs.get("usage") if isinstance(outputs, Mapping) else None
+        body_in = body_out = None
         if isinstance(body_usage, Mapping):
-            if input_tokens is None:
-                value = body_usage.get("prompt_tokens")
-                input_tokens = count(body_usage.get("input_tokens") if value is None else value)
-            if output_tokens is None:
-                value = body_usage.get("completion_tokens")
-                output_tokens = count(body_usage.get("output_tokens") if value is None else value)
+            body_in = first(body_usage, ("prompt_tokens", "input_tokens"))
+            body_out = first(body_usage, ("completion_tokens", "output_tokens"))
+        unparsed = span.unparsed
+        input_tokens = token_count(unparsed, "input_tokens", usage_in, get(GEN_AI_INPUT_TOKENS), body_in)
+        output_tokens = token_count(unparsed, "output_tokens", usage_out, get(GEN_AI_OUTPUT_TOKENS), body_out)
+        if isinstance(body_usage, Mapping):
             if "total_tokens" not in details:
                 total = count(body_usage.get("total_tokens"))
                 if total is not None:

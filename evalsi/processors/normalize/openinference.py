@@ -30,7 +30,7 @@ from evalsi.processors.normalize.otel_genai import (  # the semconv names this c
     SYSTEM as GEN_AI_SYSTEM,
     span_error_type,
 )
-from evalsi.processors.normalize.values import as_text, count, is_malformed, loads, number, text
+from evalsi.processors.normalize.values import as_text, count, is_malformed, loads, number, text, token_count
 from evalsi.span import Span
 
 SPAN_KIND = "openinference.span.kind"
@@ -463,10 +463,10 @@ class OpenInference:
             if request is not None:
                 details["request"] = request
         span.provider = text(get(PROVIDER) or get(SYSTEM) or get(GEN_AI_PROVIDER) or get(GEN_AI_SYSTEM))
-        tokens = get(PROMPT_TOKENS)
-        span.input_tokens = count(tokens if tokens is not None else get(GEN_AI_INPUT_TOKENS))
-        tokens = get(COMPLETION_TOKENS)
-        span.output_tokens = count(tokens if tokens is not None else get(GEN_AI_OUTPUT_TOKENS))
+        span.input_tokens = token_count(span.unparsed, "input_tokens", get(PROMPT_TOKENS), get(GEN_AI_INPUT_TOKENS))
+        span.output_tokens = token_count(
+            span.unparsed, "output_tokens", get(COMPLETION_TOKENS), get(GEN_AI_OUTPUT_TOKENS)
+        )
         for key, attribute in TOKEN_DETAILS.items():
             value = get(attribute)
             if value is not None:

@@ -23,6 +23,7 @@ from evalsi.processors.normalize.values import (
     number_or_int,
     strings,
     text,
+    token_count,
 )
 from evalsi.span import Span
 
@@ -207,10 +208,8 @@ _tool_messages = tool_messages  # the name other mappers may already import
 def fill_provider_and_tokens(span: Span, get: Callable[[str], Any]) -> None:
     """`span.provider` and its input/output token counts, under the semconv's names or the older ones."""
     span.provider = text(get(PROVIDER) or get(SYSTEM))
-    tokens = get(INPUT_TOKENS)
-    span.input_tokens = count(tokens if tokens is not None else get(PROMPT_TOKENS))
-    tokens = get(OUTPUT_TOKENS)
-    span.output_tokens = count(tokens if tokens is not None else get(COMPLETION_TOKENS))
+    span.input_tokens = token_count(span.unparsed, "input_tokens", get(INPUT_TOKENS), get(PROMPT_TOKENS))
+    span.output_tokens = token_count(span.unparsed, "output_tokens", get(OUTPUT_TOKENS), get(COMPLETION_TOKENS))
 
 
 def _detail_fields() -> dict[str, tuple[str | None, str, Callable[[Any], Any], int]]:

@@ -19,11 +19,16 @@ _MALFORMED = object()
 
 
 def loads(raw: str) -> Any:
-    """The JSON value of `raw` (orjson), or the malformed marker (test it with `is_malformed`)."""
+    """The JSON value of `raw` (orjson), or the malformed marker (test it with `is_malformed`). What orjson refuses
+    but the stdlib reads (integers past 64 bits, NaN and Infinity as Python writes them) is read: a usage object
+    with one absurd count is still a usage object, and the count is judged on its own."""
     try:
         return json_codec.loads(raw)
     except (ValueError, RecursionError):
-        return _MALFORMED
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError, TypeError):
+            return _MALFORMED
 
 
 def is_malformed(value: Any) -> bool:
@@ -65,6 +70,26 @@ def count(value: Any) -> int | None:
             except ValueError:
                 return None
             return int(found) if found.is_integer() else None
+    return None
+
+
+# token counts the store's UInt64 columns take, and that sum without overflow in Int64 aggregates
+MAX_TOKENS = (1 << 63) - 1
+
+
+def token_count(unparsed: list[str], field: str, *values: Any) -> int | None:
+    """The first of `values` that is a token count (a `count` from 0 to 2^63 - 1). When none is but one was sent
+    (`""`, `"NaN"`, `"1e30"`, the double 1e25, a negative number), None, and `field` is listed in `unparsed`."""
+    sent = False
+    for value in values:
+        if value is None:
+            continue
+        sent = True
+        found = count(value)
+        if found is not None and 0 <= found <= MAX_TOKENS:
+            return found
+    if sent and field not in unparsed:
+        unparsed.append(field)
     return None
 
 
