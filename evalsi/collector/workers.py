@@ -39,7 +39,7 @@ from evalsi.encoded import EncodedBatch
 from evalsi.exporters.clickhouse.rows import convert_good, load_arrow, logs_to_arrow, to_arrow
 from evalsi.exporters.delivery import items_refused_counter
 from evalsi.log_record import LogBatch, LogRecord as _LogRecord
-from evalsi.receivers.otlp.decode import logs_from_request, spans_from_request
+from evalsi.receivers.otlp.decode import count_clamped, logs_from_request, spans_from_request
 from evalsi.score import ScoreBatch
 from evalsi.span import Span, SpanBatch
 from evalsi.supervise import supervise
@@ -560,15 +560,19 @@ class _WorkerRuntime:
             head = service.heads.get(receiver, {}).get(signal_name)
             if head is not None:
                 if signal_name == "traces":
-                    spans = spans_from_request(ExportTraceServiceRequest.FromString(body), shard).batch
-                    if len(spans):
-                        decoded["traces"].inc(len(spans))
-                        await _hand_on(head.consume, spans)
+                    result = spans_from_request(ExportTraceServiceRequest.FromString(body), shard)
+                    if result.clamped:
+                        count_clamped(service.metrics, receiver, "traces", result, log)
+                    if len(result.batch):
+                        decoded["traces"].inc(len(result.batch))
+                        await _hand_on(head.consume, result.batch)
                 else:
-                    records = logs_from_request(ExportLogsServiceRequest.FromString(body), shard).batch
-                    if len(records):
-                        decoded["logs"].inc(len(records))
-                        await _hand_on(head.consume_logs, records)
+                    result = logs_from_request(ExportLogsServiceRequest.FromString(body), shard)
+                    if result.clamped:
+                        count_clamped(service.metrics, receiver, "logs", result, log)
+                    if len(result.batch):
+                        decoded["logs"].inc(len(result.batch))
+                        await _hand_on(head.consume_logs, result.batch)
             self.outbox.put(("ack", seq))
         metrics_task.cancel()
         await service.shutdown()

@@ -1,7 +1,7 @@
 """One span with an out-of-range value among valid ones, through a real `evalsi serve` in-process and with 2 pipeline
 workers: every valid span is stored within two flush intervals, and the poison span is rejected (partial success) or
-stored clamped and marked, as docs/receivers/otlp.md says. Before, one such span stalled the store for 300 s and then
-dropped the batch of everyone."""
+stored clamped, marked and counted, as docs/receivers/otlp.md says. Before, one such span stalled the store for 300 s
+and then dropped the batch of everyone."""
 
 from __future__ import annotations
 
@@ -131,11 +131,10 @@ def test_three_requests_with_one_poison_span_store_every_valid_span(
         assert "start_time_unix_nano" in middle.error_message and "2262" in middle.error_message
         assert bad_id not in by_id
         return
-    assert middle.rejected_spans == 0
+    assert not answers[1].HasField("partial_success"), "a span kept (clamped or not) is no partial success"
     kept = by_id[bad_id]
     kind, field = marked.split(":")
     if kind == "clamped":
-        assert field in middle.error_message, middle.error_message  # a warning in the partial success
         assert field in kept["attributes"]["evalsi.clamped"]  # stored as the OTel exporter stores arrays: JSON
         assert kept["duration_ns"] >= 0
     else:
@@ -143,16 +142,16 @@ def test_three_requests_with_one_poison_span_store_every_valid_span(
 
 
 def test_the_clamped_and_rejected_items_are_counted(collector: Collector) -> None:
-    text = httpx.get(collector.metrics).text
-    refused = sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("otelcol_receiver_refused_spans")
-    )
-    clamped = sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("evalsi_receiver_clamped_items_total") and 'signal="traces"' in line
-    )
-    assert refused >= 2 and clamped >= 3  # the two start times rejected, the three clamped cases above
+    def total(name: str, where: str = "") -> float:
+        text = httpx.get(collector.metrics).text
+        return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(name) and where in ln)
+
+    deadline = time.monotonic() + 5  # workers report their counts every second
+    while total("evalsi_receiver_clamped_items_total", 'signal="traces"') < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert total("otelcol_receiver_refused_spans") >= 2  # the two start times rejected
+    assert total("evalsi_receiver_clamped_items_total", 'signal="traces"') >= 3  # the three clamped cases above
+    assert "clamped traces: 1 span(s) kept with out-of-range fields clamped" in collector.log_path.read_text()
 
 
 def test_a_log_record_past_2262_is_stored_with_its_time_clamped(collector: Collector) -> None:
@@ -167,8 +166,7 @@ def test_a_log_record_past_2262_is_stored_with_its_time_clamped(collector: Colle
     records.add(time_unix_nano=T0, body=AnyValue(string_value="fine"))
     r = httpx.post(collector.http + "/v1/logs", content=req.SerializeToString(), headers=PROTOBUF)
     assert r.status_code == 200
-    answer = ExportLogsServiceResponse.FromString(r.content).partial_success
-    assert answer.rejected_log_records == 0 and "time_unix_nano" in answer.error_message
+    assert not ExportLogsServiceResponse.FromString(r.content).HasField("partial_success")
     # a valid request afterwards is stored: the store was not held up by the clamped record
     trace_id = next(_serial).to_bytes(16, "big")
     r = httpx.post(collector.http + "/v1/traces", content=_request([_span(trace_id)]), headers=PROTOBUF)

@@ -8,7 +8,7 @@ from evalsi.component import Next, Refused, Settings, receiver
 from evalsi.encoded import EncodedBatch
 from evalsi.log_record import LogBatch
 from evalsi.receivers.otlp.config import MIB, OtlpReceiverConfig
-from evalsi.receivers.otlp.decode import LOGS, TRACES, Codec, Decoded, checking_codec
+from evalsi.receivers.otlp.decode import LOGS, TRACES, Codec, Decoded, checking_codec, count_clamped
 from evalsi.receivers.otlp.grpc_transport import GrpcTransport
 from evalsi.receivers.otlp.http_transport import build_app
 from evalsi.serving import AsgiServer
@@ -39,20 +39,14 @@ class OtlpReceiver:
             "traces": {t: m.receiver_refused_spans.labels(settings.id, t) for t in transports},
             "logs": {t: m.receiver_refused_log_records.labels(settings.id, t) for t in transports},
         }
-        clamped = m.counter(
-            "evalsi_receiver_clamped_items",
-            "Spans and log records accepted with out-of-range fields clamped (marked with the evalsi.clamped "
-            "attribute).",
-            ["receiver", "signal"],
-        )
-        self._clamped = {signal: clamped.labels(settings.id, signal) for signal in ("traces", "logs")}
 
     async def _export(self, codec: Codec, decoded: Decoded, transport: str) -> None:
         refused = self._refused[codec.signal][transport]
-        if decoded.rejected or decoded.clamped:
+        if decoded.rejected:
             refused.inc(decoded.rejected)
-            self._clamped[codec.signal].inc(decoded.clamped)
             self._settings.logger.warning("invalid %s: %s", codec.signal, decoded.message)
+        if decoded.clamped:  # decoded here; with pipeline workers, the workers count and log these
+            count_clamped(self._settings.metrics, self._settings.id, codec.signal, decoded, self._settings.logger)
         n = len(decoded.batch)
         if not n:
             return
