@@ -648,6 +648,10 @@ def span_problems(exp: ExpectedSpan, got: dict[str, Any]) -> list[str]:
             continue
         sent, want = exp.tokens[name]
         conv = f"[{exp.convention}, stored convention {got.get('convention')!r}]"
+        if got.get("convention") != exp.convention:
+            # another mapper took the span (another convention's markers were drawn too, e.g. agentgateway's
+            # scope): it does not read this convention's token attributes, so no count is expected from them
+            continue
         if want is None:
             if got.get(name) is not None:
                 out.append(f"{where}: {name}={sent!r} {conv} stored as {got.get(name)!r}, expected None")
