@@ -34,7 +34,7 @@ from evalsi.component import Next, Settings  # noqa: E402
 from evalsi.processors.normalize import normalize_span  # noqa: E402
 from evalsi.processors.tail_sampling import TailSampling, TailSamplingConfig  # noqa: E402
 from evalsi.receivers.otlp.decode import decode_traces_protobuf  # noqa: E402
-from evalsi.span import Span, SpanBatch  # noqa: E402
+from evalsi.span import BatchKind, Span, SpanBatch  # noqa: E402
 from evalsi.telemetry import SelfMetrics  # noqa: E402
 
 SPANS_PER_REQUEST = 500
@@ -67,7 +67,7 @@ class Sink:
         self.spans = 0
 
     async def consume(self, batch: SpanBatch) -> None:
-        if batch.unit == "trace":
+        if batch.kind is BatchKind.TRACE:
             self.spans += len(batch.spans)
 
 

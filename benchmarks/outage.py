@@ -50,8 +50,8 @@ from ingest import (  # noqa: E402
     system_busy_seconds,
 )
 
+from evalsi.exporters.langfuse import score_id  # noqa: E402
 from evalsi.score import Score  # noqa: E402
-from evalsi.writeback.langfuse import score_id  # noqa: E402
 
 POLICY_NAME = "bench-outage"
 POLICY = """\

@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evalsi.collector.workers import receive_message, send_message, widen_pipe
+from evalsi.collector.workers.pipe import receive_message, send_message, widen_pipe
 
 
 def _sender(conn: Any, how: str, size: int, count: int) -> None:

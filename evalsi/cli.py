@@ -19,7 +19,7 @@ from rich.tree import Tree
 from evalsi import __version__
 from evalsi.collector.config import Config, ConfigError, load_config
 from evalsi.collector.query import QueryError, TraceReader, open_reader
-from evalsi.exporters.clickhouse.backend import StoreError
+from evalsi.store import StoreError
 
 app = typer.Typer(help="evalsi: an OpenTelemetry collector that turns GenAI traces into evaluations.",
                   no_args_is_help=True, add_completion=False)  # fmt: skip
@@ -296,7 +296,7 @@ def _policy_stats(reader: TraceReader, window: str, policy: str | None) -> dict[
             return resp.json()
         assert isinstance(reader, StoreReader)
         since_ns = time.time_ns() - int(seconds * 1e9)
-        rows = reader._store.score_window_stats(since_ns=since_ns, policy=policy)  # no collector runs: read the store
+        rows = reader.store.score_window_stats(since_ns=since_ns, policy=policy)  # no collector runs: read the store
         return {"window": window, "since_unix_nano": since_ns, "stats": window_stats(rows)}
     except typer.Exit:
         raise
@@ -345,7 +345,7 @@ def normalize_command(
 ) -> None:
     """Show the canonical view of OTLP files, without a collector: how evalsi reads your instrumentation."""
     from evalsi.processors.normalize.files import normalize_files
-    from evalsi.processors.normalize.trajectory import build_trajectories
+    from evalsi.trajectory import build_trajectories
 
     result = normalize_files(files)
     for problem in result.problems:

@@ -9,10 +9,11 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from evalsi.encoded import EncodedConsumer
+from evalsi.encoded import Decoder, EncodedConsumer
 from evalsi.log_record import LogBatch
 from evalsi.score import ScoreBatch
-from evalsi.span import SpanBatch
+from evalsi.span import BatchKind, SpanBatch
+from evalsi.store import StoreType
 from evalsi.telemetry import SelfMetrics
 
 Kind = Literal["receiver", "processor", "exporter"]
@@ -125,6 +126,16 @@ class Factory:
     config: type[ComponentConfig]
     cls: Callable[..., Any]
     signals: tuple[Signal, ...] = ("traces",)
+    store: StoreType | None = None
+    """Set for an exporter type that owns a store: its row encoder for workers and its reader for the CLI."""
+    decode: Decoder | None = None
+    single_process: str | None = None
+    needs: BatchKind | None = None
+    """The span batches a processor acts on (others pass through): a processor that hands them on must precede it."""
+    makes: tuple[BatchKind, ...] = ()
+    """The span batches a processor hands on beyond what it takes (e.g. whole traces from spans)."""
+    """Why a processor of this type cannot run in pipeline workers (`service.workers` > 1), or None when it can."""
+    """Set for a receiver whose requests can go to pipeline workers still encoded: how a worker decodes them."""
 
 
 REGISTRY: dict[tuple[Kind, str], Factory] = {}
@@ -133,43 +144,54 @@ T = TypeVar("T")
 
 
 def _register(
-    kind: Kind, type_name: str, config: type[ComponentConfig], signals: tuple[Signal, ...]
+    kind: Kind, type_name: str, config: type[ComponentConfig], signals: tuple[Signal, ...], **hooks: Any
 ) -> Callable[[T], T]:
     def decorate(cls: T) -> T:
         key = (kind, type_name)
         if key in REGISTRY and REGISTRY[key].cls is not cls:
             raise ValueError(f"{kind} type {type_name!r} is registered twice")
-        REGISTRY[key] = Factory(kind, type_name, config, cls, signals)  # type: ignore[arg-type]
+        REGISTRY[key] = Factory(kind, type_name, config, cls, signals, **hooks)  # type: ignore[arg-type]
         return cls
 
     return decorate
 
 
 def receiver(
-    type_name: str, *, config: type[ComponentConfig], signals: tuple[Signal, ...] = ("traces",)
+    type_name: str,
+    *,
+    config: type[ComponentConfig],
+    signals: tuple[Signal, ...] = ("traces",),
+    decode: Decoder | None = None,
 ) -> Callable[[T], T]:
-    """Register a receiver: `cls(config, settings, next: Next)`."""
-    return _register("receiver", type_name, config, signals)
+    """Register a receiver: `cls(config, settings, next: Next)`. `decode` lets its requests reach pipeline workers
+    still encoded (`Next.encoded`); without it, the receiver cannot run with `service.workers` > 1."""
+    return _register("receiver", type_name, config, signals, decode=decode)
 
 
 def processor(
-    type_name: str, *, config: type[ComponentConfig], signals: tuple[Signal, ...] = ("traces",)
+    type_name: str,
+    *,
+    config: type[ComponentConfig],
+    signals: tuple[Signal, ...] = ("traces",),
+    single_process: str | None = None,
+    needs: BatchKind | None = None,
+    makes: tuple[BatchKind, ...] = (),
 ) -> Callable[[T], T]:
     """Register a processor: `cls(config, settings, next: Next)`. It is a Consumer (and a LogConsumer when it
-    takes logs); one instance serves every pipeline that lists its id."""
-    return _register("processor", type_name, config, signals)
+    takes logs); one instance serves every pipeline that lists its id. `single_process` says why it cannot run
+    in pipeline workers, if it cannot. `needs` is the kind of span batch it acts on (it passes the others on), and
+    `makes` the kinds it hands on beyond what it takes: config validation checks that what a processor needs is made
+    before it in its traces pipeline."""
+    return _register("processor", type_name, config, signals, single_process=single_process, needs=needs, makes=makes)
 
 
 def exporter(
-    type_name: str, *, config: type[ComponentConfig], signals: tuple[Signal, ...] = ("traces",)
+    type_name: str,
+    *,
+    config: type[ComponentConfig],
+    signals: tuple[Signal, ...] = ("traces",),
+    store: StoreType | None = None,
 ) -> Callable[[T], T]:
-    """Register an exporter: `cls(config, settings)`; a Consumer (and LogConsumer) at the end of pipelines."""
-    return _register("exporter", type_name, config, signals)
-
-
-def load_builtin_components() -> None:
-    """Import the built-in component modules so their registry lines run."""
-    import evalsi.exporters
-    import evalsi.processors
-    import evalsi.receivers
-    import evalsi.writeback  # noqa: F401
+    """Register an exporter: `cls(config, settings)`; a Consumer (and LogConsumer) at the end of pipelines. With
+    `store`, it owns a store and implements `evalsi.store.StoreExporter`."""
+    return _register("exporter", type_name, config, signals, store=store)

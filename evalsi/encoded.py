@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
+
+from evalsi.log_record import LogBatch
+from evalsi.span import SpanBatch
+from evalsi.telemetry import SelfMetrics
 
 
 @dataclass(slots=True, frozen=True)
@@ -29,3 +34,12 @@ class EncodedConsumer(Protocol):
     async def consume_encoded(self, batch: EncodedBatch) -> None:
         """Take the batch or raise `Refused`, as `Consumer.consume` does."""
         ...
+
+
+class Decoder(Protocol):
+    """How a pipeline worker decodes a receiver's encoded request: the items of the traces of its shard
+    (`shard` is (this worker, how many)), their clamps counted in `metrics` and logged to `log`."""
+
+    def __call__(
+        self, batch: EncodedBatch, shard: tuple[int, int], *, metrics: SelfMetrics, log: logging.Logger
+    ) -> SpanBatch | LogBatch: ...

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import Any, Literal, get_args
 
 # OTLP enum values, spelled as the canonical shape shows them (`span.kind == "CLIENT"`).
 SPAN_KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
 STATUS_CODES = ("UNSET", "OK", "ERROR")
 
-STEP_TYPES = ("llm", "tool", "agent", "retriever", "embedding", "chain", "other")
+StepType = Literal["llm", "tool", "agent", "retriever", "embedding", "chain", "other"]
+"""What a span is as a GenAI step; mappers set it from their convention's own names."""
+STEP_TYPES: tuple[StepType, ...] = get_args(StepType)
+TRAJECTORY_STEP_TYPES = frozenset(STEP_TYPES) - {"other"}
+"""The steps a trajectory lists; `other` spans (HTTP, database, ...) stay in the span tree only."""
 
 
 @dataclass(slots=True)
@@ -55,7 +60,7 @@ class Span:
     links: list[SpanLink] = field(default_factory=list)
     flags: int = 0
     # canonical GenAI fields
-    step_type: str = "other"
+    step_type: StepType = "other"
     model: str | None = None
     provider: str | None = None
     input_tokens: int | None = None
@@ -115,6 +120,18 @@ class Span:
         }
 
 
+class BatchKind(StrEnum):
+    """What a span batch holds, and so what each stage does with it."""
+
+    SPANS = "spans"
+    """Any spans, as they arrive: stored (when sampled), never evaluated as a whole."""
+    TRACE = "trace"
+    """Whole traces that trace assembly judged complete: evaluated per trace, whatever each span's `sampled`."""
+    SESSION = "session"
+    """Every span of a session that went quiet, already handed on as traces: evaluated per session, never stored
+    or forwarded again."""
+
+
 @dataclass(slots=True)
 class SpanBatch:
     """The unit that moves between components: spans from one or more OTLP requests.
@@ -122,14 +139,12 @@ class SpanBatch:
     A `revision` batch carries spans already handed on once, now with more canonical content (e.g. GenAI
     events that arrived after their span): consumers replace what they hold for those span ids.
 
-    `unit` says what the batch holds: "spans" (any spans), "trace" (whole traces that trace assembly judged
-    complete; evaluation runs per trace on these, whatever each span's `sampled`), or "session" (every span of
-    a session that went quiet, already handed on as traces: for session-scope evaluation, never stored again).
+    `kind` says what the batch holds (`BatchKind`); a stage that rebuilds a batch keeps its kind and revision.
     """
 
     spans: list[Span] = field(default_factory=list)
     revision: bool = False
-    unit: str = "spans"
+    kind: BatchKind = BatchKind.SPANS
 
     def __len__(self) -> int:
         return len(self.spans)
@@ -145,4 +160,4 @@ class SpanBatch:
         for span in self.spans:
             # the low 64 bits of a W3C trace id are random, so a modulo spreads evenly
             shards[int(span.trace_id[16:], 16) % n].append(span)
-        return [SpanBatch(s, self.revision, self.unit) for s in shards]
+        return [SpanBatch(s, self.revision, self.kind) for s in shards]

@@ -98,15 +98,13 @@ class SelfMetrics:
             ["exporter"],
             registry=r,
         )
-        self.normalize_unparsed = Counter(
-            "evalsi_normalize_unparsed",
-            "Canonical fields kept as raw text because the span's content would not parse.",
-            ["convention", "field"],
-            registry=r,
-        )
-        self.normalize_spans_revised = Counter(
-            "evalsi_normalize_spans_revised",
-            "Spans handed on again because their GenAI content events arrived after them.",
-            ["processor"],
-            registry=r,
-        )
+
+
+def items_refused_counter(metrics: Any) -> Any:
+    """`evalsi_exporter_items_refused_total{exporter, kind, reason}`: the items an exporter dropped alone."""
+    return metrics.counter(
+        "evalsi_exporter_items_refused",
+        "Scores or spans dropped alone because the backend refused them for their data or they could not be "
+        "encoded; the other items of their batch went on. Also counted in otelcol_exporter_send_failed_*.",
+        ["exporter", "kind", "reason"],
+    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,24 +16,26 @@ from fastapi.responses import JSONResponse
 from evalsi.collector import score_api
 from evalsi.component import Refused, ScoreConsumer
 from evalsi.duration import parse_duration
-from evalsi.exporters.clickhouse.store import TraceStore
+from evalsi.evaluators.judge_client import Judges
+from evalsi.ids import is_trace_id
 from evalsi.score import ScoreBatch
-
-TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
+from evalsi.store import TraceQueries
 
 
 def build_api(
-    store: TraceStore | None,
+    store: TraceQueries | None,
     status: Callable[[], dict[str, Any]],
     scores: ScoreConsumer | None = None,
     not_ready: Callable[[], list[str]] = list,
+    judges: Judges | None = None,
 ) -> FastAPI:
-    """`scores` is where the `scores` pipelines begin: feedback enters there, as every score does, so the
+    """`judges` is the service's judge runtime, which `/v1/evaluate` runs judge-based evaluators with (None: they
+    are skipped). `scores` is where the `scores` pipelines begin: feedback enters there, as every score does, so the
     processors in those pipelines (`evaluate`'s late path) see it; without a scores pipeline it goes to `store`.
     `not_ready` lists why components cannot take data now (e.g. the store refuses writes): `/readyz` says so."""
     app = FastAPI(title="evalsi", docs_url="/docs", redoc_url=None)
 
-    def need_store() -> TraceStore:
+    def need_store() -> TraceQueries:
         if store is None:
             raise HTTPException(404, "no clickhouse exporter in this collector's pipelines: nothing to query")
         return store
@@ -71,7 +72,7 @@ def build_api(
 
     @app.get("/api/v1/traces/{trace_id}")
     async def get_trace(trace_id: str) -> dict[str, Any]:
-        if not TRACE_ID.match(trace_id):
+        if not is_trace_id(trace_id):
             raise HTTPException(400, f"invalid trace id {trace_id!r}: expected 32 hex digits")
         spans = await asyncio.to_thread(need_store().get_trace, trace_id)
         if not spans:
@@ -93,7 +94,7 @@ def build_api(
             plan = score_api.plan_evaluation(body)
         except score_api.RequestError as e:
             raise HTTPException(e.status, str(e)) from None
-        return await asyncio.to_thread(score_api.evaluate, plan)
+        return await asyncio.to_thread(score_api.evaluate, plan, judges)
 
     @app.post("/v1/feedback")
     async def feedback(body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008

@@ -11,7 +11,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evalsi.component import REGISTRY, SIGNALS, ComponentConfig, Kind, load_builtin_components
+from evalsi.collector.builtin import load_builtin_components
+from evalsi.component import REGISTRY, SIGNALS, ComponentConfig, Kind
 
 
 class ConfigError(Exception):
@@ -62,9 +63,6 @@ class ServiceConfig(_Strict):
     api: ApiConfig = Field(default_factory=ApiConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
 
-
-# the exporter type that owns the store: with service.workers > 1 it stays in the collector process
-STORE_TYPE = "clickhouse"
 
 _SECTIONS: dict[str, Kind] = {"receivers": "receiver", "processors": "processor", "exporters": "exporter"}
 
@@ -207,12 +205,20 @@ def _worker_errors(service: ServiceConfig) -> list[str]:
     stores: set[str] = set()
     for name, pipe in service.pipelines.items():
         for i, pid in enumerate(pipe.processors):
-            if type_of(pid) == "evaluate":
+            factory = REGISTRY.get(("processor", type_of(pid)))
+            if factory is not None and factory.single_process:
                 problems.append(
                     f"service.pipelines.{name}.processors.{i}: processor {pid!r} cannot run with service.workers > 1 "
-                    "yet (policy windows, alerts and judge budgets are per process); set service.workers: 1"
+                    f"yet ({factory.single_process}); set service.workers: 1"
                 )
-        stores.update(eid for eid in pipe.exporters if type_of(eid) == STORE_TYPE)
+        for i, rid in enumerate(pipe.receivers):
+            factory = REGISTRY.get(("receiver", type_of(rid)))
+            if factory is not None and factory.decode is None and type_of(name) != "scores":
+                problems.append(
+                    f"service.pipelines.{name}.receivers.{i}: receiver {rid!r} cannot hand its requests to pipeline "
+                    "workers; set service.workers: 1"
+                )
+        stores.update(eid for eid in pipe.exporters if is_store(eid))
     if len(stores) > 1:
         problems.append(
             f"service.workers: with more than one worker the pipelines write one store, not {len(stores)} "
@@ -257,6 +263,28 @@ def _pipeline_errors(service: ServiceConfig, sections: dict[str, dict[str, Any]]
                             f"{where}.{section}.{i}: processor {cid!r} is already in {data} pipeline {owner!r}; "
                             f"declare another one (e.g. {type_of(cid)}/2) for this pipeline"
                         )
+        if data == "traces":
+            errors.extend(_batch_flow_errors(where, pipe))
+    return errors
+
+
+def _batch_flow_errors(where: str, pipe: PipelineConfig) -> list[str]:
+    """A processor that acts only on some kind of span batch (`evaluate`: whole traces) would do nothing unless a
+    processor before it in the pipeline hands that kind on (`tail_sampling`)."""
+    errors = []
+    made: set[str] = set()
+    for i, pid in enumerate(pipe.processors):
+        factory = REGISTRY.get(("processor", type_of(pid)))
+        if factory is None:
+            continue
+        if factory.needs is not None and factory.needs not in made:
+            makers = sorted(t for (k, t), f in REGISTRY.items() if k == "processor" and factory.needs in f.makes)
+            errors.append(
+                f"{where}.processors.{i}: processor {pid!r} acts on {factory.needs} batches, and no processor before "
+                f"it hands them on, so it would never run; put {' or '.join(makers) or 'a processor that does'} "
+                "before it"
+            )
+        made.update(factory.makes)
     return errors
 
 
@@ -274,3 +302,10 @@ def load_config(path: str | Path | None) -> Config:
     except yaml.YAMLError as e:
         raise ConfigError([f"not valid YAML: {e}"], str(p)) from None
     return parse_config(raw, str(p), base_dir=p.resolve().parent)
+
+
+def is_store(exporter_id: str) -> bool:
+    """Whether the exporter's type owns a store (registered with `store=`): with service.workers > 1 it stays in
+    the collector process, and the workers' store links stand in for it."""
+    factory = REGISTRY.get(("exporter", type_of(exporter_id)))
+    return factory is not None and factory.store is not None

@@ -6,9 +6,9 @@ from typing import Any, Protocol
 
 import httpx
 
-from evalsi.collector.config import Config
-from evalsi.exporters.clickhouse.backend import StoreLocked, open_backend
-from evalsi.exporters.clickhouse.store import TraceStore
+from evalsi.collector.config import Config, is_store, type_of
+from evalsi.component import REGISTRY
+from evalsi.store import StoreBusy, TraceQueries
 
 
 class QueryError(Exception):
@@ -72,21 +72,21 @@ def _detail(resp: httpx.Response) -> str:
 
 
 class StoreReader:
-    def __init__(self, store: TraceStore) -> None:
-        self._store = store
+    def __init__(self, store: TraceQueries) -> None:
+        self.store = store
         self.where = store.description
 
     def list_traces(self, *, limit: int, service: str | None) -> list[dict[str, Any]]:
-        return self._store.list_traces(limit=limit, service=service)
+        return self.store.list_traces(limit=limit, service=service)
 
     def get_trace(self, trace_id: str) -> list[dict[str, Any]]:
-        return self._store.get_trace(trace_id)
+        return self.store.get_trace(trace_id)
 
     def list_scores(self, *, limit: int, trace_id: str | None, policy: str | None) -> list[dict[str, Any]]:
-        return self._store.list_scores(limit=limit, trace_id=trace_id, policy=policy)
+        return self.store.list_scores(limit=limit, trace_id=trace_id, policy=policy)
 
     def close(self) -> None:
-        self._store.close()
+        self.store.close()
 
 
 def api_url(endpoint: str) -> str:
@@ -106,16 +106,13 @@ def open_reader(config: Config, api: str | None) -> TraceReader:
             return ApiReader(url)
     except httpx.HTTPError:
         pass
-    stores = config.of_type("exporter", "clickhouse")
+    stores = [(eid, c) for (kind, eid), c in config.components.items() if kind == "exporter" and is_store(eid)]
     if not stores:
-        raise QueryError(f"no collector answers at {url} and the config has no clickhouse exporter to read")
-    c: Any = stores[0][1]
+        raise QueryError(f"no collector answers at {url} and the config has no store exporter (clickhouse) to read")
+    eid, c = stores[0]
+    store_type = REGISTRY[("exporter", type_of(eid))].store
+    assert store_type is not None
     try:
-        backend = open_backend(
-            c.endpoint, database=c.database, username=c.username, password=c.password, timeout=c.timeout, create=False
-        )
-    except StoreLocked as e:
+        return StoreReader(store_type.open_queries(c))
+    except StoreBusy as e:
         raise QueryError(f"{e}, or read through that collector's API with --api URL (none answers at {url})") from None
-    return StoreReader(
-        TraceStore(backend, table=c.traces_table_name, logs_table=c.logs_table_name, scores_table=c.scores_table_name)
-    )

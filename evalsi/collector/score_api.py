@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,20 +16,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evalsi.evaluators import Evaluator, Params, Target, load_evaluators, parse_params, run
-from evalsi.processors.normalize.trajectory import build_trajectory
-
-# isort: split
-# after the processors: importing evalsi.policies first runs into its import cycle with processors.evaluate
+from evalsi.evaluators.judge_client import Judges
+from evalsi.ids import is_span_id, is_trace_id
 from evalsi.policies.intervals import t_interval, wilson_interval
 from evalsi.score import Score
 from evalsi.span import Span
+from evalsi.trajectory import build_trajectory
 
 MAX_RECORDS = 1000
 MAX_EVALUATORS = 50
 CONFIDENCE = 0.95
-
-_TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
-_SPAN_ID = re.compile(r"^[0-9a-fA-F]{16}$")
 
 
 class RequestError(Exception):
@@ -132,8 +127,9 @@ def _message(role: str, text: str) -> dict[str, Any]:
     return {"role": role, "parts": [{"type": "text", "content": text}]}
 
 
-def record_target(record: EvaluateRecord) -> Target:
-    """A one-span trace standing for the record: an LLM call whose input and output are the record's texts."""
+def record_target(record: EvaluateRecord, judges: Judges | None = None) -> Target:
+    """A one-span trace standing for the record: an LLM call whose input and output are the record's texts;
+    judge-based evaluators use `judges`."""
     now = time.time_ns()
     span = Span(
         trace_id=os.urandom(16).hex(), span_id=os.urandom(8).hex(), parent_span_id="", name="evaluate",
@@ -147,7 +143,7 @@ def record_target(record: EvaluateRecord) -> Target:
         reference = {"expected_output": reference}
     return Target(
         spans=[span], span=span, trajectory=build_trajectory([span]), reference=reference or {},
-        context=list(record.context),
+        context=list(record.context), judges=judges,
     )  # fmt: skip
 
 
@@ -209,12 +205,13 @@ def aggregate(scores: list[Score]) -> list[dict[str, Any]]:
     return out
 
 
-def evaluate(plan: EvaluationPlan) -> dict[str, Any]:
-    """Run every evaluator on every record; blocking (the API runs it in a thread)."""
+def evaluate(plan: EvaluationPlan, judges: Judges | None) -> dict[str, Any]:
+    """Run every evaluator on every record, judge-based ones with the service's `judges`; blocking (the API runs
+    it in a thread)."""
     results = []
     every: list[Score] = []
     for i, record in enumerate(plan.records):
-        target = record_target(record)
+        target = record_target(record, judges)
         scores = [s for ev, params in plan.evaluators for s in run(ev, target, params)]
         every.extend(scores)
         results.append({"index": i, "metadata": record.metadata, "scores": [_score_dict(s) for s in scores]})
@@ -227,9 +224,9 @@ def evaluate(plan: EvaluationPlan) -> dict[str, Any]:
 def feedback_score(body: Any) -> Score:
     """A human's verdict on a trace as a Score: bool → passed, number → value, string → label."""
     request: FeedbackRequest = _parse(FeedbackRequest, body)
-    if not _TRACE_ID.match(request.trace_id):
+    if not is_trace_id(request.trace_id):
         raise RequestError(400, f"trace_id: invalid trace id {request.trace_id!r}: expected 32 hex digits")
-    if request.span_id is not None and not _SPAN_ID.match(request.span_id):
+    if request.span_id is not None and not is_span_id(request.span_id):
         raise RequestError(400, f"span_id: invalid span id {request.span_id!r}: expected 16 hex digits")
     if not request.name.strip():
         raise RequestError(400, "name: must not be blank")

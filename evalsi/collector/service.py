@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import copy
-import gc
 import logging
 import os
 import signal
@@ -15,14 +13,15 @@ from prometheus_client import make_asgi_app
 
 from evalsi import __version__
 from evalsi.collector.api import build_api
-from evalsi.collector.config import STORE_TYPE, Config, type_of
-from evalsi.collector.workers import WorkerPool, merged_registry
-from evalsi.component import REGISTRY, Consumer, Kind, LogConsumer, Next, ScoreConsumer, Settings, Signal
-from evalsi.exporters.clickhouse.store import TraceStore
-from evalsi.log_record import LogBatch
-from evalsi.score import ScoreBatch
+from evalsi.collector.config import Config, is_store, type_of
+from evalsi.collector.fanout import FanOut, LogFanOut, ScoreFanOut, fan
+from evalsi.collector.heap import tune_gc
+from evalsi.collector.workers.metrics import merged_registry
+from evalsi.collector.workers.pool import WorkerPool
+from evalsi.component import REGISTRY, Kind, Next, ScoreConsumer, Settings, Signal
+from evalsi.evaluators.judge_client import Judges
 from evalsi.serving import AsgiServer
-from evalsi.span import SpanBatch
+from evalsi.store import StoreExporter, TraceQueries
 from evalsi.telemetry import SelfMetrics
 
 log = logging.getLogger("evalsi.service")
@@ -46,69 +45,8 @@ def _upstream_first(edges: dict[str, set[str]]) -> list[str]:
     return order + [n for n in edges if n not in order]  # a cycle (rejected by config) keeps the rest
 
 
-def tune_gc() -> None:
-    """Spans wait in queues by the tens of thousands; with CPython's default thresholds every full collection walks
-    them all, which cost a third of ingest time (benchmarks/README.md). Start-up objects are frozen out of
-    collections and young collections run less often; reference counting still frees almost everything."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(100_000, 50, 100)
-
-
-class _JudgeMetrics:
-    """The judge's counters (calls, tokens, USD, budget exhausted) live in its own registry, since evaluators run
-    outside any service; each service's /metrics serves them too."""
-
-    def collect(self) -> Any:
-        from evalsi.evaluators.packs.judge import JUDGE_REGISTRY
-
-        return JUDGE_REGISTRY.collect()
-
-
 class StartError(Exception):
     """The service could not start; the message says why and what to do."""
-
-
-class FanOut:
-    """Hands one span batch to several consumers. Each after the first gets its own copy: processors mutate spans."""
-
-    def __init__(self, consumers: list[Consumer]) -> None:
-        self.consumers = consumers
-
-    async def consume(self, batch: SpanBatch) -> None:
-        first, *rest = self.consumers
-        for consumer in rest:
-            await consumer.consume(SpanBatch([copy.deepcopy(s) for s in batch.spans], batch.revision, batch.unit))
-        await first.consume(batch)
-
-
-class LogFanOut:
-    """Hands one log batch to several consumers (log records are not mutated downstream)."""
-
-    def __init__(self, consumers: list[LogConsumer]) -> None:
-        self.consumers = consumers
-
-    async def consume_logs(self, batch: LogBatch) -> None:
-        for consumer in self.consumers:
-            await consumer.consume_logs(batch)
-
-
-class ScoreFanOut:
-    """Hands one score batch to every scores exporter."""
-
-    def __init__(self, consumers: list[ScoreConsumer]) -> None:
-        self.consumers = consumers
-
-    async def consume_scores(self, batch: ScoreBatch) -> None:
-        for consumer in self.consumers:
-            await consumer.consume_scores(batch)
-
-
-_FANS: dict[str, type] = {"traces": FanOut, "logs": LogFanOut, "scores": ScoreFanOut}
-
-
-def _fan(data: Signal, consumers: list[Any]) -> Any:
-    return consumers[0] if len(consumers) == 1 else _FANS[data](consumers)
 
 
 class Service:
@@ -123,8 +61,8 @@ class Service:
         self.config = config
         self.metrics = SelfMetrics()
         self.worker_store = worker_store  # set in a worker process
-        if worker_store is None:  # judges never run in pipeline workers (the evaluate processor needs workers: 1)
-            self.metrics.registry.register(_JudgeMetrics())
+        # the judge runtime of /v1/evaluate (its metrics are this service's); judges never run in pipeline workers
+        self.judges = Judges(self.metrics) if worker_store is None else None
         self.pool: WorkerPool | None = None  # set in the collector process when pipelines run in workers
         self.heads: dict[str, dict[Signal, Any]] = {}  # what each receiver feeds, by signal
         self.receivers: dict[str, Any] = {}
@@ -135,8 +73,15 @@ class Service:
         self.scores: ScoreConsumer | None = None
         """Where scores enter the `scores` pipelines: their first processor, else their exporters."""
         self._started: list[tuple[str, Any]] = []
+        self._fans: list[FanOut | LogFanOut | ScoreFanOut] = []
         self._stop = asyncio.Event()
         self._build()
+
+    def _fan(self, data: Signal, consumers: list[Any]) -> Any:
+        consumer = fan(data, consumers)
+        if isinstance(consumer, FanOut | LogFanOut | ScoreFanOut):
+            self._fans.append(consumer)
+        return consumer
 
     def _settings(self, kind: Kind, cid: str) -> Settings:
         return Settings(id=cid, metrics=self.metrics, logger=logging.getLogger(f"evalsi.{kind}.{cid}"))
@@ -154,7 +99,7 @@ class Service:
             pipelines = {n: p for n, p in pipelines.items() if (type_of(n) != "scores") == worker}
             for pipe in self.config.service.pipelines.values():
                 for eid in pipe.exporters:
-                    if type_of(eid) == STORE_TYPE and eid not in self.exporters:
+                    if is_store(eid) and eid not in self.exporters:
                         self.exporters[eid] = self.worker_store if worker else self._create("exporter", eid)
         processor_next: dict[str, Next] = {}
         processors: dict[str, Any] = {}
@@ -172,7 +117,7 @@ class Service:
                     edges[pid] = set()
         for name, pipe in pipelines.items():
             data: Signal = type_of(name)  # type: ignore[assignment]
-            downstream = _fan(data, [self.exporters[eid] for eid in pipe.exporters])
+            downstream = self._fan(data, [self.exporters[eid] for eid in pipe.exporters])
             for pid in reversed(pipe.processors):
                 setattr(processor_next[pid], data, downstream)
                 downstream = processors[pid]
@@ -185,7 +130,7 @@ class Service:
                 score_heads += [downstream] if pipe.processors else [self.exporters[eid] for eid in pipe.exporters]
         self.processors = [(pid, processors[pid]) for pid in _upstream_first(edges)]
         if score_heads:
-            self.scores = _fan("scores", list(dict.fromkeys(score_heads)))
+            self.scores = self._fan("scores", list(dict.fromkeys(score_heads)))
             # a processor in a scores pipeline hands its own scores to what follows it there, never to itself
             in_scores = {pid for name, p in pipelines.items() if type_of(name) == "scores" for pid in p.processors}
             for pid, nxt in processor_next.items():
@@ -194,7 +139,7 @@ class Service:
         for rid, by_signal in receiver_heads.items():
             nxt = Next()
             for data, heads in by_signal.items():
-                setattr(nxt, data, _fan(data, heads))
+                setattr(nxt, data, self._fan(data, heads))
             self.heads[rid] = {data: getattr(nxt, data) for data in by_signal}
             if self.worker_store is None:
                 self.receivers[rid] = self._create("receiver", rid, nxt)
@@ -203,8 +148,7 @@ class Service:
 
     def _build_receivers_for_workers(self) -> None:
         """The receivers hand requests still encoded to the pool, which shards them over the worker processes."""
-        store = next((e for eid, e in self.exporters.items() if type_of(eid) == STORE_TYPE), None)
-        self.pool = WorkerPool(self.config, store, self.metrics)
+        self.pool = WorkerPool(self.config, self.store_exporter, self.metrics, pipeline=type(self))
         pipelines = self.config.service.pipelines
         for rid in dict.fromkeys(r for n, p in pipelines.items() if type_of(n) != "scores" for r in p.receivers):
             nxt = Next()
@@ -215,12 +159,15 @@ class Service:
             self.receivers[rid] = self._create("receiver", rid, nxt)
 
     @property
-    def store(self) -> TraceStore | None:
-        for exp in self.exporters.values():
-            store = getattr(exp, "store", None)
-            if isinstance(store, TraceStore):
-                return store
-        return None
+    def store_exporter(self) -> StoreExporter | None:
+        """The exporter that owns the store (config validation allows one), or None."""
+        return next((e for eid, e in self.exporters.items() if is_store(eid) and isinstance(e, StoreExporter)), None)
+
+    @property
+    def store(self) -> TraceQueries | None:
+        """The store, for the API to read, once its exporter started."""
+        exporter = self.store_exporter
+        return exporter.store if exporter is not None else None
 
     def status(self) -> dict[str, Any]:
         return {
@@ -249,6 +196,9 @@ class Service:
         for exp in [*self.exporters.values(), self.pool]:
             for kind, n in getattr(exp, "unstored", {}).items():
                 lost[kind] = lost.get(kind, 0) + n
+        fanned = sum(f.lost for f in self._fans)
+        if fanned:
+            lost["items a pipeline branch refused"] = fanned
         return lost
 
     async def start(self) -> None:
@@ -270,7 +220,8 @@ class Service:
                 self.telemetry = AsgiServer(make_asgi_app(registry), telemetry.address)
                 await self.telemetry.start()
             self.api = AsgiServer(
-                build_api(self.store, self.status, self.scores, self.not_ready), self.config.service.api.endpoint
+                build_api(self.store, self.status, self.scores, self.not_ready, judges=self.judges),
+                self.config.service.api.endpoint,
             )
             await self.api.start()
             for rid, rec in self.receivers.items():
@@ -294,9 +245,11 @@ class Service:
         for where, comp in self._started:
             if where.startswith("receivers."):
                 await comp.shutdown()
+        await self._drain_fans()
         for where, comp in self._started:
             if where.startswith(("processors.", "service.workers")):
                 await comp.shutdown()
+        await self._drain_fans()
         for where, comp in self._started:
             if where.startswith("exporters."):
                 await comp.shutdown()
@@ -307,6 +260,11 @@ class Service:
         self.api = self.telemetry = None
         if started:
             log.info("stopped", extra={"drain_s": round(time.monotonic() - t0, 3)})
+
+    async def _drain_fans(self, timeout: float = 30.0) -> None:
+        """Pending parts of fanned-out batches go to the consumers that refused them while those still run."""
+        if any(f.pending for f in self._fans):
+            await asyncio.gather(*(f.drain(timeout) for f in self._fans))
 
     def stop(self) -> None:
         self._stop.set()

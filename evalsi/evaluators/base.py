@@ -11,19 +11,17 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from evalsi.processors.normalize.trajectory import (
-    STEP_TYPES,
-    _text as _trajectory_text,
-    build_trajectory,
-    retrieved_documents,
-    span_tree,
-)
+from evalsi.content import last_text
 from evalsi.score import Score
-from evalsi.span import Span
+from evalsi.span import TRAJECTORY_STEP_TYPES, Span
+from evalsi.trajectory import build_trajectory, retrieved_documents, span_tree
+
+if TYPE_CHECKING:
+    from evalsi.evaluators.judge_client import Judges
 
 Scope = Literal["span", "trace", "session"]
 Requirement = Literal["input", "output", "context", "trajectory", "judge", "reference"]
@@ -61,7 +59,7 @@ def _final_output(spans: list[Span]) -> str | None:
     while stack:
         span, top = stack.pop()
         step_type = span.step_type
-        include = step_type in STEP_TYPES
+        include = step_type in TRAJECTORY_STEP_TYPES
         if include:
             if step_type == "llm":
                 last_llm = span
@@ -72,9 +70,9 @@ def _final_output(spans: list[Span]) -> str | None:
             below = top and not include
             for child in sorted(kids, key=lambda c: (c.start_time_unix_nano, c.span_id), reverse=True):
                 stack.append((child, below))
-    final = _trajectory_text(top_output) if top_output is not None else None
+    final = last_text(top_output) if top_output is not None else None
     if final is None and last_llm is not None:
-        final = _trajectory_text(last_llm.output)
+        final = last_text(last_llm.output)
     return final
 
 
@@ -101,6 +99,8 @@ class Target:
     `trajectory` may be given lazily, built the first time it is read (an evaluator that does not read it never
     pays for it): `FROM_SPANS` for `build_trajectory(spans)` (then `output_text` does not need it either), or
     any function of no arguments.
+    `judges` is the service's judge runtime (`judge_client.Judges`) for judge-based evaluators; without it they
+    are skipped.
     """
 
     def __init__(
@@ -110,6 +110,7 @@ class Target:
         trajectory: dict[str, Any] | Callable[[], dict[str, Any] | None] | None = None,
         reference: dict[str, Any] | None = None,
         context: list[str] | None = None,
+        judges: Judges | None = None,
     ) -> None:
         self.spans = spans
         self.span = span
@@ -125,6 +126,7 @@ class Target:
             self._trajectory = trajectory
         self.reference: dict[str, Any] = {} if reference is None else reference
         self._context = context
+        self.judges = judges
 
     @property
     def trajectory(self) -> dict[str, Any] | None:

@@ -1,9 +1,10 @@
 """The LLM judge that judge-based evaluators share: versioned prompt templates, one OpenAI-compatible call with
 retries, verdict parsing with a fallback, the content-hash cache, rate limits, call/token/USD budgets and metrics.
 
-An evaluator builds its messages from a `PromptTemplate` and calls `judge(params, template, messages)`; it gets
-one Score back: scored, `skipped` (no judge configured, budget exhausted) or `error` (judge unavailable,
-unparseable verdict), never a zero for an outage.
+The state (the cache, budget spend, HTTP clients, metrics) belongs to a `Judges`, the judge runtime of one service,
+which evaluators find on `Target.judges`. An evaluator builds its messages from a `PromptTemplate` and calls
+`target.judges.judge(params, template, messages)`; it gets one Score back: scored, `skipped` (no judge configured,
+budget exhausted) or `error` (judge unavailable, unparseable verdict), never a zero for an outage.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from prometheus_client import CollectorRegistry, Counter
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from evalsi.backoff import Backoff, retry_after
 from evalsi.evaluators.base import Params
 from evalsi.score import Score
+from evalsi.telemetry import SelfMetrics
 
 # --- prompt templates ----------------------------------------------------------------------------------------
 
@@ -169,7 +171,8 @@ class JudgeConfig(Params):
     retries: int = Field(3, ge=0, le=10)
     """Retries after a 5xx, 429 or timeout, before `error: judge unavailable`."""
     backoff_s: float = Field(0.5, ge=0)
-    """First retry delay; doubles each retry (capped at 30s); a Retry-After header wins."""
+    """First retry delay; doubles each retry (capped at 30s, each wait within ±20%: `evalsi.backoff.Backoff`); a
+    Retry-After header (seconds or an HTTP date, at most 30s) wins."""
     threshold: float = Field(0.5, ge=0, le=1)
     """`passed` when the verdict gives none: score >= threshold."""
     budget: Budget = Budget()
@@ -177,9 +180,8 @@ class JudgeConfig(Params):
     rate_limit_per_s: float | None = Field(None, gt=0)
     """At most this many judge calls per second from this policy stage (the worker thread waits)."""
 
-    # budget and rate-limit state belong to this params object: one per policy cascade stage
+    # budget and rate-limit state (kept by `Judges`) are keyed by this params object: one per policy cascade stage
     _id: str = PrivateAttr(default_factory=lambda: uuid.uuid4().hex)
-    _next_call: list[float] = PrivateAttr(default_factory=lambda: [0.0])
 
     @field_validator("endpoint")
     @classmethod
@@ -196,30 +198,13 @@ class JudgeConfig(Params):
         return value
 
 
-# --- shared state: cache, budgets, metrics, clients ----------------------------------------------------------
-
-JUDGE_REGISTRY = CollectorRegistry()
-"""The judge's own metrics; the collector's /metrics should include this registry."""
-BUDGET_EXHAUSTED = Counter(
-    "evalsi_judge_budget_exhausted", "Judgments skipped because a judge budget was spent.", ["judge", "model"],
-    registry=JUDGE_REGISTRY,
-)  # fmt: skip
-JUDGE_CALLS = Counter(
-    "evalsi_judge_calls", "HTTP calls to a judge, by result (ok, retry, unavailable, error).",
-    ["judge", "model", "result"], registry=JUDGE_REGISTRY,
-)  # fmt: skip
-JUDGE_CACHE_HITS = Counter(
-    "evalsi_judge_cache_hits", "Judgments answered from the content-hash cache.", ["judge", "model"],
-    registry=JUDGE_REGISTRY,
-)  # fmt: skip
-JUDGE_COST = Counter("evalsi_judge_cost_usd", "USD spent on judges.", ["judge", "model"], registry=JUDGE_REGISTRY)
-JUDGE_TOKENS = Counter("evalsi_judge_tokens", "Tokens used by judges.", ["judge", "model"], registry=JUDGE_REGISTRY)
+# --- the runtime's parts: the verdict cache and budget spend -------------------------------------------------
 
 CACHE_SIZE = 10_000
 
 
 class VerdictCache:
-    """A bounded LRU of content hash -> verdict, shared by every judge in the process."""
+    """A bounded LRU of content hash -> verdict, shared by every judge of one `Judges`."""
 
     def __init__(self, size: int = CACHE_SIZE) -> None:
         self.size = size
@@ -248,77 +233,11 @@ class VerdictCache:
         return len(self._items)
 
 
-CACHE = VerdictCache()
-
-
 @dataclass
 class BudgetSpend:
     calls: int = 0
     tokens: int = 0
     usd: float = 0.0
-
-
-_budget_lock = threading.Lock()
-BUDGETS: dict[tuple[str, int], BudgetSpend] = {}
-"""(params id, window index) -> spend. Each loaded policy validates its own params, so a params object is one
-policy's cascade stage: its budget is that stage's, shared by every trace the policy evaluates in the window."""
-
-_clients: dict[float, httpx.Client] = {}
-_clients_lock = threading.Lock()
-
-
-def _client(timeout_s: float) -> httpx.Client:
-    with _clients_lock:
-        client = _clients.get(timeout_s)
-        if client is None:
-            client = _clients[timeout_s] = httpx.Client(timeout=timeout_s)
-        return client
-
-
-def reset_state() -> None:
-    """Forget cached verdicts and budget spend (tests; a restart does the same)."""
-    CACHE.clear()
-    with _budget_lock:
-        BUDGETS.clear()
-
-
-def _budget_slot(params: JudgeConfig) -> tuple[str, int]:
-    return params._id, int(time.time() // params.budget.window_s)
-
-
-def _reserve(params: JudgeConfig, slot: tuple[str, int]) -> bool:
-    """Take one call from the budget, or False when any limit is spent."""
-    b = params.budget
-    with _budget_lock:
-        for old in [k for k in BUDGETS if k[0] == slot[0] and k[1] < slot[1]]:
-            del BUDGETS[old]
-        spend = BUDGETS.setdefault(slot, BudgetSpend())
-        if (
-            (b.max_calls is not None and spend.calls >= b.max_calls)
-            or (b.max_tokens is not None and spend.tokens >= b.max_tokens)
-            or (b.max_usd is not None and spend.usd >= b.max_usd)
-        ):
-            return False
-        spend.calls += 1
-        return True
-
-
-def _charge(slot: tuple[str, int], tokens: int, usd: float) -> None:
-    with _budget_lock:
-        spend = BUDGETS.setdefault(slot, BudgetSpend())
-        spend.tokens += tokens
-        spend.usd += usd
-
-
-def _wait_for_rate(params: JudgeConfig) -> None:
-    if params.rate_limit_per_s is None:
-        return
-    with _budget_lock:
-        now = time.monotonic()
-        at = max(now, params._next_call[0])
-        params._next_call[0] = at + 1.0 / params.rate_limit_per_s
-    if at > now:
-        time.sleep(at - now)
 
 
 # --- the call ------------------------------------------------------------------------------------------------
@@ -335,48 +254,6 @@ def _api_key(params: JudgeConfig) -> str | None:
     if raw.startswith("env:"):
         return os.environ.get(raw[4:]) or None
     return raw
-
-
-def _retry_delay(response: httpx.Response | None, attempt: int, backoff_s: float) -> float:
-    if response is not None:
-        after = response.headers.get("retry-after")
-        if after is not None:
-            try:
-                return min(max(float(after), 0.0), 30.0)
-            except ValueError:
-                pass
-    return min(backoff_s * (2**attempt), 30.0)
-
-
-def _call(params: JudgeConfig, endpoint: str, model: str, messages: list[dict[str, str]]) -> dict[str, Any]:
-    """POST chat/completions; retries 5xx, 429 and timeouts; raises JudgeUnavailable when they persist."""
-    body = {"model": model, "messages": messages, "temperature": params.temperature, "max_tokens": params.max_tokens}
-    headers = {"content-type": "application/json"}
-    key = _api_key(params)
-    if key:
-        headers["authorization"] = f"Bearer {key}"
-    url = f"{endpoint}/chat/completions"
-    client = _client(params.timeout_s)
-    last = "no attempt"
-    for attempt in range(params.retries + 1):
-        response: httpx.Response | None = None
-        try:
-            response = client.post(url, json=body, headers=headers)
-        except (httpx.TimeoutException, httpx.TransportError) as e:
-            last = f"{type(e).__name__}: {e}"
-        else:
-            if response.status_code < 400:
-                JUDGE_CALLS.labels(params.name, model, "ok").inc()
-                return response.json()
-            if response.status_code != 429 and response.status_code < 500:
-                JUDGE_CALLS.labels(params.name, model, "error").inc()
-                raise JudgeUnavailable(f"HTTP {response.status_code}: {response.text[:200]}")
-            last = f"HTTP {response.status_code}"
-        if attempt < params.retries:
-            JUDGE_CALLS.labels(params.name, model, "retry").inc()
-            time.sleep(_retry_delay(response, attempt, params.backoff_s))
-    JUDGE_CALLS.labels(params.name, model, "unavailable").inc()
-    raise JudgeUnavailable(f"{last} after {params.retries + 1} attempts")
 
 
 def _cache_key(
@@ -397,50 +274,175 @@ def _judged(score: Score, template: PromptTemplate, cost: float | None = None, *
     return score
 
 
-def judge(params: JudgeConfig, template: PromptTemplate, messages: list[dict[str, str]]) -> Score:
-    """Ask the configured judge for a verdict on `messages` (built from `template`): from the cache when the same
-    judgment was made before, else one call within the stage's budget and rate limit. The score is named
-    `params.name`; its metadata names the template, its hash and the model."""
-    endpoint = params.endpoint or os.environ.get("EVALSI_JUDGE_BASE_URL", "").rstrip("/")
-    model = params.model or os.environ.get("EVALSI_JUDGE_MODEL")
-    if not endpoint or not model:
-        return _judged(Score.skipped(params.name, "no judge configured"), template)
-    key = _cache_key(params, template, endpoint, model, messages)
-    cached = CACHE.get(key)
-    if cached is not None:
-        JUDGE_CACHE_HITS.labels(params.name, model).inc()
-        return _verdict_score(params, template, cached, model, 0.0, cached=True)
-    slot = _budget_slot(params)
-    if not _reserve(params, slot):
-        BUDGET_EXHAUSTED.labels(params.name, model).inc()
-        return _judged(Score.skipped(params.name, "budget exhausted"), template)
-    _wait_for_rate(params)
-    try:
-        reply = _call(params, endpoint, model, messages)
-    except JudgeUnavailable as e:
-        return _judged(Score.error(params.name, "judge unavailable", str(e)), template)
-    usage = reply.get("usage") if isinstance(reply, dict) else None
-    usage = usage if isinstance(usage, dict) else {}
-    prompt_tokens = int(usage.get("prompt_tokens") or 0)
-    completion_tokens = int(usage.get("completion_tokens") or 0)
-    cost = prompt_tokens / 1000 * params.price.input_per_1k + completion_tokens / 1000 * params.price.output_per_1k
-    _charge(slot, prompt_tokens + completion_tokens, cost)
-    JUDGE_TOKENS.labels(params.name, model).inc(prompt_tokens + completion_tokens)
-    JUDGE_COST.labels(params.name, model).inc(cost)
-    try:
-        text = reply["choices"][0]["message"]["content"]
-        if not isinstance(text, str):
-            raise TypeError
-    except (KeyError, IndexError, TypeError):
-        missing = "the reply has no choices[0].message.content"
-        return _judged(Score.error(params.name, "unparseable verdict", missing), template, cost)
-    try:
-        verdict = parse_verdict(text, params.threshold)
-    except UnparseableVerdict as e:
-        return _judged(Score.error(params.name, "unparseable verdict", f"{e}: {text[:200]!r}"), template, cost)
-    CACHE.put(key, verdict)
-    tokens = {"input_tokens": prompt_tokens, "output_tokens": completion_tokens}
-    return _verdict_score(params, template, verdict, model, cost, cached=False, **tokens)
+MAX_RETRY_WAIT_S = 30.0
+"""No retry waits longer than this, whether the backoff or the judge's Retry-After asks for more."""
+
+
+# --- the runtime ---------------------------------------------------------------------------------------------
+
+
+class Judges:
+    """The judge runtime of one service: verdict cache, budget spend, HTTP clients and the judge metrics.
+
+    The service (and its `evaluate` processor) builds one and hands it to evaluators on `Target.judges`. Its
+    metrics come from `metrics.counter()`, so several `Judges` of one service count into the same series; the
+    cache and budget spend are its own, so two `Judges` (two services, two tests) never share a verdict or a budget.
+    """
+
+    def __init__(self, metrics: SelfMetrics, *, cache_size: int = CACHE_SIZE) -> None:
+        self.cache = VerdictCache(cache_size)
+        self._lock = threading.Lock()  # budget spend and rate-limit slots
+        self.budgets: dict[tuple[str, int], BudgetSpend] = {}
+        """(params id, window index) -> spend. Each loaded policy validates its own params, so a params object is
+        one policy's cascade stage: its budget is that stage's, shared by every trace the policy evaluates in the
+        window."""
+        self._next_call: dict[str, float] = {}  # params id -> monotonic time its next call may start
+        self._clients: dict[float, httpx.Client] = {}
+        self._clients_lock = threading.Lock()
+        self.budget_exhausted = metrics.counter(
+            "evalsi_judge_budget_exhausted", "Judgments skipped because a judge budget was spent.", ["judge", "model"]
+        )
+        self.calls = metrics.counter(
+            "evalsi_judge_calls",
+            "HTTP calls to a judge, by result (ok, retry, unavailable, error).",
+            ["judge", "model", "result"],
+        )
+        self.cache_hits = metrics.counter(
+            "evalsi_judge_cache_hits", "Judgments answered from the content-hash cache.", ["judge", "model"]
+        )
+        self.cost = metrics.counter("evalsi_judge_cost_usd", "USD spent on judges.", ["judge", "model"])
+        self.tokens = metrics.counter("evalsi_judge_tokens", "Tokens used by judges.", ["judge", "model"])
+
+    def close(self) -> None:
+        """Close the HTTP clients (a later call opens new ones)."""
+        with self._clients_lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
+
+    # --- budgets and the rate limit -------------------------------------------------------------------------
+
+    def _reserve(self, params: JudgeConfig, slot: tuple[str, int]) -> bool:
+        """Take one call from the budget, or False when any limit is spent."""
+        b = params.budget
+        with self._lock:
+            for old in [k for k in self.budgets if k[0] == slot[0] and k[1] < slot[1]]:
+                del self.budgets[old]
+            spend = self.budgets.setdefault(slot, BudgetSpend())
+            if (
+                (b.max_calls is not None and spend.calls >= b.max_calls)
+                or (b.max_tokens is not None and spend.tokens >= b.max_tokens)
+                or (b.max_usd is not None and spend.usd >= b.max_usd)
+            ):
+                return False
+            spend.calls += 1
+            return True
+
+    def _charge(self, slot: tuple[str, int], tokens: int, usd: float) -> None:
+        with self._lock:
+            spend = self.budgets.setdefault(slot, BudgetSpend())
+            spend.tokens += tokens
+            spend.usd += usd
+
+    def _wait_for_rate(self, params: JudgeConfig) -> None:
+        if params.rate_limit_per_s is None:
+            return
+        with self._lock:
+            now = time.monotonic()
+            at = max(now, self._next_call.get(params._id, 0.0))
+            self._next_call[params._id] = at + 1.0 / params.rate_limit_per_s
+        if at > now:
+            time.sleep(at - now)
+
+    # --- the call -------------------------------------------------------------------------------------------
+
+    def _client(self, timeout_s: float) -> httpx.Client:
+        with self._clients_lock:
+            client = self._clients.get(timeout_s)
+            if client is None:
+                client = self._clients[timeout_s] = httpx.Client(timeout=timeout_s)
+            return client
+
+    def _call(self, params: JudgeConfig, endpoint: str, model: str, messages: list[dict[str, str]]) -> dict[str, Any]:
+        """POST chat/completions; retries 5xx, 429 and timeouts (waiting as `Backoff` says, or as the judge's
+        Retry-After says: seconds or an HTTP date, at most 30 s); raises JudgeUnavailable when they persist."""
+        body = {
+            "model": model, "messages": messages, "temperature": params.temperature, "max_tokens": params.max_tokens,
+        }  # fmt: skip
+        headers = {"content-type": "application/json"}
+        key = _api_key(params)
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        url = f"{endpoint}/chat/completions"
+        client = self._client(params.timeout_s)
+        backoff = Backoff(initial=params.backoff_s, maximum=MAX_RETRY_WAIT_S, max_retry_after=MAX_RETRY_WAIT_S)
+        last = "no attempt"
+        for attempt in range(params.retries + 1):
+            response: httpx.Response | None = None
+            try:
+                response = client.post(url, json=body, headers=headers)
+            except (httpx.TimeoutException, httpx.TransportError) as e:
+                last = f"{type(e).__name__}: {e}"
+            else:
+                if response.status_code < 400:
+                    self.calls.labels(params.name, model, "ok").inc()
+                    return response.json()
+                if response.status_code != 429 and response.status_code < 500:
+                    self.calls.labels(params.name, model, "error").inc()
+                    raise JudgeUnavailable(f"HTTP {response.status_code}: {response.text[:200]}")
+                last = f"HTTP {response.status_code}"
+            if attempt < params.retries:
+                self.calls.labels(params.name, model, "retry").inc()
+                server_says = retry_after(response.headers.get("retry-after")) if response is not None else None
+                time.sleep(backoff.next_wait(server_says))
+        self.calls.labels(params.name, model, "unavailable").inc()
+        raise JudgeUnavailable(f"{last} after {params.retries + 1} attempts")
+
+    def judge(self, params: JudgeConfig, template: PromptTemplate, messages: list[dict[str, str]]) -> Score:
+        """Ask the configured judge for a verdict on `messages` (built from `template`): from the cache when the
+        same judgment was made before, else one call within the stage's budget and rate limit. The score is named
+        `params.name`; its metadata names the template, its hash and the model."""
+        endpoint = params.endpoint or os.environ.get("EVALSI_JUDGE_BASE_URL", "").rstrip("/")
+        model = params.model or os.environ.get("EVALSI_JUDGE_MODEL")
+        if not endpoint or not model:
+            return _judged(Score.skipped(params.name, "no judge configured"), template)
+        key = _cache_key(params, template, endpoint, model, messages)
+        cached = self.cache.get(key)
+        if cached is not None:
+            self.cache_hits.labels(params.name, model).inc()
+            return _verdict_score(params, template, cached, model, 0.0, cached=True)
+        slot = (params._id, int(time.time() // params.budget.window_s))
+        if not self._reserve(params, slot):
+            self.budget_exhausted.labels(params.name, model).inc()
+            return _judged(Score.skipped(params.name, "budget exhausted"), template)
+        self._wait_for_rate(params)
+        try:
+            reply = self._call(params, endpoint, model, messages)
+        except JudgeUnavailable as e:
+            return _judged(Score.error(params.name, "judge unavailable", str(e)), template)
+        usage = reply.get("usage") if isinstance(reply, dict) else None
+        usage = usage if isinstance(usage, dict) else {}
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        completion_tokens = int(usage.get("completion_tokens") or 0)
+        price = params.price
+        cost = prompt_tokens / 1000 * price.input_per_1k + completion_tokens / 1000 * price.output_per_1k
+        self._charge(slot, prompt_tokens + completion_tokens, cost)
+        self.tokens.labels(params.name, model).inc(prompt_tokens + completion_tokens)
+        self.cost.labels(params.name, model).inc(cost)
+        try:
+            text = reply["choices"][0]["message"]["content"]
+            if not isinstance(text, str):
+                raise TypeError
+        except (KeyError, IndexError, TypeError):
+            missing = "the reply has no choices[0].message.content"
+            return _judged(Score.error(params.name, "unparseable verdict", missing), template, cost)
+        try:
+            verdict = parse_verdict(text, params.threshold)
+        except UnparseableVerdict as e:
+            return _judged(Score.error(params.name, "unparseable verdict", f"{e}: {text[:200]!r}"), template, cost)
+        self.cache.put(key, verdict)
+        tokens = {"input_tokens": prompt_tokens, "output_tokens": completion_tokens}
+        return _verdict_score(params, template, verdict, model, cost, cached=False, **tokens)
 
 
 def _verdict_score(

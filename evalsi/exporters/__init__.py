@@ -1,7 +1,1 @@
-"""Exporters: where spans and scores leave the pipeline (stores, OTLP, Prometheus)."""
-
-from evalsi.exporters import (
-    clickhouse,  # noqa: F401
-    otlp,  # noqa: F401
-    prometheus,  # noqa: F401
-)
+"""Exporters: where spans and scores leave the pipeline (the store, OTLP, Prometheus, Langfuse, MLflow)."""

@@ -4,21 +4,18 @@
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from evalsi.backoff import RETRYABLE_HTTP, Backoff, retry_after
 from evalsi.component import ComponentConfig, Settings
 from evalsi.duration import Duration
-from evalsi.span import Span, SpanBatch
-
-# the OTLP spec's retryable HTTP statuses, which Langfuse and most HTTP APIs share
-RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
+from evalsi.span import BatchKind, Span, SpanBatch
+from evalsi.telemetry import items_refused_counter
 
 
 class RetryConfig(ComponentConfig):
@@ -30,13 +27,12 @@ class RetryConfig(ComponentConfig):
 
 class ExporterCounters:
     """The self-metrics of an exporter that delivers scores and spans to a backend, labelled by its id, with the
-    Collector's names: sent, send failed and enqueue failed (queue full) per kind, the scores it does not write by
-    design (`scores_not_sent`, labelled by reason too), and its queue's size and capacity."""
+    Collector's names: sent, send failed and enqueue failed (queue full) per kind, and the scores it does not write by
+    design (`scores_not_sent`, labelled by reason too). Its queue's size and capacity are the `SendQueue`'s
+    (`evalsi.exporters.sending`)."""
 
-    def __init__(self, settings: Settings, capacity: int) -> None:
+    def __init__(self, settings: Settings) -> None:
         m, cid = settings.metrics, settings.id
-        self.queue_size = m.exporter_queue_size.labels(cid)
-        m.exporter_queue_capacity.labels(cid).set(capacity)
         sent = m.counter("otelcol_exporter_sent_scores", "Scores the backend accepted.", ["exporter"])
         self.scores_sent = sent.labels(cid)
         self.scores_failed = m.counter(
@@ -70,7 +66,7 @@ def spans_to_forward(batch: SpanBatch) -> list[Span]:
     """What an exporter forwarding spans to a backend sends of a batch: its sampled spans, once. A session's spans
     were forwarded as their traces completed; a revision only adds canonical fields to spans already forwarded,
     and their OTLP fields are unchanged."""
-    if batch.unit == "session" or batch.revision:
+    if batch.kind is BatchKind.SESSION or batch.revision:
         return []
     return [s for s in batch.spans if s.sampled]
 
@@ -82,20 +78,6 @@ class SendFailed(Exception):
         super().__init__(message)
         self.retryable = retryable
         self.retry_after = retry_after
-
-
-def retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date), None when absent or unreadable."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        return max(0.0, when.timestamp() - time.time()) if when else None
 
 
 async def deliver(
@@ -112,7 +94,7 @@ async def deliver(
     and return False for the caller to count. Any other exception counts as a retryable failure: a backend's
     or client's bug must not kill the sender task."""
     started = time.monotonic()
-    delay = retry.initial_interval
+    backoff = Backoff(retry.initial_interval, retry.max_interval, max_retry_after=retry.max_elapsed_time)
     while True:
         try:
             await attempt()
@@ -121,7 +103,7 @@ async def deliver(
             failure = e
         except Exception as e:
             failure = SendFailed(f"{type(e).__name__}: {e}", retryable=True)
-        wait = failure.retry_after if failure.retry_after is not None else delay * random.uniform(0.8, 1.2)
+        wait = backoff.next_wait(failure.retry_after)
         now = time.monotonic()
         retry_at = now + wait
         if (
@@ -137,7 +119,6 @@ async def deliver(
             if retry_at > deadline():
                 return _dropped(log, what, failure, extra)
             await asyncio.sleep(min(left, 0.25))
-        delay = min(delay * 2, retry.max_interval)
 
 
 def _dropped(log: logging.Logger, what: str, failure: SendFailed, extra: dict[str, Any] | None) -> bool:
@@ -258,16 +239,6 @@ async def deliver_items(
         mid = len(part) // 2
         parts += [part[mid:], part[:mid]]  # the first half goes first
     return outcome
-
-
-def items_refused_counter(metrics: Any) -> Any:
-    """`evalsi_exporter_items_refused_total{exporter, kind, reason}`: the items an exporter dropped alone."""
-    return metrics.counter(
-        "evalsi_exporter_items_refused",
-        "Scores or spans dropped alone because the backend refused them for their data or they could not be "
-        "encoded; the other items of their batch went on. Also counted in otelcol_exporter_send_failed_*.",
-        ["exporter", "kind", "reason"],
-    )
 
 
 def sender_errors_counter(metrics: Any) -> Any:

@@ -1,9 +1,10 @@
 """The `otlp` exporter: scores as `gen_ai.evaluation.result` log records, and optionally the spans, to an OTLP backend.
 
-Delivery: `consume*` only appends to a bounded in-memory queue; when it is full the OLDEST items are dropped
-and counted (`otelcol_exporter_enqueue_failed_*`), so ingest never waits on the backend and the newest verdicts
-win. A background task sends batches, retrying what the OTLP spec calls retryable with exponential backoff and
-jitter (honouring `Retry-After` / `RetryInfo`); permanent failures are logged, counted and dropped.
+Delivery (the exporter helper, `evalsi.exporters.sending`): `consume*` only appends to a bounded in-memory queue;
+when it is full the OLDEST items are dropped and counted (`otelcol_exporter_enqueue_failed_*`), so ingest never
+waits on the backend and the newest verdicts win. A background task sends batches, retrying what the OTLP spec calls
+retryable with exponential backoff and jitter (honouring `Retry-After` / `RetryInfo`); permanent failures are logged,
+counted and dropped.
 
 One bad item never blocks the others: an item that cannot be encoded is left out of its request, and a request the
 backend refuses for its data (HTTP 400/413/422, gRPC `INVALID_ARGUMENT`) is split in halves, sent again, until each
@@ -14,12 +15,8 @@ an answer's `partial_success` is counted the same way (reason `partial success`)
 
 from __future__ import annotations
 
-import asyncio
 import gzip
-import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,13 +39,12 @@ from evalsi.exporters.delivery import (
     http_failure,
     items_refused_counter,
     log_refused,
-    sender_errors_counter,
     spans_to_forward,
 )
 from evalsi.exporters.otlp_encode import logs_request, rejected_in_answer, traces_request
-from evalsi.score import ScoreBatch
-from evalsi.span import SpanBatch
-from evalsi.supervise import supervise
+from evalsi.exporters.sending import Lane, SendQueue
+from evalsi.score import Score, ScoreBatch
+from evalsi.span import Span, SpanBatch
 
 LOGS_METHOD = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
 TRACES_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -193,18 +189,11 @@ class _HttpSender:
 
 # --- the exporter ---------------------------------------------------------------------------------
 
-
-@dataclass
-class _Queue:
-    """Items of one signal waiting to be sent, and how to encode them."""
-
-    kind: str  # "scores" or "spans": for logs and the `kind` label
-    method: str
-    encode: Callable[..., Any]  # (items, refused list or None) -> request
-    sent: Any
-    failed: Any
-    dropped: Any
-    items: deque[Any] = field(default_factory=deque)
+# how a chunk of each lane is encoded and where it goes
+_SIGNALS: dict[str, tuple[str, Callable[..., Any]]] = {
+    "scores": (LOGS_METHOD, logs_request),  # (items, refused list or None) -> request
+    "spans": (TRACES_METHOD, traces_request),
+}
 
 
 @exporter("otlp", config=OtlpExporterConfig, signals=("traces", "scores"))
@@ -212,120 +201,72 @@ class OtlpExporter:
     def __init__(self, config: OtlpExporterConfig, settings: Settings) -> None:
         self._config = config
         self._log = settings.logger
-        self._id = settings.id
         m, cid = settings.metrics, settings.id
-        self._queue_gauge = m.exporter_queue_size.labels(cid)
-        m.exporter_queue_capacity.labels(cid).set(config.queue_size)
-        self.scores = _Queue(
+        self.scores: Lane[Score] = Lane(
             "scores",
-            LOGS_METHOD,
-            logs_request,
-            m.exporter_sent_log_records.labels(cid),
-            m.exporter_send_failed_log_records.labels(cid),
-            m.counter(
+            config.batch_size,
+            lambda chunk: self._send(self.scores, chunk),
+            sent=m.exporter_sent_log_records.labels(cid),
+            failed=m.exporter_send_failed_log_records.labels(cid),
+            dropped=m.counter(
                 "otelcol_exporter_enqueue_failed_log_records",
                 "Log records (scores) dropped because the exporter's queue was full.",
                 ["exporter"],
             ).labels(cid),
         )
-        self.spans = _Queue(
+        self.spans: Lane[Span] = Lane(
             "spans",
-            TRACES_METHOD,
-            traces_request,
-            m.exporter_sent_spans.labels(cid),
-            m.exporter_send_failed_spans.labels(cid),
-            m.counter(
+            config.batch_size,
+            lambda chunk: self._send(self.spans, chunk),
+            sent=m.exporter_sent_spans.labels(cid),
+            failed=m.exporter_send_failed_spans.labels(cid),
+            dropped=m.counter(
                 "otelcol_exporter_enqueue_failed_spans",
                 "Spans dropped because the exporter's queue was full.",
                 ["exporter"],
             ).labels(cid),
         )
-        self._queues = (self.scores, self.spans)
+        # one sender, scores first; `queue_size` is shared, and a full queue drops the oldest scores first
+        self._queue = SendQueue(
+            settings,
+            (self.scores, self.spans),
+            capacity=config.queue_size,
+            ordered=True,
+            full="drop_oldest",
+            flush_interval=config.flush_interval,
+            shutdown_timeout=config.shutdown_timeout,
+            attempt_timeout=config.timeout,
+            what="otlp",
+            log_extra={"endpoint": config.endpoint},
+        )
         self._cid = cid
         self._refused = items_refused_counter(m)
-        self._sender_errors = sender_errors_counter(m).labels(cid)
         self._sender: _GrpcSender | _HttpSender | None = None
-        self._wake = asyncio.Event()
-        self._stopping = False
-        self._deadline = float("inf")  # when shutdown stops sending
-        self._task: asyncio.Task[None] | None = None
 
     @property
     def held(self) -> int:
-        return len(self.scores.items) + len(self.spans.items)
+        return self._queue.held
 
     async def start(self) -> None:
         c = self._config
         self._sender = _GrpcSender(c) if c.protocol == "grpc" else _HttpSender(c)
-        self._task = supervise(f"{self._id} sender", self._send_loop, log=self._log, on_failure=self._sender_errors.inc)
-
-    def _enqueue(self, queue: _Queue, items: list[Any]) -> None:
-        if self._stopping:
-            queue.dropped.inc(len(items))
-            return
-        queue.items.extend(items)
-        over = self.held - self._config.queue_size
-        if over > 0:
-            # drop the oldest: scores are most useful fresh, and ingest must never wait for the backend
-            for q in self._queues:
-                n = min(over, len(q.items))
-                for _ in range(n):
-                    q.items.popleft()
-                q.dropped.inc(n)
-                over -= n
-            self._log.warning("otlp export queue full; dropped the oldest items", extra={"queue": self.held})
-        self._queue_gauge.set(self.held)
-        if len(queue.items) >= self._config.batch_size:
-            self._wake.set()
+        self._queue.start()
 
     async def consume(self, batch: SpanBatch) -> None:
         spans = spans_to_forward(batch)
         if spans:
-            self._enqueue(self.spans, spans)
+            self._queue.offer(self.spans, spans)
 
     async def consume_scores(self, batch: ScoreBatch) -> None:
         if batch.scores:
-            self._enqueue(self.scores, list(batch.scores))
+            self._queue.offer(self.scores, list(batch.scores))
 
-    async def _send_loop(self) -> None:
-        while True:
-            if not self._stopping:
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=self._config.flush_interval)
-                except TimeoutError:
-                    pass
-            self._wake.clear()
-            while any(q.items for q in self._queues):
-                for queue in self._queues:
-                    if not queue.items:
-                        continue
-                    n = min(self._config.batch_size, len(queue.items))
-                    chunk = [queue.items.popleft() for _ in range(n)]
-                    try:
-                        await self._send(queue, chunk)
-                    except Exception:  # a bug, not the backend: say so at once, count the chunk, go on
-                        self._sender_errors.inc()
-                        queue.failed.inc(len(chunk))
-                        self._log.exception(f"sending {queue.kind} failed unexpectedly; dropped", extra={"count": n})
-                    self._queue_gauge.set(self.held)
-                if self._stopping and time.monotonic() >= self._deadline:
-                    for queue in self._queues:
-                        if queue.items:
-                            queue.failed.inc(len(queue.items))
-                            self._log.error(
-                                f"shutdown timeout: dropping {queue.kind} not yet sent",
-                                extra={"count": len(queue.items), "endpoint": self._config.endpoint},
-                            )
-                            queue.items.clear()
-                    self._queue_gauge.set(0)
-            if self._stopping:
-                return
-
-    async def _send(self, queue: _Queue, chunk: list[Any]) -> None:
+    async def _send(self, queue: Lane[Any], chunk: list[Any]) -> None:
         assert self._sender is not None
         # encode item by item: one that cannot be (an id that is not hex, ...) is left out, alone
         unencodable: list[tuple[Any, Exception]] = []
-        request = queue.encode(chunk, unencodable)
+        method, encode = _SIGNALS[queue.kind]
+        request = encode(chunk, unencodable)
         for item, error in unencodable:
             self._refuse(
                 queue, item, ItemsRefused(f"cannot encode: {type(error).__name__}: {error}", reason=REFUSED_ENCODE)
@@ -337,13 +278,13 @@ class OtlpExporter:
 
         def prepare(part: list[Any]) -> bytes:
             # the whole batch is encoded already; a part (after a refusal) is encoded again
-            return (request if len(part) == len(good) else queue.encode(part)).SerializeToString()
+            return (request if len(part) == len(good) else encode(part)).SerializeToString()
 
         sender = self._sender
         partial: list[tuple[int, str]] = []
 
         async def send(body: bytes) -> None:
-            rejected, message = await sender.send(queue.method, body)
+            rejected, message = await sender.send(method, body)
             if rejected:
                 partial.append((rejected, message))
 
@@ -354,7 +295,7 @@ class OtlpExporter:
             self._config.retry_on_failure,
             log=self._log,
             what=queue.kind,
-            deadline=lambda: self._deadline,
+            deadline=self._queue.deadline,
             extra={"endpoint": self._config.endpoint},
         )
         for item, refusal in outcome.refused:
@@ -375,7 +316,7 @@ class OtlpExporter:
                 },
             )
 
-    def _refuse(self, queue: _Queue, item: Any, refusal: ItemsRefused) -> None:
+    def _refuse(self, queue: Lane[Any], item: Any, refusal: ItemsRefused) -> None:
         """Count and log one item dropped alone."""
         queue.failed.inc()
         self._refused.labels(self._cid, queue.kind, refusal.reason).inc()
@@ -387,13 +328,6 @@ class OtlpExporter:
 
     async def shutdown(self) -> None:
         """Stop taking work and send what is queued, for at most `shutdown_timeout`."""
-        self._stopping = True
-        self._deadline = time.monotonic() + self._config.shutdown_timeout
-        self._wake.set()
-        if self._task is not None:
-            try:
-                await asyncio.wait_for(self._task, timeout=self._config.shutdown_timeout + self._config.timeout + 1)
-            except TimeoutError:
-                self._log.error("otlp exporter did not drain in time", extra={"endpoint": self._config.endpoint})
+        await self._queue.shutdown()
         if self._sender is not None:
             await self._sender.close()

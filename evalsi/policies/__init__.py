@@ -3,7 +3,8 @@
 from evalsi.policies.engine import Policy, PolicySet, PolicyStats, sampling_hash
 from evalsi.policies.load import PolicyError, load_policies
 from evalsi.policies.model import OnlineEvalPolicy
-from evalsi.policies.window import AlertEvent, Notifier, WindowStats
+from evalsi.policies.notify import AlertEvent, Notifier
+from evalsi.policies.window import WindowStats
 
 __all__ = [
     "AlertEvent", "Notifier", "OnlineEvalPolicy", "Policy", "PolicyError", "PolicySet", "PolicyStats",

@@ -28,13 +28,15 @@ from typing import Any
 from evalsi import cel
 from evalsi.evaluators import Evaluator, Params, Target, run
 from evalsi.evaluators.base import FROM_SPANS
+from evalsi.evaluators.judge_client import Judges
 from evalsi.policies.feedback import NEGATIVE_BELOW, feedback_variable
 from evalsi.policies.intervals import percentile
+from evalsi.policies.notify import AlertEvent
 from evalsi.policies.promote import Datasets, record
-from evalsi.policies.window import AlertEvent, AlertRule, PolicyWindow, WindowStats
-from evalsi.processors.normalize.trajectory import build_trajectory
+from evalsi.policies.window import AlertRule, PolicyWindow, WindowStats
 from evalsi.score import Score
 from evalsi.span import Span
+from evalsi.trajectory import build_trajectory
 
 __all__ = [
     "ALWAYS_VARIABLES", "TRACE_VARIABLES", "WHEN_VARIABLES", "Condition", "LatencyAbove", "Policy",
@@ -138,11 +140,13 @@ class TraceView:
         trace_keys: frozenset[str] | None = None,
         feedback: Sequence[Score] = (),
         negative_below: float = NEGATIVE_BELOW,
+        judges: Judges | None = None,
     ) -> None:
         """`feedback` holds the trace's human and external scores known so far (the `feedback` variable);
         `span_fields` limits the `span` map, `trace_fields` the maps in `trace.spans` / `trace.root` (None: every
         canonical field); `trace_span_maps=False` leaves `trace.spans` and `trace.root` out and `trace_keys` keeps
-        only those keys of `trace` (no condition uses them, or `trace` as a whole: see `cel.Program.trace_spans`)."""
+        only those keys of `trace` (no condition uses them, or `trace` as a whole: see `cel.Program.trace_spans`).
+        `judges` is the judge runtime the view's Targets carry."""
         self.spans = sorted(spans, key=lambda s: s.start_time_unix_nano)
         self.root = next((s for s in self.spans if not s.parent_span_id), self.spans[0])
         self.trace_id = self.root.trace_id
@@ -153,6 +157,7 @@ class TraceView:
         self._trajectory = trajectory
         self._feedback = feedback
         self._negative_below = negative_below
+        self.judges = judges
         self._variables: dict[str, Any] = {}
 
     @cached_property
@@ -228,7 +233,7 @@ class TraceView:
     def target(self) -> Target:
         # the trajectory is built only if an evaluator reads it (Target.trajectory is lazy)
         trajectory = self._trajectory if self._trajectory is not None else FROM_SPANS
-        return Target(self.spans, span=self.root, trajectory=trajectory, context=self.context)
+        return Target(self.spans, span=self.root, trajectory=trajectory, context=self.context, judges=self.judges)
 
 
 class SessionView(TraceView):
@@ -279,7 +284,7 @@ class Stage:
         for span in view.spans:
             if not chosen(span):
                 continue
-            target = Target([span], span=span, context=view.context)
+            target = Target([span], span=span, context=view.context, judges=view.judges)
             for s in run(ev, target, self.params):
                 s.span_id = span.span_id
                 out.append(s)
@@ -575,9 +580,16 @@ class PolicySet:
     that closed wait in `drain_alerts()` / `drain_windows()` for the caller to send or store."""
 
     def __init__(
-        self, policies: list[Policy], *, datasets_dir: Path | None = None, sources: list[str] | None = None
+        self,
+        policies: list[Policy],
+        *,
+        datasets_dir: Path | None = None,
+        sources: list[str] | None = None,
+        judges: Judges | None = None,
     ) -> None:
         self.policies = policies
+        self.judges = judges
+        """The judge runtime every Target the policies evaluate carries (None: judge-based evaluators skip)."""
         self.by_name = {p.name: p for p in policies}
         self.datasets_dir = datasets_dir
         self.sources = list(sources or [])
@@ -634,6 +646,7 @@ class PolicySet:
             trace_keys=self._trace_keys,
             feedback=feedback,
             negative_below=self.negative_below,
+            judges=self.judges,
         )
 
     def evaluate_trace(

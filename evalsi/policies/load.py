@@ -18,6 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from evalsi.evaluators import Evaluator, load_evaluators
+from evalsi.evaluators.judge_client import Judges
 from evalsi.policies.engine import (
     ALWAYS_VARIABLES,
     SPAN_VARIABLES,
@@ -257,11 +258,13 @@ def load_policies(
     *,
     datasets_dir: Path | None = None,
     alert_check_interval: float = 1.0,
+    judges: Judges | None = None,
 ) -> PolicySet:
     """Load every policy the globs (relative to `base_dir`) name; raise PolicyError listing every problem.
 
     Promoted traces go under `datasets_dir` (default `<base_dir>/.evalsi/datasets`). Alerts are checked at most
     once per `alert_check_interval` seconds per policy while a window is open, and once more when it closes.
+    `judges` is the judge runtime the policies' judge-based evaluators use (None: they are skipped).
     """
     base_dir = Path(base_dir)
     datasets_dir = datasets_dir if datasets_dir is not None else base_dir / ".evalsi" / "datasets"
@@ -297,4 +300,4 @@ def load_policies(
             policies.append(policy)
     if errors:
         raise PolicyError(errors)
-    return PolicySet(policies, datasets_dir=datasets_dir, sources=[str(p) for p in files])
+    return PolicySet(policies, datasets_dir=datasets_dir, sources=[str(p) for p in files], judges=judges)

@@ -1,4 +1,4 @@
-"""Tumbling windows of scores per policy, evaluator and score name; the alerts checked over them; their webhooks.
+"""Tumbling windows of scores per policy, evaluator and score name, and the alerts checked over them.
 
 Only `scored` scores count toward n, means, intervals and percentiles (skipped and error scores are counted
 beside them). A window closes when time passes its end; an alert fires at most once per window per condition.
@@ -7,28 +7,20 @@ beside them). A window closes when time passes its end; an alert fires at most o
 from __future__ import annotations
 
 import ast
-import logging
 import math
-import queue
 import random
 import re
-import threading
-import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
-
-import httpx
 
 from evalsi import cel
 from evalsi.policies.intervals import percentile, t_interval, wilson_interval
+from evalsi.policies.notify import AlertEvent
 from evalsi.score import Score
 
-__all__ = ["AlertEvent", "AlertRule", "Notifier", "PolicyWindow", "Series", "WindowStats", "compile_alert"]
-
-log = logging.getLogger("evalsi.policies")
+__all__ = ["AlertRule", "PolicyWindow", "Series", "WindowStats", "compile_alert"]
 
 RESERVOIR = 10_000
 """Values kept per series and window for percentiles; past it, a uniform sample of this size (reservoir)."""
@@ -45,10 +37,6 @@ _ALERT_TOKEN = re.compile(
     r"|(?<![\w.])(?P<count>count)\b"
     r"|(?<![\w.])(?P<window>window)\b"
 )
-
-
-def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
 @dataclass(slots=True)
@@ -229,35 +217,6 @@ def compile_alert(when: str, *, name: str | None = None, notify: str | None = No
     return AlertRule(name or when, when, program, tuple(uses), whole, notify)
 
 
-@dataclass(slots=True)
-class AlertEvent:
-    """An alert that fired: what the webhook gets (`body()`), and where it goes (`notify`, None: recorded only)."""
-
-    policy: str
-    alert: str
-    condition: str
-    notify: str | None
-    window_start: float
-    window_end: float
-    count: int
-    aggregates: dict[str, dict[str, Any]]
-    example_trace_ids: list[str]
-    labels: dict[str, str]
-    fired_at: float
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy,
-            "alert": self.alert,
-            "condition": self.condition,
-            "labels": self.labels,
-            "window": {"start": _iso(self.window_start), "end": _iso(self.window_end), "count": self.count},
-            "aggregates": self.aggregates,
-            "example_trace_ids": self.example_trace_ids,
-            "fired_at": _iso(self.fired_at),
-        }
-
-
 _BODY_FIELDS = ("evaluator", "kind", "n", "mean", "low", "high", "pass_rate", "pass_low", "pass_high", "p50", "p95")
 
 
@@ -389,74 +348,3 @@ class PolicyWindow:
         if self.start is None:
             return []
         return [s.stats(self.policy, self.start, self.end) for s in self.series.values()]
-
-
-class Notifier:
-    """Sends alert webhooks from one background thread, so the caller never waits: a JSON POST per alert, retried
-    with exponential backoff on connection errors, 429 and 5xx. Other 4xx answers are not retried."""
-
-    def __init__(
-        self,
-        *,
-        retries: int = 3,
-        backoff: float = 0.5,
-        timeout: float = 5.0,
-        max_pending: int = 1000,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        self.retries = retries
-        self.backoff = backoff
-        self.sent = self.failed = self.dropped = 0
-        self.max_pending = max_pending
-        self._queue: queue.Queue[AlertEvent | None] = queue.Queue(max_pending)
-        self._client = httpx.Client(timeout=timeout, transport=transport)
-        self._thread = threading.Thread(target=self._loop, name="evalsi-alert-notifier", daemon=True)
-        self._thread.start()
-
-    def send(self, event: AlertEvent) -> None:
-        """Queue `event` for its webhook (nothing to send without `notify`); drops it when the queue is full."""
-        if not event.notify:
-            return
-        try:
-            self._queue.put_nowait(event)
-        except queue.Full:
-            self.dropped += 1
-            log.warning(
-                "alert %r of policy %s dropped: %d webhooks pending", event.alert, event.policy, self.max_pending
-            )
-
-    def close(self, timeout: float = 10.0) -> None:
-        """Send what is queued (up to `timeout`), then stop."""
-        self._queue.put(None)
-        self._thread.join(timeout)
-        self._client.close()
-
-    def _loop(self) -> None:
-        while True:
-            event = self._queue.get()
-            if event is None:
-                return
-            if self._post(event):
-                self.sent += 1
-            else:
-                self.failed += 1
-
-    def _post(self, event: AlertEvent) -> bool:
-        assert event.notify is not None
-        body = event.body()
-        problem = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-            try:
-                response = self._client.post(event.notify, json=body)
-            except httpx.HTTPError as e:
-                problem = f"{type(e).__name__}: {e}"
-                continue
-            if response.status_code < 300:
-                return True
-            problem = f"HTTP {response.status_code}"
-            if response.status_code != 429 and response.status_code < 500:
-                break
-        log.warning("alert %r of policy %s: webhook failed (%s)", event.alert, event.policy, problem)
-        return False

@@ -1,3 +1,1 @@
-"""The built-in processors; importing this package registers them."""
-
-from evalsi.processors import evaluate, normalize, probabilistic_sampler, redact, tail_sampling  # noqa: F401
+"""The built-in processors, each a module of its own (registered by `evalsi.collector.builtin`)."""

@@ -1,7 +1,7 @@
 """The `evaluate` processor: runs the online policies over every completed trace and session, hands on the scores,
 and gives policies that read `feedback` a second look at a recent trace when human or external scores arrive late.
 
-It needs whole traces, so it sits after `tail_sampling` (which hands on `unit="trace"` batches whatever its storage
+It needs whole traces, so it sits after `tail_sampling` (which hands on `BatchKind.TRACE` batches whatever its storage
 decision); spans pass through unchanged to the exporters, scores go to the `scores` pipeline. Listed in the `scores`
 pipeline too, it sees the feedback that flows there (`POST /v1/feedback`).
 """
@@ -16,20 +16,20 @@ from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Literal
 
 from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
 from evalsi.component import ComponentConfig, Next, Refused, Settings, processor
 from evalsi.duration import Duration
+from evalsi.evaluators.judge_client import Judges
 from evalsi.log_record import LogBatch, LogRecord
+from evalsi.policies import Notifier, PolicyError, PolicySet, load_policies
+from evalsi.policies.engine import PolicyDecision
+from evalsi.policies.feedback import is_feedback
 from evalsi.score import Score, ScoreBatch
-from evalsi.span import Span, SpanBatch
+from evalsi.span import BatchKind, Span, SpanBatch
 from evalsi.supervise import supervise
-
-if TYPE_CHECKING:
-    from evalsi.policies import Notifier, PolicySet
-    from evalsi.policies.engine import PolicyDecision
 
 
 class LateSignalsConfig(ComponentConfig):
@@ -72,19 +72,20 @@ class EvaluateConfig(ComponentConfig):
         return self
 
 
-def _load(config: EvaluateConfig) -> PolicySet:
-    # imported here: the policy engine imports the normalize package, so a module-level import would be a cycle
-    from evalsi.policies import PolicyError, load_policies
-
+def _load(config: EvaluateConfig, judges: Judges | None = None) -> PolicySet:
     try:
-        return load_policies(config.policies, config._base_dir, datasets_dir=Path(config.datasets_dir))
+        return load_policies(config.policies, config._base_dir, datasets_dir=Path(config.datasets_dir), judges=judges)
     except PolicyError as e:
         raise ValueError(str(e)) from None
 
 
+WorkUnit = Literal["trace", "session", "feedback"]
+"""What the engine thread evaluates: a whole trace, a quiet session, or late feedback."""
+
+
 @dataclass
 class _Work:
-    unit: str  # "trace" | "session" | "feedback"
+    unit: WorkUnit
     spans: list[Span]
     completed: float  # monotonic time the trace (or session, or feedback) was handed to us
     feedback: list[Score] | None = None
@@ -140,7 +141,13 @@ def score_from_event(record: LogRecord) -> Score | None:
     return score
 
 
-@processor("evaluate", config=EvaluateConfig, signals=("traces", "logs", "scores"))
+@processor(
+    "evaluate",
+    config=EvaluateConfig,
+    signals=("traces", "logs", "scores"),
+    single_process="policy windows, alerts and judge budgets are per process",
+    needs=BatchKind.TRACE,
+)
 class Evaluate:
     """Spans go on at once; whole traces queue for evaluation on one worker thread (the policy engine keeps
     windows and budgets, so it runs single-threaded), and their scores follow into the scores pipeline. A slow
@@ -150,12 +157,12 @@ class Evaluate:
     completed before it. The buffer of recent traces belongs to the engine thread: only it reads and writes it."""
 
     def __init__(self, config: EvaluateConfig, settings: Settings, next: Next) -> None:
-        from evalsi.policies.feedback import is_feedback
-
         self.config = config
         self.settings = settings
         self.next = next
-        self.policies = _load(config)
+        self.judges = Judges(settings.metrics)
+        """The judge runtime of this processor's policies: verdict cache, budget spend, HTTP clients, metrics."""
+        self.policies = _load(config, self.judges)
         self.policies.negative_below = config.late_signals.negative_below
         self._is_feedback = is_feedback
         self._late = bool(self.policies.late) and config.late_signals.max_traces > 0
@@ -220,8 +227,6 @@ class Evaluate:
                 "evaluate: no scores pipeline in service.pipelines; scores are counted and dropped "
                 "(add `scores: {exporters: [clickhouse]}`)"
             )
-        from evalsi.policies import Notifier
-
         self._notifier = Notifier()
         log, metrics, cid = self.settings.logger, self.settings.metrics, self.settings.id
         self._tasks = [
@@ -373,7 +378,7 @@ class Evaluate:
                 if work.unit != "feedback":
                     self._freshness.observe(now - work.completed)
 
-    def _enqueue(self, unit: str, spans: list[Span]) -> None:
+    def _enqueue(self, unit: WorkUnit, spans: list[Span]) -> None:
         if len(self._queue) >= self.config.queue_size:
             self._dropped_traces.inc()
             self.settings.logger.warning(
@@ -398,13 +403,13 @@ class Evaluate:
         self._wake.set()
 
     async def consume(self, batch: SpanBatch) -> None:
-        if batch.unit == "trace":
+        if batch.kind is BatchKind.TRACE:
             traces: dict[str, list[Span]] = {}
             for span in batch.spans:
                 traces.setdefault(span.trace_id, []).append(span)
             for spans in traces.values():
                 self._enqueue("trace", spans)
-        elif batch.unit == "session" and batch.spans:
+        elif batch.kind is BatchKind.SESSION and batch.spans:
             self._enqueue("session", batch.spans)
         await self.next.consume(batch)
 
@@ -439,5 +444,6 @@ class Evaluate:
                 await ticker
         await asyncio.get_running_loop().run_in_executor(self._engine, self._close_windows, math.inf)
         self._engine.shutdown(wait=True)
+        self.judges.close()
         if self._notifier is not None:
             await asyncio.to_thread(self._notifier.close)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import field_validator, model_validator
 
 from evalsi.component import ComponentConfig, Next, Settings, processor
-from evalsi.span import Span, SpanBatch
+from evalsi.span import BatchKind, Span, SpanBatch
 
 # Randomness and rejection thresholds are 56-bit numbers: the 7 random bytes W3C Trace Context Level 2 puts at
 # the end of a trace id. A span is kept when its randomness R >= the threshold T (T out of 2^56 are rejected).
@@ -457,13 +457,13 @@ class ProbabilisticSampler:
         pass  # holds nothing
 
     async def consume(self, batch: SpanBatch) -> None:
-        if batch.unit == "session":
+        if batch.kind is BatchKind.SESSION:
             await self.next.consume(batch)
             return
         if batch.revision:
             revised = [s for s in batch.spans if s.sampled]
             if revised:
-                await self.next.consume(SpanBatch(revised, True, batch.unit))
+                await self.next.consume(SpanBatch(revised, True, batch.kind))
             return
         decide = self.sampler.decide
         kept: list[Span] = []
@@ -482,7 +482,7 @@ class ProbabilisticSampler:
                     self._log_error(span, decision)
         if kept:
             try:
-                await self.next.consume(batch if not dropped else SpanBatch(kept, False, batch.unit))
+                await self.next.consume(batch if not dropped else SpanBatch(kept, False, batch.kind))
             except BaseException:
                 # refused: nothing was taken, and the same spans may come back (deciding a rewritten tracestate
                 # again would compound the probability), so leave them as they came

@@ -1,3 +1,1 @@
-"""Receivers: where spans enter the pipeline."""
-
-from evalsi.receivers import otlp  # noqa: F401
+"""Receivers: where spans and log records enter the pipeline."""

@@ -308,3 +308,25 @@ def test_traces_list_on_a_locked_store_without_its_api(running: Collector, tmp_p
     ok = evalsi("traces", "list", "--api", running.api, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     assert "no traces yet" in ok.stdout
+
+
+# --- batch flow: a processor that acts on whole traces needs one that assembles them before it -------------------
+
+
+def test_evaluate_without_trace_assembly_before_it_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text(
+        "apiVersion: evals.si/v1alpha1\nkind: OnlineEvalPolicy\nmetadata: {name: p}\n"
+        "spec: {cascade: [{ref: builtin/latency, params: {max_ms: 8000}}]}\n"
+    )
+    doc = minimal()
+    doc["processors"] = {"normalize": None, "tail_sampling": None, "evaluate": {"policies": [str(tmp_path / "p.yaml")]}}
+    doc["service"]["pipelines"]["traces"]["processors"] = ["normalize", "evaluate"]
+    (error,) = errors_of(tmp_path, doc)
+    assert error.startswith("service.pipelines.traces.processors.1: processor 'evaluate' acts on trace batches")
+    assert "put tail_sampling before it" in error
+    # after it is not before it
+    doc["service"]["pipelines"]["traces"]["processors"] = ["normalize", "evaluate", "tail_sampling"]
+    (error,) = errors_of(tmp_path, doc)
+    assert "processors.1: processor 'evaluate'" in error
+    doc["service"]["pipelines"]["traces"]["processors"] = ["normalize", "tail_sampling", "evaluate"]
+    assert load_config(write(tmp_path, doc)).service.pipelines["traces"].processors[-1] == "evaluate"

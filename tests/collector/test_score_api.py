@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from fake_judge import FakeJudge
 from running_collector import Collector, serve_config, start_collector
 
 import evalsi.processors  # noqa: F401  (before evalsi.policies: see the import cycle note in score_api)
@@ -80,6 +81,25 @@ def test_evaluate_numeric_scores_get_a_t_interval(served: Collector) -> None:
     assert agg["mean"] == pytest.approx(statistics.fmean(values))
     low, high = t_interval(statistics.fmean(values), statistics.stdev(values), 3)
     assert agg["interval"] == [pytest.approx(low), pytest.approx(high)]
+
+
+def test_evaluate_runs_judges_with_the_service_judge_runtime(served: Collector) -> None:
+    fake = FakeJudge()
+    fake.thread.start()
+    try:
+        judge = {"ref": "builtin/llm-judge", "params": {"endpoint": fake.url, "model": "judge-1", "name": "api-judge"}}
+        body = {"records": RECORDS[:1] * 2, "evaluators": [judge]}
+        resp = httpx.post(served.api + "/v1/evaluate", json=body, timeout=30)
+    finally:
+        fake.server.shutdown()
+        fake.server.server_close()
+    assert resp.status_code == 200, resp.text
+    scores = [s for r in resp.json()["results"] for s in r["scores"]]
+    assert [(s["name"], s["outcome"], s["value"]) for s in scores] == [("api-judge", "scored", 0.9)] * 2
+    assert len(fake.requests) == 1  # the second record is the same judgment: the service's cache answered it
+    metrics = httpx.get(served.metrics, timeout=10).text
+    assert 'evalsi_judge_calls_total{judge="api-judge",model="judge-1",result="ok"} 1.0' in metrics
+    assert 'evalsi_judge_cache_hits_total{judge="api-judge",model="judge-1"} 1.0' in metrics
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from evalsi.collector.workers import StoreLink
+from evalsi.collector.workers.link import StoreLink
+from evalsi.exporters.clickhouse.rows import ArrowRows
 from evalsi.span import Span, SpanBatch
 from evalsi.telemetry import SelfMetrics
 
@@ -44,7 +45,7 @@ async def _wait_for(predicate: Any, timeout: float = 10) -> None:
 def test_a_flush_that_raises_is_logged_restarted_and_loses_nothing(caplog: pytest.LogCaptureFixture) -> None:
     outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
     metrics = SelfMetrics()
-    link = StoreLink(outbox, threading.Semaphore(16), metrics)
+    link = StoreLink(ArrowRows(), outbox, threading.Semaphore(16), metrics)
     real_send = link._send
     calls = {"n": 0}
 
@@ -74,7 +75,7 @@ def test_a_flush_that_raises_is_logged_restarted_and_loses_nothing(caplog: pytes
 def test_a_span_no_column_can_hold_is_dropped_alone_in_the_worker() -> None:
     outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
     metrics = SelfMetrics()
-    link = StoreLink(outbox, threading.Semaphore(16), metrics)
+    link = StoreLink(ArrowRows(), outbox, threading.Semaphore(16), metrics)
     spans = _spans(20)
     spans[4].output_tokens = 1 << 80
 

@@ -12,9 +12,9 @@ from running_collector import FIXTURES
 
 from evalsi.evaluators import REGISTRY, Target, load_evaluators, parse_params, run
 from evalsi.processors.normalize.files import normalize_files
-from evalsi.processors.normalize.trajectory import build_trajectory
 from evalsi.score import Score
 from evalsi.span import Span
+from evalsi.trajectory import build_trajectory
 
 load_evaluators()
 
@@ -166,7 +166,7 @@ def test_capture_tool_arguments(folder: str) -> None:
     strict = _score("tool-arguments", target, schemas={"get_weather": {**city, "additionalProperties": False}})
     assert (strict.value, strict.passed, strict.label) == (0.0, False, "1/1 invalid")
     assert "city: required but missing" in (strict.explanation or "")
-    assert "location: not an allowed argument" in (strict.explanation or "")
+    assert "location: not an allowed property" in (strict.explanation or "")
 
 
 @pytest.mark.parametrize("folder", TOOL_LOOP_FOLDERS)
@@ -333,7 +333,7 @@ def test_schema_violations_from_declared_tools() -> None:
     ("arguments", "problem"),
     [
         ({"location": "Paris", "unit": "kelvin"}, 'unit: "kelvin" is not one of ["celsius","fahrenheit"]'),
-        ({"location": "Paris", "country": "FR"}, "country: not an allowed argument"),
+        ({"location": "Paris", "country": "FR"}, "country: not an allowed property"),
         ('{"location": "Paris"', "arguments are not valid JSON"),
         (["Paris"], "arguments are a JSON array, not an object"),
         ({"location": "Paris", "days": True}, "days: expected integer, got boolean"),
@@ -361,6 +361,65 @@ def test_nested_and_combined_schemas() -> None:
     assert "filters[1].field: required but missing" in explanation
     assert "limit: matches none of anyOf" in explanation
     assert "mode: matches none of oneOf" in explanation
+
+
+def test_draft_2020_12_keywords_in_argument_schemas() -> None:
+    schema = {
+        "type": "object",
+        "$defs": {"unit": {"enum": ["celsius", "fahrenheit"]}},
+        "properties": {
+            "days": {"type": "integer", "minimum": 1, "maximum": 14},
+            "unit": {"$ref": "#/$defs/unit"},
+            "query": {"type": "string", "minLength": 1},
+            "notify": {"type": "string", "format": "email"},
+            "mode": {"oneOf": [{"const": "fast"}, {"type": "string", "maxLength": 4}]},
+        },
+        "required": ["days"],
+    }
+    target = _trace(
+        tool("forecast", {"days": 3, "unit": "celsius", "notify": "me@example.com"}),
+        tool("forecast", {"days": 0}),
+        tool("forecast", {"days": 3, "unit": "kelvin"}),
+        tool("forecast", {"days": 3, "query": ""}),
+        tool("forecast", {"days": 3, "notify": "nobody"}),
+        tool("forecast", {"days": 30, "mode": "fast", "query": ""}),
+    )
+    score = _score("tool-arguments", target, schemas={"forecast": schema})
+    assert score.label == "5/6 invalid"
+    explanation = score.explanation or ""
+    assert "call 2 forecast: days: less than the minimum 1" in explanation
+    assert 'call 3 forecast: unit: "kelvin" is not one of ["celsius","fahrenheit"]' in explanation  # through $ref
+    assert "call 4 forecast: query: shorter than 1 characters" in explanation
+    # the rest are counted, not listed: alone, they show that a call's problems are listed by path
+    last = _trace(
+        tool("forecast", {"days": 3, "notify": "nobody"}), tool("forecast", {"days": 30, "mode": "fast", "query": ""})
+    )
+    assert _score("tool-arguments", last, schemas={"forecast": schema}).explanation == (
+        "call 1 forecast: notify: not a valid email; call 2 forecast: days: greater than the maximum 14, "
+        "mode: matches 2 of oneOf, exactly 1 allowed, query: shorter than 1 characters"
+    )
+
+
+def test_invalid_schemas_are_refused_or_reported() -> None:
+    ev = REGISTRY["builtin/tool-arguments"]
+    bad = {"type": "object", "properties": {"days": {"type": "int"}}}
+    with pytest.raises(ValueError) as e:
+        parse_params(ev, {"schemas": {"forecast": bad}})
+    assert str(e.value).startswith(
+        "schemas: forecast: not a valid JSON Schema (draft 2020-12): $.properties.days.type: matches none of anyOf "
+        '(closest: "int" is not one of ["array",'
+    )
+    # a schema recorded in the trace is not the policy's to fix: its calls are not checked, and the note says why
+    declared = [{"type": "function", "function": {"name": "get_weather", "parameters": {"required": "location"}}}]
+    score = _score("tool-arguments", _trace(llm(tools_declared=declared), tool("get_weather", {"location": "Paris"})))
+    assert (score.outcome, score.reason) == ("skipped", "no tool schemas")
+    assert score.explanation == (
+        "not checked, get_weather's schema: not a valid JSON Schema (draft 2020-12): $.required: expected array, "
+        "got string"
+    )
+    dangling = [{"name": "get_weather", "parameters": {"properties": {"location": {"$ref": "#/$defs/city"}}}}]
+    score = _score("tool-arguments", _trace(llm(tools_declared=dangling), tool("get_weather", {"location": "Paris"})))
+    assert score.explanation == "not checked, get_weather's schema: cannot resolve $ref '/$defs/city'"
 
 
 def test_schema_sources_and_what_is_not_checked() -> None:

@@ -28,15 +28,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from running_collector import FIXTURES
 
-from evalsi.evaluators import REGISTRY, Target, judge_client, load_evaluators, parse_params, run
+from evalsi.evaluators import REGISTRY, Target, load_evaluators, parse_params, run
+from evalsi.evaluators.judge_client import Judges
 from evalsi.evaluators.packs import rag
 from evalsi.policies import load_policies
 from evalsi.processors.normalize import normalize_span
 from evalsi.processors.normalize.files import normalize_files
-from evalsi.processors.normalize.trajectory import retrieved_documents
 from evalsi.receivers.otlp.decode import decode_traces_protobuf
 from evalsi.score import Score
 from evalsi.span import Span
+from evalsi.telemetry import SelfMetrics
+from evalsi.trajectory import retrieved_documents
 
 load_evaluators()
 FAITHFULNESS = REGISTRY["builtin/faithfulness"]
@@ -150,11 +152,22 @@ def _reranker(query: str, documents: list[tuple[str, float, str | None]]) -> dic
 def server() -> Iterator[FakeJudge]:
     fake = FakeJudge()
     fake.thread.start()
-    judge_client.reset_state()
     yield fake
     fake.server.shutdown()
     fake.server.server_close()
-    judge_client.reset_state()
+
+
+@pytest.fixture
+def metrics() -> SelfMetrics:
+    return SelfMetrics()
+
+
+@pytest.fixture
+def judges(metrics: SelfMetrics) -> Iterator[Judges]:
+    """This test's judge runtime: its own cache and budgets, its metrics in `metrics`."""
+    runtime = Judges(metrics)
+    yield runtime
+    runtime.close()
 
 
 @pytest.fixture(autouse=True)
@@ -163,17 +176,17 @@ def _no_judge_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(var, raising=False)
 
 
-def _target(spans: list[Span]) -> Target:
+def _target(spans: list[Span], judges: Judges | None = None) -> Target:
     root = next(s for s in spans if not s.parent_span_id)
-    return Target(spans, span=root)
+    return Target(spans, span=root, judges=judges)
 
 
 def _params(ev: Any, server: FakeJudge, **params: Any) -> Any:
     return parse_params(ev, {"endpoint": server.url, "model": "judge-1", "backoff_s": 0.001, **params})
 
 
-def _judge(ev: Any, spans: list[Span], params: Any) -> Score:
-    (score,) = run(ev, _target(spans), params)
+def _judge(ev: Any, spans: list[Span], params: Any, judges: Judges) -> Score:
+    (score,) = run(ev, _target(spans, judges), params)
     assert score.evaluator == ev.name and score.source == "llm_judge"
     return score
 
@@ -226,12 +239,12 @@ def test_a_trace_without_retrieval_has_no_documents() -> None:
 
 
 @pytest.mark.parametrize("convention", FOLDERS)
-def test_faithfulness_sends_question_documents_and_answer(server: FakeJudge, convention: str) -> None:
+def test_faithfulness_sends_question_documents_and_answer(server: FakeJudge, convention: str, judges: Judges) -> None:
     meta = json.loads((FIXTURES / FOLDERS[convention] / "meta.json").read_text())["scenarios"]["chat_simple"]
     server.verdict = json.dumps(
         {"score": 1, "passed": True, "label": "supported", "explanation": "Document 1 states Paris is the capital."}
     )
-    score = _judge(FAITHFULNESS, rag_trace(convention), _params(FAITHFULNESS, server))
+    score = _judge(FAITHFULNESS, rag_trace(convention), _params(FAITHFULNESS, server), judges)
 
     assert (score.name, score.outcome, score.value, score.passed) == ("faithfulness", "scored", 1.0, True)
     assert (score.label, score.explanation) == ("supported", "Document 1 states Paris is the capital.")
@@ -246,11 +259,11 @@ def test_faithfulness_sends_question_documents_and_answer(server: FakeJudge, con
 
 
 @pytest.mark.parametrize("convention", FOLDERS)
-def test_context_relevance_sends_question_and_documents(server: FakeJudge, convention: str) -> None:
+def test_context_relevance_sends_question_and_documents(server: FakeJudge, convention: str, judges: Judges) -> None:
     server.verdict = json.dumps(
         {"score": 0.5, "passed": False, "label": "partly", "explanation": "Document 2 is about Lyon, not the capital."}
     )
-    score = _judge(RELEVANCE, rag_trace(convention), _params(RELEVANCE, server, threshold=0.8))
+    score = _judge(RELEVANCE, rag_trace(convention), _params(RELEVANCE, server, threshold=0.8), judges)
 
     assert (score.name, score.outcome, score.value, score.passed) == ("context-relevance", "scored", 0.5, False)
     assert (score.label, score.explanation) == ("partly", "Document 2 is about Lyon, not the capital.")
@@ -263,22 +276,27 @@ def test_context_relevance_sends_question_and_documents(server: FakeJudge, conve
 
 
 @pytest.mark.parametrize(("reply", "value", "passed"), [("0.25", 0.25, False), ('{"score": 0.75}', 0.75, True)])
-def test_verdict_without_passed_uses_the_threshold(server: FakeJudge, reply: str, value: float, passed: bool) -> None:
+def test_verdict_without_passed_uses_the_threshold(
+    server: FakeJudge, reply: str, value: float, passed: bool, judges: Judges
+) -> None:
     server.verdict = reply
-    score = _judge(FAITHFULNESS, rag_trace(), _params(FAITHFULNESS, server, threshold=0.7))
+    score = _judge(FAITHFULNESS, rag_trace(), _params(FAITHFULNESS, server, threshold=0.7), judges)
     assert (score.outcome, score.value, score.passed) == ("scored", value, passed)
 
 
-def test_unparseable_verdict_is_an_error(server: FakeJudge) -> None:
+def test_unparseable_verdict_is_an_error(server: FakeJudge, judges: Judges) -> None:
     server.verdict = "The answer looks fine to me."
-    score = _judge(FAITHFULNESS, rag_trace(), _params(FAITHFULNESS, server))
+    score = _judge(FAITHFULNESS, rag_trace(), _params(FAITHFULNESS, server), judges)
     assert (score.outcome, score.reason, score.value, score.passed) == ("error", "unparseable verdict", None, None)
 
 
-def test_documents_are_capped_and_cut(server: FakeJudge) -> None:
+def test_documents_are_capped_and_cut(server: FakeJudge, judges: Judges) -> None:
     long = [("kb/big", 0.5, "Paris " + "x" * 200), *DOCUMENTS]
     _judge(
-        FAITHFULNESS, rag_trace(documents=long), _params(FAITHFULNESS, server, max_documents=2, max_document_chars=50)
+        FAITHFULNESS,
+        rag_trace(documents=long),
+        _params(FAITHFULNESS, server, max_documents=2, max_document_chars=50),
+        judges,
     )
     _, user = _prompt(server)
     assert "[1]\nParis " + "x" * 44 + " […]" in user
@@ -289,70 +307,86 @@ def test_documents_are_capped_and_cut(server: FakeJudge) -> None:
 
 
 @pytest.mark.parametrize("ev", [FAITHFULNESS, RELEVANCE], ids=lambda e: e.name)
-def test_no_retrieval_is_skipped_without_a_call(server: FakeJudge, ev: Any) -> None:
+def test_no_retrieval_is_skipped_without_a_call(server: FakeJudge, ev: Any, judges: Judges) -> None:
     for folder in ("openinference", "otel-openai-v2-latest", "mlflow"):
-        score = run(ev, _target(normalized_capture(folder, "chat_simple")), _params(ev, server))[0]
+        score = run(ev, _target(normalized_capture(folder, "chat_simple"), judges), _params(ev, server))[0]
         assert (score.outcome, score.reason, score.value) == ("skipped", "no retrieved documents", None)
     assert server.requests == []
 
 
 @pytest.mark.parametrize("ev", [FAITHFULNESS, RELEVANCE], ids=lambda e: e.name)
-def test_no_content_is_skipped_without_a_call(server: FakeJudge, ev: Any) -> None:
+def test_no_content_is_skipped_without_a_call(server: FakeJudge, ev: Any, judges: Judges) -> None:
     # content capture off: documents recorded by id and score only (the semconv's example), no query, no messages
     no_text = [(d, s, None) for d, s, _ in DOCUMENTS]
     uncaptured = rag_trace("otel_genai", no_text, captured=False)
     assert [s.step_type for s in uncaptured].count("retriever") == 1
     assert not any(s.content_captured for s in uncaptured) and retrieved_documents(uncaptured) == []
-    score = run(ev, _target(uncaptured), _params(ev, server))[0]
+    score = run(ev, _target(uncaptured, judges), _params(ev, server))[0]
     assert (score.outcome, score.reason) == ("skipped", "no content")
     # the same with the chat's own content captured: the documents' text still is not
-    score = run(ev, _target(rag_trace("openinference", no_text)), _params(ev, server))[0]
+    score = run(ev, _target(rag_trace("openinference", no_text), judges), _params(ev, server))[0]
     assert (score.outcome, score.reason) == ("skipped", "no content")
     assert server.requests == []
 
 
-def test_no_judge_configured_is_skipped() -> None:
-    score = run(FAITHFULNESS, _target(rag_trace()), parse_params(FAITHFULNESS, {}))[0]
+@pytest.mark.parametrize("ev", [FAITHFULNESS, RELEVANCE], ids=lambda e: e.name)
+def test_no_judge_runtime_is_skipped_without_a_call(server: FakeJudge, ev: Any) -> None:
+    score = run(ev, _target(rag_trace()), _params(ev, server))[0]
+    assert (score.name, score.outcome, score.reason, score.value) == (
+        ev.params().name,
+        "skipped",
+        "no judge runtime",
+        None,
+    )
+    assert server.requests == []
+
+
+def test_no_judge_configured_is_skipped(judges: Judges) -> None:
+    score = run(FAITHFULNESS, _target(rag_trace(), judges), parse_params(FAITHFULNESS, {}))[0]
     assert (score.outcome, score.reason, score.value) == ("skipped", "no judge configured", None)
 
 
 # --- outages and the cache -----------------------------------------------------------------------------------
 
 
-def test_judge_500_is_an_error_never_a_zero(server: FakeJudge) -> None:
+def test_judge_500_is_an_error_never_a_zero(server: FakeJudge, judges: Judges) -> None:
     server.script = [(500, {"error": "boom"}, {})] * 5
-    score = _judge(FAITHFULNESS, rag_trace(), _params(FAITHFULNESS, server, retries=1))
+    score = _judge(FAITHFULNESS, rag_trace(), _params(FAITHFULNESS, server, retries=1), judges)
     assert (score.outcome, score.reason, score.value, score.passed) == ("error", "judge unavailable", None, None)
     assert "HTTP 500 after 2 attempts" in (score.explanation or "")
     assert len(server.requests) == 2
 
 
-def test_unreachable_judge_is_an_error() -> None:
+def test_unreachable_judge_is_an_error(judges: Judges) -> None:
     params = parse_params(
         FAITHFULNESS, {"endpoint": "http://127.0.0.1:9/v1", "model": "m", "retries": 0, "timeout_s": 1}
     )
-    score = run(FAITHFULNESS, _target(rag_trace()), params)[0]
+    score = run(FAITHFULNESS, _target(rag_trace(), judges), params)[0]
     assert (score.outcome, score.reason, score.value) == ("error", "judge unavailable", None)
 
 
-def test_the_same_judgment_comes_from_the_cache(server: FakeJudge) -> None:
+def test_the_same_judgment_comes_from_the_cache(server: FakeJudge, judges: Judges) -> None:
     params = _params(FAITHFULNESS, server, price={"input_per_1k": 0.01})
-    first = _judge(FAITHFULNESS, rag_trace(), params)
+    first = _judge(FAITHFULNESS, rag_trace(), params, judges)
     # another trace with the same question, documents and answer (here: another instrumentation) is not re-judged
-    second = _judge(FAITHFULNESS, rag_trace("mlflow"), _params(FAITHFULNESS, server, price={"input_per_1k": 0.01}))
+    second = _judge(
+        FAITHFULNESS, rag_trace("mlflow"), _params(FAITHFULNESS, server, price={"input_per_1k": 0.01}), judges
+    )
     assert len(server.requests) == 1
     assert (first.metadata["cached"], second.metadata["cached"]) == (False, True)
     assert (second.value, second.passed, second.judge_cost_usd) == (first.value, first.passed, 0.0)
     # other documents, or the other rag judge on the same trace, are other judgments
-    _judge(FAITHFULNESS, rag_trace(documents=DOCUMENTS[:1]), params)
-    _judge(RELEVANCE, rag_trace(), _params(RELEVANCE, server))
+    _judge(FAITHFULNESS, rag_trace(documents=DOCUMENTS[:1]), params, judges)
+    _judge(RELEVANCE, rag_trace(), _params(RELEVANCE, server), judges)
     assert len(server.requests) == 3
 
 
 # --- in a policy ---------------------------------------------------------------------------------------------
 
 
-def test_policy_cascade_judges_faithfulness_where_the_answer_names_the_city(server: FakeJudge, tmp_path: Path) -> None:
+def test_policy_cascade_judges_faithfulness_where_the_answer_names_the_city(
+    server: FakeJudge, tmp_path: Path, judges: Judges, metrics: SelfMetrics
+) -> None:
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "rag.yaml").write_text(
         f"""
@@ -368,7 +402,7 @@ spec:
       params: {{endpoint: "{server.url}", model: judge-1, budget: {{max_calls: 10}}}}
 """
     )
-    policies = load_policies(["policies/*.yaml"], tmp_path)
+    policies = load_policies(["policies/*.yaml"], tmp_path, judges=judges)
 
     judged = policies.evaluate_trace(rag_trace(), now=0)
     assert [(s.name, s.outcome) for s in judged] == [("contains", "scored"), ("faithfulness", "scored")]
@@ -381,4 +415,10 @@ spec:
     # the cheap check fails (an answer without "Paris"): the judge does not run
     pii = policies.evaluate_trace(normalized_capture("openinference", "chat_pii"), now=0)
     assert [s.name for s in pii] == ["contains"]
+    assert len(server.requests) == 1
+    ok = {"judge": "faithfulness", "model": "judge-1", "result": "ok"}
+    assert metrics.registry.get_sample_value("evalsi_judge_calls_total", ok) == 1
+    # policies loaded without a judge runtime skip their judges, and say why
+    bare = load_policies(["policies/*.yaml"], tmp_path).evaluate_trace(rag_trace(), now=0)
+    assert [(s.name, s.outcome, s.reason) for s in bare][-1] == ("faithfulness", "skipped", "no judge runtime")
     assert len(server.requests) == 1

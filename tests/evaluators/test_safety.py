@@ -16,9 +16,9 @@ from running_collector import FIXTURES
 
 from evalsi.evaluators import REGISTRY, Target, load_evaluators, parse_params, run
 from evalsi.processors.normalize.files import normalize_files
-from evalsi.processors.normalize.trajectory import build_trajectory
 from evalsi.score import Score
 from evalsi.span import Span
+from evalsi.trajectory import build_trajectory
 
 load_evaluators()
 

@@ -34,7 +34,7 @@ from evalsi.processors.normalize import normalize_span
 from evalsi.receivers.otlp.decode import any_value, decode_traces_protobuf
 from evalsi.receivers.otlp.status import status_message
 from evalsi.score import Score, ScoreBatch
-from evalsi.span import Span, SpanBatch, SpanLink
+from evalsi.span import BatchKind, Span, SpanBatch, SpanLink
 from evalsi.telemetry import SelfMetrics
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -697,7 +697,7 @@ def test_the_sender_survives_an_unexpected_error_and_says_so(
 
     async def run() -> None:
         exp, metrics = make_exporter(endpoint=f"http://127.0.0.1:{http_receiver.port}", protocol="http/protobuf")
-        exp._wake = Flaky()
+        exp._queue._senders[0].wake = Flaky()
         real_send = exp._send
         calls = 0
 
@@ -810,7 +810,7 @@ def test_tee_through_forwards_sampled_spans_only(protocol: str, http_receiver: H
         exp, metrics = make_exporter(endpoint=endpoint, protocol=protocol)
         await exp.start()
         await exp.consume(SpanBatch(spans))
-        await exp.consume(SpanBatch(fixture_spans("otel-openai-v2", "chat_simple"), unit="session"))
+        await exp.consume(SpanBatch(fixture_spans("otel-openai-v2", "chat_simple"), kind=BatchKind.SESSION))
         await exp.consume(SpanBatch(spans[1:], revision=True))
         await exp.shutdown()
         if receiver is not None:

@@ -21,10 +21,11 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from otlp_logs_backend import OtlpLogsBackend
 from running_collector import Collector, serve_config, start_collector
 
+from evalsi import backoff
 from evalsi.exporters import delivery
 from evalsi.exporters.delivery import RetryConfig, SendFailed, deliver
+from evalsi.exporters.langfuse import score_id
 from evalsi.score import Score
-from evalsi.writeback.langfuse import score_id
 
 OUTAGE_S = 30.0
 
@@ -36,7 +37,8 @@ def delivery_through_outage(
     monkeypatch: pytest.MonkeyPatch, jitter: float, outage_s: float, shutdown_at: float = float("inf")
 ) -> tuple[bool, list[float]]:
     """Run `deliver` with the default `RetryConfig` against a backend refusing for `outage_s` from the first attempt;
-    `jitter` is what `random.uniform(0.8, 1.2)` returns. Returns whether it delivered and when each attempt ran."""
+    `jitter` is what the shared backoff's `random.uniform(0.8, 1.2)` returns. Returns whether it delivered and
+    when each attempt ran."""
     clock = [0.0]
     attempts: list[float] = []
 
@@ -50,7 +52,7 @@ def delivery_through_outage(
 
     monkeypatch.setattr(delivery.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(delivery.asyncio, "sleep", sleep)
-    monkeypatch.setattr(delivery.random, "uniform", lambda lo, hi: jitter)
+    monkeypatch.setattr(backoff.random, "uniform", lambda lo, hi: jitter)
 
     def deadline() -> float:  # shutdown at `shutdown_at` gives the sender 1 s more
         return shutdown_at + 1.0 if clock[0] >= shutdown_at else float("inf")

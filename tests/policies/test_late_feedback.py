@@ -93,11 +93,18 @@ def test_evalsi_validate_accepts_a_policy_that_reads_feedback(tmp_path: Path) ->
     )  # fmt: skip
     config = {
         "receivers": {"otlp": {}},
-        "processors": {"evaluate": {"policies": ["late.yaml"], "late_signals": {"window": "5m", "max_traces": 100}}},
+        "processors": {
+            "tail_sampling": {},
+            "evaluate": {"policies": ["late.yaml"], "late_signals": {"window": "5m", "max_traces": 100}},
+        },
         "exporters": {"clickhouse": {"endpoint": f"chdb://{tmp_path / 'store'}"}},
         "service": {
             "pipelines": {
-                "traces": {"receivers": ["otlp"], "processors": ["evaluate"], "exporters": ["clickhouse"]},
+                "traces": {
+                    "receivers": ["otlp"],
+                    "processors": ["tail_sampling", "evaluate"],
+                    "exporters": ["clickhouse"],
+                },
                 "scores": {"processors": ["evaluate"], "exporters": ["clickhouse"]},
             }
         },

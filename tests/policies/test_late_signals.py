@@ -15,7 +15,7 @@ from evalsi.component import Next, Settings
 from evalsi.log_record import LogBatch, LogRecord
 from evalsi.processors.evaluate import Evaluate, EvaluateConfig
 from evalsi.score import Score, ScoreBatch
-from evalsi.span import Span, SpanBatch
+from evalsi.span import BatchKind, Span, SpanBatch
 from evalsi.telemetry import SelfMetrics
 
 LATE = policy_doc(
@@ -53,7 +53,7 @@ def feedback(trace_id: str, name: str = "thumbs", **verdict: Any) -> Score:
 
 
 def trace(trace_id: str) -> SpanBatch:
-    return SpanBatch([span(trace_id)], unit="trace")
+    return SpanBatch([span(trace_id)], kind=BatchKind.TRACE)
 
 
 def metric(metrics: SelfMetrics, name: str, **labels: str) -> float:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import email.utils
 import json
 import math
 import random
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,7 +19,8 @@ from policy_helpers import policy_doc, span, write
 
 from evalsi.policies import Notifier, load_policies
 from evalsi.policies.intervals import percentile, t_interval, t_quantile, wilson_interval
-from evalsi.policies.window import AlertEvent, compile_alert
+from evalsi.policies.notify import AlertEvent
+from evalsi.policies.window import compile_alert
 
 # scipy 1.17.1: stats.t.ppf(p, df) for p = 0.975, 0.995, 0.9 (scipy is not a dependency of evalsi)
 T_PPF = {
@@ -216,14 +219,19 @@ def test_alert_conditions_are_cel_over_the_window() -> None:
 
 
 class _Hook(BaseHTTPRequestHandler):
-    answers: list[int] = []
+    answers: list[int | tuple[int, str]] = []  # a status, or (status, Retry-After)
     received: list[dict[str, Any]] = []
+    times: list[float] = []
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         type(self).received.append(json.loads(body))
-        status = type(self).answers.pop(0) if type(self).answers else 200
+        type(self).times.append(time.monotonic())
+        answer = type(self).answers.pop(0) if type(self).answers else 200
+        status, after = answer if isinstance(answer, tuple) else (answer, None)
         self.send_response(status)
+        if after is not None:
+            self.send_header("Retry-After", after)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -233,7 +241,7 @@ class _Hook(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def hook() -> Iterator[tuple[str, type[_Hook]]]:
-    handler = type("Hook", (_Hook,), {"answers": [], "received": []})
+    handler = type("Hook", (_Hook,), {"answers": [], "received": [], "times": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -261,6 +269,20 @@ def test_webhooks_are_posted_in_the_background_with_retries(hook: tuple[str, typ
     assert len(handler.received) == 4
     assert handler.received[0]["example_trace_ids"] == ["ab" * 16]
     assert handler.received[0]["window"]["count"] == 2
+
+
+def test_a_webhook_retry_waits_as_long_as_retry_after_says(hook: tuple[str, type[_Hook]]) -> None:
+    """The notifier shares the exporters' backoff policy: Retry-After in seconds or as an HTTP date is honoured."""
+    url, handler = hook
+    in_four_seconds = email.utils.formatdate(time.time() + 4, usegmt=True)  # whole seconds: 3-4 s ahead
+    handler.answers = [(503, "1"), (429, in_four_seconds), 200]
+    notifier = Notifier(retries=3, backoff=0.01)
+    notifier.send(_event(url))
+    notifier.close()
+    assert (notifier.sent, notifier.failed) == (1, 0)
+    first, second, third = handler.times
+    assert 0.9 <= second - first < 1.9  # not the 0.01 s backoff: the server's 1 s
+    assert 1.5 <= third - second < 3.5  # the date was 2-3 s ahead when the 429 came, 1 s later
 
 
 def test_an_unreachable_webhook_fails_after_its_retries() -> None:

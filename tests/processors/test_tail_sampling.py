@@ -15,7 +15,7 @@ from evalsi.component import Next, Refused, Settings
 from evalsi.processors.tail_sampling import TailSampling, TailSamplingConfig
 from evalsi.processors.tail_sampling.buffer import Trace, span_size
 from evalsi.processors.tail_sampling.policies import PolicySet, _fnv1a, probability_threshold
-from evalsi.span import Span, SpanBatch
+from evalsi.span import BatchKind, Span, SpanBatch
 from evalsi.telemetry import SelfMetrics
 
 T0 = 1_700_000_000_000_000_000
@@ -41,10 +41,10 @@ class Sink:
             self.refuse -= 1
             raise Refused("queue full", retry_after=0.5)
         # what an exporter keeps is what it was handed at this moment
-        self.batches.append(SpanBatch(list(batch.spans), batch.revision, batch.unit))
+        self.batches.append(SpanBatch(list(batch.spans), batch.revision, batch.kind))
 
     def of(self, unit: str, revision: bool = False) -> list[SpanBatch]:
-        return [b for b in self.batches if b.unit == unit and b.revision == revision]
+        return [b for b in self.batches if b.kind == unit and b.revision == revision]
 
     def span_ids(self, unit: str = "trace") -> list[str]:
         return [s.span_id for b in self.of(unit) for s in b.spans]
@@ -116,7 +116,7 @@ def test_a_trace_is_handed_on_once_complete_when_its_root_arrived_last_and_decis
 
     run(scenario())
     [batch] = sink.batches
-    assert batch.unit == "trace" and not batch.revision
+    assert batch.kind is BatchKind.TRACE and not batch.revision
     assert sorted(s.span_id for s in batch.spans) == [f"{i:016x}" for i in range(1, 5)]
     assert all(s.sampled for s in batch.spans)  # no policies: assembly only, everything is kept
     assert metric(metrics, "evalsi_tail_sampling_traces_completed_total", reason="quiet") == 1

@@ -11,7 +11,7 @@ import pytest
 from running_collector import FIXTURES
 
 from evalsi.processors.normalize.files import normalize_files
-from evalsi.processors.normalize.trajectory import build_trajectories
+from evalsi.trajectory import build_trajectories
 
 TOOL_LOOP_FOLDERS = [
     "otel-openai-v2",

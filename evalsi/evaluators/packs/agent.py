@@ -10,9 +10,11 @@ from functools import lru_cache
 from typing import Any, Literal
 
 import orjson
+from jsonschema import Draft202012Validator
 from pydantic import Field, field_validator, model_validator
 
 from evalsi.evaluators.base import Params, Target, evaluator
+from evalsi.evaluators.schema import compiled, json_type, violations
 from evalsi.score import Score
 from evalsi.span import Span
 
@@ -153,38 +155,18 @@ def tool_selection(target: Target, params: ToolSelectionParams) -> Score:
 
 
 class ToolArgumentsParams(Params):
-    schemas: dict[str, dict[str, Any]] = {}  # tool name -> JSON schema of its arguments; wins over the trace's
+    # tool name -> JSON Schema (draft 2020-12) of its arguments; wins over the trace's
+    schemas: dict[str, dict[str, Any]] = {}
 
-
-def _type_ok(value: Any, kind: str) -> bool | None:
-    """Whether `value` has JSON type `kind`; None for a type name this subset does not know (not checked)."""
-    if kind == "object":
-        return isinstance(value, dict)
-    if kind == "array":
-        return isinstance(value, list)
-    if kind == "string":
-        return isinstance(value, str)
-    if kind == "boolean":
-        return isinstance(value, bool)
-    if kind == "null":
-        return value is None
-    if kind in ("integer", "number"):
-        if isinstance(value, bool):
-            return False
-        if kind == "number":
-            return isinstance(value, int | float)
-        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-    return None
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "integer" if isinstance(value, int) else "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+    @field_validator("schemas")
+    @classmethod
+    def _valid(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for tool, schema in value.items():
+            try:
+                compiled(schema)
+            except ValueError as e:
+                raise ValueError(f"{tool}: {e}") from None
+        return value
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -194,58 +176,8 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _schema_problems(value: Any, schema: Any, where: str) -> list[str]:
-    """What in `value` breaks `schema`, in the subset: type, enum, const, required, properties,
-    additionalProperties, items, anyOf, oneOf, allOf. Other keywords are not checked (never fail)."""
-    at = where or "arguments"
-    if schema is False:
-        return [f"{at}: not allowed"]
-    if not isinstance(schema, dict):
-        return []
-    kind = schema.get("type")
-    if kind is not None:
-        kinds = [k for k in (kind if isinstance(kind, list) else [kind]) if isinstance(k, str)]
-        verdicts = [_type_ok(value, k) for k in kinds]
-        if verdicts and all(v is False for v in verdicts):
-            return [f"{at}: expected {' or '.join(kinds)}, got {_json_type(value)}"]
-    problems: list[str] = []
-    enum = schema.get("enum")
-    if isinstance(enum, list) and not any(_same(value, option) for option in enum):
-        problems.append(f"{at}: {_json_text(value, 40)} is not one of {_json_text(enum, 80)}")
-    if "const" in schema and not _same(value, schema["const"]):
-        problems.append(f"{at}: must be {_json_text(schema['const'], 40)}")
-    if isinstance(value, dict):
-        for key in schema.get("required") or ():
-            if key not in value:
-                problems.append(f"{where + '.' if where else ''}{key}: required but missing")
-        properties = schema.get("properties")
-        properties = properties if isinstance(properties, dict) else {}
-        extra = schema.get("additionalProperties", True)
-        for key, item in value.items():
-            inner = f"{where}.{key}" if where else str(key)
-            if key in properties:
-                problems += _schema_problems(item, properties[key], inner)
-            elif extra is False:
-                problems.append(f"{inner}: not an allowed argument")
-            elif isinstance(extra, dict):
-                problems += _schema_problems(item, extra, inner)
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(value):
-            problems += _schema_problems(item, schema["items"], f"{where}[{i}]")
-    for key in ("anyOf", "oneOf"):
-        options = schema.get(key)
-        if isinstance(options, list) and options:
-            matching = sum(1 for option in options if not _schema_problems(value, option, where))
-            if matching == 0:
-                problems.append(f"{at}: matches none of {key}")
-            elif key == "oneOf" and matching > 1:
-                problems.append(f"{at}: matches {matching} of oneOf, exactly 1 allowed")
-    for option in schema.get("allOf") or ():
-        problems += _schema_problems(value, option, where)
-    return problems
-
-
-def _argument_problems(arguments: Any, schema: dict[str, Any]) -> list[str]:
+def _argument_problems(arguments: Any, validator: Draft202012Validator) -> list[str]:
+    """What in the arguments breaks the schema, each as `location: what is wrong` (`arguments: …` for the whole)."""
     if isinstance(arguments, str):
         # mappers parse JSON arguments; a string here was not JSON when they tried, or came from elsewhere
         try:
@@ -253,8 +185,11 @@ def _argument_problems(arguments: Any, schema: dict[str, Any]) -> list[str]:
         except orjson.JSONDecodeError:
             return ["arguments are not valid JSON"]
     if not isinstance(arguments, dict):
-        return [f"arguments are a JSON {_json_type(arguments)}, not an object"]
-    return _schema_problems(arguments, schema, "")
+        return [f"arguments are a JSON {json_type(arguments)}, not an object"]
+    return [
+        f"{path.removeprefix('$').removeprefix('.') or 'arguments'}: {what}"
+        for path, what in violations(validator, arguments, show_values=True)
+    ]
 
 
 def _declared_tools(declared: Any) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -298,6 +233,7 @@ def tool_arguments(target: Target, params: ToolArgumentsParams) -> Score:
     checked = 0
     invalid: list[str] = []
     no_schema: Counter[str] = Counter()
+    bad_schema: dict[str, str] = {}  # tool -> why its recorded schema cannot be used
     unrecorded = 0
     for i, call in enumerate(calls, 1):
         tool = str(call.get("name"))
@@ -308,13 +244,18 @@ def tool_arguments(target: Target, params: ToolArgumentsParams) -> Score:
         if call.get("arguments") is None:
             unrecorded += 1
             continue
+        try:
+            problems = _argument_problems(call["arguments"], compiled(schema))
+        except ValueError as e:  # a recorded schema that is not valid, or whose $ref cannot be resolved
+            bad_schema.setdefault(tool, str(e))
+            continue
         checked += 1
-        problems = _argument_problems(call["arguments"], schema)
         if problems:
             invalid.append(f"call {i} {tool}: {', '.join(problems[:_SHOWN])}")
     notes = []
     if no_schema:
         notes.append(f"not checked, no schema: {_counted(no_schema)}")
+    notes += [f"not checked, {tool}'s schema: {why}" for tool, why in bad_schema.items()]
     if unrecorded:
         notes.append(f"not checked, arguments not recorded: {unrecorded} call(s)")
     if not checked:

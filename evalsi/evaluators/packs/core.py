@@ -12,9 +12,11 @@ from functools import lru_cache
 from typing import Any, Literal
 
 import orjson
+from jsonschema import Draft202012Validator
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from evalsi.evaluators.base import Params, Target, evaluator
+from evalsi.evaluators.schema import compiled, json_type, violations
 from evalsi.score import Score
 from evalsi.span import Span
 
@@ -206,179 +208,36 @@ def json_valid(target: Target, p: JsonValidParams) -> Score:
     """Passes when the output parses as JSON (optionally the content of its ```json fence)."""
     ok, value = _parse_json(target.output_text or "", p.extract_fence)
     if ok:
-        return Score("json-valid", passed=True, explanation=f"valid JSON ({_json_type(value)})")
+        return Score("json-valid", passed=True, explanation=f"valid JSON ({json_type(value)})")
     return Score("json-valid", passed=False, explanation=f"not valid JSON: {value}")
-
-
-# A subset of JSON Schema (the `jsonschema` package is not a dependency). Unsupported keywords are refused when
-# the params are validated, so a schema never passes an output by ignoring what it asks.
-_ANNOTATIONS = frozenset(("$schema", "$id", "$comment", "title", "description", "default", "examples"))
-_KEYWORDS = frozenset(
-    (
-        "type", "required", "properties", "items", "enum", "const", "additionalProperties",
-        "minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems", "pattern",
-    )
-)  # fmt: skip
-_TYPES = frozenset(("object", "array", "string", "number", "integer", "boolean", "null"))
-
-
-def _check_schema(schema: Any, path: str) -> None:
-    if isinstance(schema, bool):
-        return
-    if not isinstance(schema, dict):
-        raise ValueError(f"{path}: a schema is an object or a boolean")
-    for key, value in schema.items():
-        if key in _ANNOTATIONS:
-            continue
-        if key not in _KEYWORDS:
-            raise ValueError(f"{path}: keyword {key!r} is not supported (supported: {', '.join(sorted(_KEYWORDS))})")
-        if key == "type":
-            types = value if isinstance(value, list) else [value]
-            bad = [t for t in types if t not in _TYPES]
-            if bad or not types:
-                raise ValueError(f"{path}.type: {bad or value!r} is not a JSON type ({', '.join(sorted(_TYPES))})")
-        elif key == "required":
-            if not (isinstance(value, list) and all(isinstance(k, str) for k in value)):
-                raise ValueError(f"{path}.required: a list of property names")
-        elif key == "properties":
-            if not isinstance(value, dict):
-                raise ValueError(f"{path}.properties: an object of schemas")
-            for name, sub in value.items():
-                _check_schema(sub, f"{path}.properties.{name}")
-        elif key in ("items", "additionalProperties"):
-            _check_schema(value, f"{path}.{key}")
-        elif key == "enum":
-            if not isinstance(value, list):
-                raise ValueError(f"{path}.enum: a list of values")
-        elif key in ("minimum", "maximum"):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{path}.{key}: a number")
-        elif key in ("minLength", "maxLength", "minItems", "maxItems"):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{path}.{key}: a non-negative integer")
-        elif key == "pattern":
-            try:
-                re.compile(value)
-            except (re.error, TypeError) as e:
-                raise ValueError(f"{path}.pattern: invalid regular expression: {e}") from None
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
-
-
-def _is_type(value: Any, t: str) -> bool:
-    actual = _json_type(value)
-    if t == "number":
-        return actual in ("integer", "number")
-    if t == "integer":
-        return actual == "integer" or (actual == "number" and math.isfinite(value) and value.is_integer())
-    return actual == t
-
-
-def _json_equal(a: Any, b: Any) -> bool:
-    """JSON equality: true is not 1, 1.0 is 1."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return a == b
-    return type(a) is type(b) and a == b
-
-
-def _validate(value: Any, schema: Any, path: str, errors: list[str]) -> None:
-    """Appends one message per violation (paths like `$.items[2].price`); never the offending values."""
-    if schema is True:
-        return
-    if schema is False:
-        errors.append(f"{path}: not allowed")
-        return
-    t = schema.get("type")
-    if t is not None:
-        types = t if isinstance(t, list) else [t]
-        if not any(_is_type(value, x) for x in types):
-            errors.append(f"{path}: expected {' or '.join(types)}, got {_json_type(value)}")
-            return
-    if "enum" in schema and not any(_json_equal(value, e) for e in schema["enum"]):
-        errors.append(f"{path}: not one of the {len(schema['enum'])} allowed values")
-    if "const" in schema and not _json_equal(value, schema["const"]):
-        errors.append(f"{path}: not the required constant")
-    kind = _json_type(value)
-    if kind in ("integer", "number"):
-        if "minimum" in schema and value < schema["minimum"]:
-            errors.append(f"{path}: less than the minimum {schema['minimum']}")
-        if "maximum" in schema and value > schema["maximum"]:
-            errors.append(f"{path}: greater than the maximum {schema['maximum']}")
-    elif kind == "string":
-        if "minLength" in schema and len(value) < schema["minLength"]:
-            errors.append(f"{path}: shorter than {schema['minLength']} characters")
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            errors.append(f"{path}: longer than {schema['maxLength']} characters")
-        if "pattern" in schema and re.search(schema["pattern"], value) is None:  # re caches compiled patterns
-            errors.append(f"{path}: does not match the pattern {schema['pattern']!r}")
-    elif kind == "array":
-        if "minItems" in schema and len(value) < schema["minItems"]:
-            errors.append(f"{path}: fewer than {schema['minItems']} items")
-        if "maxItems" in schema and len(value) > schema["maxItems"]:
-            errors.append(f"{path}: more than {schema['maxItems']} items")
-        if "items" in schema:
-            for i, item in enumerate(value):
-                _validate(item, schema["items"], f"{path}[{i}]", errors)
-    elif kind == "object":
-        for key in schema.get("required", ()):
-            if key not in value:
-                errors.append(f"{path}: missing required property {key!r}")
-        properties = schema.get("properties", {})
-        extra = schema.get("additionalProperties", True)
-        for key, item in value.items():
-            sub = f"{path}.{key}" if key.isidentifier() else f"{path}[{json.dumps(key)}]"
-            if key in properties:
-                _validate(item, properties[key], sub, errors)
-            elif extra is False:
-                errors.append(f"{path}: property {key!r} is not allowed")
-            elif extra is not True:
-                _validate(item, extra, sub, errors)
 
 
 class JsonSchemaParams(Params):
     schema_: dict[str, Any] = Field(
-        alias="schema",
-        description="a JSON Schema using type, required, properties, items, enum, const, additionalProperties, "
-        "minimum, maximum, minLength, maxLength, minItems, maxItems, pattern",
+        alias="schema", description="a JSON Schema (draft 2020-12, checked by the jsonschema library)"
     )
     extract_fence: bool = Field(False, description="validate the first ```json fenced block when the output has one")
     max_errors: int = Field(3, ge=1, description="how many violations the explanation lists")
+    _validator: Draft202012Validator = PrivateAttr()
 
     @field_validator("schema_")
     @classmethod
-    def _supported(cls, v: dict[str, Any]) -> dict[str, Any]:
-        _check_schema(v, "$")
+    def _valid(cls, v: dict[str, Any]) -> dict[str, Any]:
+        compiled(v)
         return v
+
+    def model_post_init(self, context: Any) -> None:
+        self._validator = compiled(self.schema_)
 
 
 @evaluator("builtin/json-schema", requires=("output",), params=JsonSchemaParams)
 def json_schema(target: Target, p: JsonSchemaParams) -> Score:
-    """Passes when the output is JSON that validates against params.schema (a documented JSON Schema subset)."""
+    """Passes when the output is JSON that validates against params.schema (JSON Schema draft 2020-12)."""
     ok, value = _parse_json(target.output_text or "", p.extract_fence)
     if not ok:
         return Score("json-schema", passed=False, label="invalid_json", explanation=f"not valid JSON: {value}")
-    errors: list[str] = []
-    _validate(value, p.schema_, "$", errors)
+    # a violation names the place and what the schema asks, never the output's values
+    errors = [f"{path}: {what}" for path, what in violations(p._validator, value)]
     if not errors:
         return Score("json-schema", passed=True, explanation="output validates against the schema")
     shown = "; ".join(errors[: p.max_errors])

@@ -3,7 +3,8 @@ a content-hash cache, a rate limit and call/token/USD budgets per policy stage a
 
 No judge is configured by default: without an endpoint (params or `EVALSI_JUDGE_BASE_URL`) the evaluator is
 `skipped: no judge configured`. Judges see only the canonical content, which redaction has already masked.
-The call, cache, budgets and verdict parsing live in `evalsi.evaluators.judge_client`, shared with the rag pack.
+The call, cache, budgets and verdict parsing live in `evalsi.evaluators.judge_client`, shared with the rag pack; the
+state is the service's `Judges`, on `target.judges` (without one: `skipped: no judge runtime`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from __future__ import annotations
 from pydantic import Field
 
 from evalsi.evaluators.base import Target, evaluator
-from evalsi.evaluators.judge_client import JUDGE_REGISTRY, VERDICT_FORMAT, JudgeConfig, PromptTemplate, judge
+from evalsi.evaluators.judge_client import VERDICT_FORMAT, JudgeConfig, PromptTemplate
 from evalsi.score import Score
 
-__all__ = ["JUDGE_REGISTRY", "RUBRICS", "TEMPLATE", "JudgeParams", "build_messages", "llm_judge"]
+__all__ = ["RUBRICS", "TEMPLATE", "JudgeParams", "build_messages", "llm_judge"]
 
 # --- the prompt ----------------------------------------------------------------------------------------------
 
@@ -67,4 +68,6 @@ class JudgeParams(JudgeConfig):
 @evaluator("builtin/llm-judge", scope="trace", requires=("output", "judge"), params=JudgeParams, version="1")
 def llm_judge(target: Target, params: JudgeParams) -> Score:
     """Rubric judge (correctness, helpfulness or custom) over an OpenAI-compatible endpoint; 0..1, higher is better."""
-    return judge(params, TEMPLATE, build_messages(params.rubric, target))
+    if target.judges is None:
+        return Score.skipped(params.name, "no judge runtime")
+    return target.judges.judge(params, TEMPLATE, build_messages(params.rubric, target))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from evalsi.evaluators.base import Target, evaluator
-from evalsi.evaluators.judge_client import VERDICT_FORMAT, JudgeConfig, PromptTemplate, judge
+from evalsi.evaluators.judge_client import VERDICT_FORMAT, JudgeConfig, PromptTemplate
 from evalsi.score import Score
 
 # --- the prompts ---------------------------------------------------------------------------------------------
@@ -82,8 +82,10 @@ class FaithfulnessParams(RagJudgeParams):
 
 
 def _judge(params: RagJudgeParams, template: PromptTemplate, target: Target, **fields: str) -> Score:
+    if target.judges is None:
+        return Score.skipped(params.name, "no judge runtime")
     documents, sent = format_documents(target.context, params.max_documents, params.max_document_chars)
-    score = judge(params, template, template.messages(documents=documents, **fields))
+    score = target.judges.judge(params, template, template.messages(documents=documents, **fields))
     score.metadata["documents"] = sent
     return score
 

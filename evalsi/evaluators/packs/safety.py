@@ -17,37 +17,24 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator
 
 from evalsi.evaluators.base import Params, Target, evaluator
-from evalsi.processors.redact.rules import (
+from evalsi.pii import (
     CARD_PATTERN,
     EMAIL_PATTERN,
+    IBAN_PATTERN,
     IPV4_PATTERN,
     PHONE_PATTERN,
     card_parts,
+    iban_parts,
     phone_parts,
 )
 from evalsi.score import Score
 
 # --- PII leak ------------------------------------------------------------------------------------------------
 
+
 # Built-in detectors share redaction's patterns (what `redact` masks is what this finds), plus IBAN. Order
 # matters: a span of text claimed by one entity is not searched again, so the greedy phone pattern comes last
 # and does not take the digit groups of a card number or an IBAN.
-_IBAN = r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?\b"
-
-
-def _iban_parts(match: str) -> list[str]:
-    """The IBAN in a match (ISO 13616 mod-97 check, 15-34 characters), dropping trailing groups the pattern took
-    from the words after it."""
-    groups = match.split(" ")
-    for end in range(len(groups), 0, -1):
-        compact = "".join(groups[:end])
-        if len(compact) < 15:
-            break
-        if len(compact) <= 34 and int("".join(str(int(c, 36)) for c in compact[4:] + compact[:4])) % 97 == 1:
-            return [" ".join(groups[:end])]
-    return []
-
-
 def _whole(match: str) -> list[str]:
     return [match]
 
@@ -55,7 +42,7 @@ def _whole(match: str) -> list[str]:
 _BUILTIN_DETECTORS: dict[str, tuple[re.Pattern[str], Callable[[str], list[str]]]] = {
     "EMAIL_ADDRESS": (re.compile(EMAIL_PATTERN), _whole),
     "CREDIT_CARD": (re.compile(CARD_PATTERN), card_parts),
-    "IBAN_CODE": (re.compile(_IBAN), _iban_parts),
+    "IBAN_CODE": (re.compile(IBAN_PATTERN), iban_parts),
     "IP_ADDRESS": (re.compile(IPV4_PATTERN), _whole),
     "PHONE_NUMBER": (re.compile(PHONE_PATTERN), phone_parts),
 }

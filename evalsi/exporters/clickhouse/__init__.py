@@ -7,7 +7,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
 from pydantic import Field, field_validator, model_validator
@@ -15,12 +15,21 @@ from pydantic import Field, field_validator, model_validator
 from evalsi.component import ComponentConfig, Refused, Settings, exporter
 from evalsi.duration import Duration
 from evalsi.exporters.clickhouse.backend import StoreError, error_reason, is_data_error, open_backend
-from evalsi.exporters.clickhouse.rows import convert_good, load_arrow, logs_to_arrow, scores_to_arrow, to_arrow
+from evalsi.exporters.clickhouse.rows import (
+    ArrowRows,
+    convert_good,
+    from_ipc,
+    load_arrow,
+    logs_to_arrow,
+    scores_to_arrow,
+    to_arrow,
+)
 from evalsi.exporters.clickhouse.store import TraceStore
 from evalsi.exporters.delivery import items_refused_counter
 from evalsi.log_record import LogBatch
 from evalsi.score import ScoreBatch
-from evalsi.span import SpanBatch
+from evalsi.span import BatchKind, SpanBatch
+from evalsi.store import RowKind, Rows, StoreType
 from evalsi.supervise import supervise
 
 
@@ -118,7 +127,23 @@ def _ids(table: pa.Table) -> str:
     return ", ".join(f"{t}/{s}" if s else t for t, s in pairs)
 
 
-@exporter("clickhouse", config=ClickHouseConfig, signals=("traces", "logs", "scores"))
+def open_queries(config: ClickHouseConfig) -> TraceStore:
+    """The store of `config`, opened for reading with no collector running (the CLI); raises `StoreError`."""
+    c = config
+    backend = open_backend(
+        c.endpoint, database=c.database, username=c.username, password=c.password, timeout=c.timeout, create=False
+    )
+    return TraceStore(
+        backend, table=c.traces_table_name, logs_table=c.logs_table_name, scores_table=c.scores_table_name
+    )
+
+
+@exporter(
+    "clickhouse",
+    config=ClickHouseConfig,
+    signals=("traces", "logs", "scores"),
+    store=StoreType(rows=ArrowRows, open_queries=open_queries),
+)
 class ClickHouseExporter:
     """Writes what it queued in large inserts. A row the store refuses for its data (a value its column cannot hold)
     is dropped alone, counted and logged with its ids: the batch is halved until it is alone. A write the store
@@ -237,7 +262,7 @@ class ClickHouseExporter:
             self._wake.set()
 
     async def consume(self, batch: SpanBatch) -> None:
-        if batch.unit == "session":
+        if batch.kind is BatchKind.SESSION:
             return  # a session's spans were stored as their traces completed
         spans = batch.spans
         if not all(s.sampled for s in spans):
@@ -251,9 +276,10 @@ class ClickHouseExporter:
     async def consume_scores(self, batch: ScoreBatch) -> None:
         self._enqueue(self._scores, batch.scores)
 
-    def consume_table(self, kind: Literal["spans", "revisions", "logs"], table: pa.Table) -> None:
-        """Rows a pipeline worker process already put in the store's columns (`rows.to_arrow`); raises `Refused`
-        like `consume` when the queue is full."""
+    def write_rows(self, kind: RowKind, body: Rows) -> None:
+        """Rows a pipeline worker already put in the store's columns (`ArrowRows.encode`); raises `Refused` like
+        `consume` when the queue is full."""
+        table = from_ipc(body)
         queue = {"spans": self._span_tables, "revisions": self._revision_tables, "logs": self._log_tables}[kind]
         self._enqueue(queue, [table], table.num_rows)
 
@@ -281,8 +307,8 @@ class ClickHouseExporter:
     async def _write(self, queue: _Queue, chunk: list[Any]) -> None:
         table, bad = await asyncio.to_thread(convert_good, chunk, queue.convert)
         for item, error in bad:
-            ids = f"{item.trace_id}/{item.span_id}" if hasattr(item, "trace_id") else _ids(item)
-            self._drop(queue, 1 if hasattr(item, "trace_id") else item.num_rows, error, ids)
+            ids = f"{item.trace_id}/{item.span_id}" if not queue.tables else _ids(item)
+            self._drop(queue, 1 if not queue.tables else item.num_rows, error, ids)
         if table is not None and table.num_rows:
             await self._insert(queue, table)
 

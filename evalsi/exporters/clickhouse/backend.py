@@ -15,13 +15,10 @@ from urllib.parse import unquote, urlparse
 import pyarrow as pa
 
 from evalsi.exporters.clickhouse.schema import EMBEDDED_TABLE_SETTINGS, insert_sql
+from evalsi.store import StoreBusy, StoreError
 
 
-class StoreError(Exception):
-    """The store cannot be opened or used; the message says what to do."""
-
-
-class StoreLocked(StoreError):
+class StoreLocked(StoreBusy):
     pass
 
 

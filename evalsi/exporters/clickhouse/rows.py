@@ -14,6 +14,7 @@ from evalsi.exporters.clickhouse.schema import LOGS_SCHEMA, SCORES_SCHEMA, TRACE
 from evalsi.log_record import LogRecord
 from evalsi.score import Score
 from evalsi.span import Span
+from evalsi.store import RowKind, Rows
 
 _COMPACT = (",", ":")
 
@@ -299,3 +300,25 @@ def canonical_from_row(row: dict[str, Any]) -> dict[str, Any]:
         "events": events,
         "links": links,
     }
+
+
+class ArrowRows:
+    """The store's `RowEncoder` for pipeline workers: spans and log records in the store's Arrow columns, as an
+    Arrow IPC stream the collector process's exporter queues as is (`ClickHouseExporter.write_rows`)."""
+
+    def prepare(self) -> None:
+        load_arrow()
+
+    def encode(self, kind: RowKind, items: list[Any]) -> tuple[Rows | None, list[tuple[Any, BaseException]]]:
+        table, bad = convert_good(items, logs_to_arrow if kind == "logs" else to_arrow)
+        if table is None:
+            return None, bad
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return memoryview(sink.getvalue()), bad
+
+
+def from_ipc(body: Rows) -> pa.Table:
+    """The table an `ArrowRows.encode` made."""
+    return pa.ipc.open_stream(pa.py_buffer(body)).read_all()

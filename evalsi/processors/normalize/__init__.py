@@ -116,8 +116,16 @@ class Normalize:
         self.mappers: tuple[Mapper, ...] = tuple(MAPPERS[n] for n in names)
         self._failed_mappers: set[str] = set()
         m = settings.metrics
-        self._unparsed = m.normalize_unparsed
-        self._revised = m.normalize_spans_revised.labels(settings.id)
+        self._unparsed = m.counter(
+            "evalsi_normalize_unparsed",
+            "Canonical fields kept as raw text because the span's content would not parse.",
+            ["convention", "field"],
+        )
+        self._revised = m.counter(
+            "evalsi_normalize_spans_revised",
+            "Spans handed on again because their GenAI content events arrived after them.",
+            ["processor"],
+        ).labels(settings.id)
         self._join = EventJoin(config.event_wait, config.event_ttl, max_spans=config.max_waiting_spans)
         # spans (False) and revisions (True) the next consumer refused: handed on again on the next tick
         self._due: dict[bool, list[Span]] = {False: [], True: []}
@@ -179,7 +187,7 @@ class Normalize:
             if batch.revision or join.on_span(span):
                 ready.append(span)
         if len(ready) != len(batch.spans):
-            batch = SpanBatch(ready, batch.revision)
+            batch = SpanBatch(ready, batch.revision, batch.kind)
         if batch.spans:
             await self.next.consume(batch)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from evalsi.processors.normalize.mapper import register_mapper
 from evalsi.processors.normalize.messages import Message, semconv_messages, tool_arguments, unparsed_message
-from evalsi.processors.normalize.openinference import (
+from evalsi.processors.normalize.openai_bodies import (
     first_event_seconds,
     openai_request_messages,
     openai_response_messages,
@@ -33,7 +33,7 @@ from evalsi.processors.normalize.otel_genai import (  # the semconv names this c
     span_error_type,
 )
 from evalsi.processors.normalize.values import count, first, is_malformed, loads, number, text, token_count
-from evalsi.span import Span
+from evalsi.span import Span, StepType
 
 SPAN_TYPE = "mlflow.spanType"
 TRACE_REQUEST_ID = "mlflow.traceRequestId"
@@ -53,7 +53,7 @@ TRACE_USER = "mlflow.trace.user"
 CHUNK_EVENT_PREFIX = "mlflow.chunk.item."  # one event per streamed chunk: mlflow.chunk.item.0, .1, ...
 
 
-STEP_TYPES: dict[str, str] = {
+SPAN_TYPE_STEP_TYPES: dict[str, StepType] = {
     "LLM": "llm",
     "CHAT_MODEL": "llm",
     "CHAIN": "chain",
@@ -161,10 +161,10 @@ class MLflow:
         details = span.details
         raw_type = _scalar(get(SPAN_TYPE))
         kind = raw_type.upper() if isinstance(raw_type, str) else ""
-        step_type = STEP_TYPES.get(kind)
+        step_type = SPAN_TYPE_STEP_TYPES.get(kind)
         if step_type is None:
             step_type = "llm" if TOKEN_USAGE in attributes or MODEL in attributes else "other"
-        if kind in _LOSSY_TYPES or (kind and kind not in STEP_TYPES):
+        if kind in _LOSSY_TYPES or (kind and kind not in SPAN_TYPE_STEP_TYPES):
             details["span_type"] = raw_type
         span.step_type = step_type
         request_id = text(_scalar(get(TRACE_REQUEST_ID)))

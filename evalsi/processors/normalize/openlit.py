@@ -20,11 +20,11 @@ from evalsi.processors.normalize.otel_genai import (  # the semconv names this c
     CONVERSATION_ID,
     INPUT_MESSAGES,
     OPERATION,
+    OPERATION_STEP_TYPES as OTEL_OPERATION_STEP_TYPES,
     OUTPUT_MESSAGES,
     PROVIDER,
     REQUEST_MODEL,
     RESPONSE_MODEL,
-    STEP_TYPES as OTEL_STEP_TYPES,
     SYSTEM,
     SYSTEM_INSTRUCTIONS,
     TOOL_CALL_ID,
@@ -35,7 +35,7 @@ from evalsi.processors.normalize.otel_genai import (  # the semconv names this c
     tool_messages,
 )
 from evalsi.processors.normalize.values import as_text, count, first, number, objects, text
-from evalsi.span import Span
+from evalsi.span import Span, StepType
 
 PRECEDENCE = 50
 
@@ -70,8 +70,8 @@ _DETAIL_TEXTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 # OpenLIT's operation names beyond the semconv ones (and the names "embedding", "agent", "framework" of 1.33 and before)
-STEP_TYPES: dict[str, str] = {
-    **OTEL_STEP_TYPES,
+OPENLIT_OPERATION_STEP_TYPES: dict[str, StepType] = {
+    **OTEL_OPERATION_STEP_TYPES,
     "embedding": "embedding",
     "image": "llm",
     "audio": "llm",
@@ -103,7 +103,7 @@ def _step_type(attributes: dict[str, Any], model: str | None) -> str:
         if operation == VECTORDB:
             db_operation = attributes.get(DB_OPERATION) or attributes.get(DB_OPERATION_OLD)
             return "retriever" if isinstance(db_operation, str) and db_operation.upper() in _DB_READS else "other"
-        step_type = STEP_TYPES.get(operation)
+        step_type = OPENLIT_OPERATION_STEP_TYPES.get(operation)
         if step_type is not None:
             return step_type
     return "llm" if model else "other"

@@ -22,10 +22,10 @@ from evalsi.processors.normalize.otel_genai import (  # the semconv names this c
     CONVERSATION_ID,
     INPUT_MESSAGES,
     OPERATION,
+    OPERATION_STEP_TYPES as OTEL_OPERATION_STEP_TYPES,
     OUTPUT_MESSAGES,
     REQUEST_MODEL,
     RESPONSE_MODEL,
-    STEP_TYPES as OTEL_STEP_TYPES,
     SYSTEM_INSTRUCTIONS,
     TOOL_CALL_ID,
     TOOL_NAME,
@@ -35,7 +35,7 @@ from evalsi.processors.normalize.otel_genai import (  # the semconv names this c
     tool_messages,
 )
 from evalsi.processors.normalize.values import as_text, count, first, is_malformed, loads, objects, text
-from evalsi.span import Span
+from evalsi.span import Span, StepType
 
 PRECEDENCE = 40
 
@@ -62,8 +62,8 @@ _DETAIL_COUNTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("total_tokens", ("llm.usage.total_tokens", "gen_ai.usage.total_tokens")),
 )
 
-SPAN_KIND_STEP_TYPES: dict[str, str] = {"workflow": "chain", "task": "chain", "agent": "agent", "tool": "tool"}
-REQUEST_TYPE_STEP_TYPES: dict[str, str] = {
+SPAN_KIND_STEP_TYPES: dict[str, StepType] = {"workflow": "chain", "task": "chain", "agent": "agent", "tool": "tool"}
+REQUEST_TYPE_STEP_TYPES: dict[str, StepType] = {
     "chat": "llm",
     "completion": "llm",
     "embedding": "embedding",
@@ -71,8 +71,8 @@ REQUEST_TYPE_STEP_TYPES: dict[str, str] = {
     "rerank": "retriever",
 }
 # the newer releases write gen_ai.operation.name; these are OpenLLMetry's own values beside the semconv ones
-OPERATION_STEP_TYPES: dict[str, str] = {
-    **OTEL_STEP_TYPES,
+OPERATION_STEP_TYPES: dict[str, StepType] = {
+    **OTEL_OPERATION_STEP_TYPES,
     "execute_task": "chain",
     "llm_request": "llm",
     "vector_db_retrieve": "retriever",

@@ -25,7 +25,7 @@ from evalsi.processors.normalize.values import (
     text,
     token_count,
 )
-from evalsi.span import Span
+from evalsi.span import Span, StepType
 
 OPERATION = "gen_ai.operation.name"
 PROVIDER = "gen_ai.provider.name"
@@ -74,7 +74,7 @@ OTHER_ERROR = "_OTHER"
 EXECUTE_TOOL = "execute_tool"
 RETRIEVAL = "retrieval"
 
-STEP_TYPES: dict[str, str] = {
+OPERATION_STEP_TYPES: dict[str, StepType] = {
     "chat": "llm",
     "text_completion": "llm",
     "generate_content": "llm",
@@ -278,7 +278,7 @@ class OtelGenAI:
         get = attributes.get
         model = text(get(RESPONSE_MODEL) or get(REQUEST_MODEL))
         operation = get(OPERATION)
-        step_type = STEP_TYPES.get(operation) if isinstance(operation, str) else None
+        step_type = OPERATION_STEP_TYPES.get(operation) if isinstance(operation, str) else None
         if step_type is None:
             step_type = "llm" if model else "other"
         span.step_type = step_type

@@ -158,7 +158,7 @@ class Redact:
     async def consume(self, batch: SpanBatch) -> None:
         spans = await self._isolate(batch.spans, batch.revision, self._redact_spans, self._spans_failed, "traces")
         if len(spans) != len(batch.spans):
-            batch = SpanBatch(spans, batch.revision, batch.unit)
+            batch = SpanBatch(spans, batch.revision, batch.kind)
         if batch.spans:
             await self.next.consume(batch)
 

@@ -24,7 +24,7 @@ from evalsi.processors.tail_sampling.buffer import (
 from evalsi.processors.tail_sampling.config import PolicyConfig, TailSamplingConfig
 from evalsi.processors.tail_sampling.decisions import DecidedTraces, DecisionCache
 from evalsi.processors.tail_sampling.policies import Decision, PolicySet
-from evalsi.span import Span, SpanBatch
+from evalsi.span import BatchKind, Span, SpanBatch
 
 __all__ = ["PolicyConfig", "TailSampling", "TailSamplingConfig"]
 
@@ -32,13 +32,13 @@ MAX_BATCH_SPANS = 10_000  # whole traces are batched together up to this many sp
 _DECISION = {True: "sampled", False: "not_sampled"}
 
 
-@processor("tail_sampling", config=TailSamplingConfig)
+@processor("tail_sampling", config=TailSamplingConfig, makes=(BatchKind.TRACE, BatchKind.SESSION))
 class TailSampling:
     """Buffers spans by trace until the trace is complete, decides with the policies, hands the trace on.
 
-    Every complete trace goes on as `SpanBatch(unit="trace")` whatever the decision, each span's `sampled` set to
+    Every complete trace goes on as a `BatchKind.TRACE` batch whatever the decision, each span's `sampled` set to
     it (exporters store only sampled spans; evaluation sees them all). Late spans follow their trace's cached
-    decision; traces sharing a session id also go on as `unit="session"` once the session is quiet.
+    decision; traces sharing a session id also go on as `BatchKind.SESSION` once the session is quiet.
     """
 
     def __init__(
@@ -183,8 +183,8 @@ class TailSampling:
     # --- intake ------------------------------------------------------------------------------------------------
 
     async def consume(self, batch: SpanBatch) -> None:
-        if batch.unit == "session":
-            self._enqueue(batch.spans, "session")
+        if batch.kind is BatchKind.SESSION:
+            self._enqueue(batch.spans, BatchKind.SESSION)
             await self._send()
             return
         if self._stopped:
@@ -227,13 +227,13 @@ class TailSampling:
         if evicted:
             self._complete(evicted, now)
         if late:
-            self._enqueue(late, "spans")
+            self._enqueue(late, BatchKind.SPANS)
         if revised:
-            self._enqueue(revised, "spans", revision=True)
+            self._enqueue(revised, BatchKind.SPANS, revision=True)
         for spans in reemit.values():
             # the whole trace again, the late span included, as a revision: the store replaces rows by span id,
             # so no span is stored twice, and evaluation sees the trace complete
-            self._enqueue(list(spans), "trace", revision=True)
+            self._enqueue(list(spans), BatchKind.TRACE, revision=True)
             self._reemitted.inc()
         if late or reemit:
             self._evict_sessions()  # late spans join open sessions
@@ -289,7 +289,7 @@ class TailSampling:
                 session_id = session_of(spans)
                 if session_id:
                     sessions.add(session_id, spans, now)
-            self._enqueue(spans, "trace")
+            self._enqueue(spans, BatchKind.TRACE)
         self._evict_sessions()
 
     def _evict_sessions(self) -> None:
@@ -332,20 +332,20 @@ class TailSampling:
 
     def _hand_on_session(self, session: Session, reason: str) -> None:
         self._sessions_done.labels(self.settings.id, reason).inc()
-        self._enqueue(session.spans, "session")
+        self._enqueue(session.spans, BatchKind.SESSION)
 
     # --- output ------------------------------------------------------------------------------------------------
 
-    def _enqueue(self, spans: list[Span], unit: str, revision: bool = False) -> None:
+    def _enqueue(self, spans: list[Span], kind: BatchKind, revision: bool = False) -> None:
         n = len(spans)
         outbox = self._outbox
         self._outbox_spans += n
-        if outbox and unit != "session":
+        if outbox and kind is not BatchKind.SESSION:
             last = outbox[-1]
-            if last.unit == unit and last.revision == revision and len(last.spans) + n <= MAX_BATCH_SPANS:
+            if last.kind is kind and last.revision == revision and len(last.spans) + n <= MAX_BATCH_SPANS:
                 last.spans.extend(spans)
                 return
-        outbox.append(SpanBatch(list(spans), revision, unit))
+        outbox.append(SpanBatch(list(spans), revision, kind))
 
     async def _send(self) -> None:
         """Hand the outbox on in order; a refusal keeps the rest (and refuses new spans) until a later try."""
@@ -366,7 +366,7 @@ class TailSampling:
                     self._log.exception(
                         "tail_sampling: the next consumer failed on %d spans (%s); they are lost",
                         len(batch),
-                        batch.unit,
+                        batch.kind,
                     )
                 self._outbox_spans -= len(batch.spans)
             self._blocked = False

@@ -8,14 +8,22 @@ from evalsi.component import Next, Refused, Settings, receiver
 from evalsi.encoded import EncodedBatch
 from evalsi.log_record import LogBatch
 from evalsi.receivers.otlp.config import MIB, OtlpReceiverConfig
-from evalsi.receivers.otlp.decode import LOGS, TRACES, Codec, Decoded, checking_codec, count_clamped
+from evalsi.receivers.otlp.decode import (
+    LOGS,
+    TRACES,
+    Codec,
+    Decoded,
+    checking_codec,
+    count_clamped,
+    decode_encoded,
+)
 from evalsi.receivers.otlp.grpc_transport import GrpcTransport
 from evalsi.receivers.otlp.http_transport import build_app
 from evalsi.serving import AsgiServer
 from evalsi.span import SpanBatch
 
 
-@receiver("otlp", config=OtlpReceiverConfig, signals=("traces", "logs"))
+@receiver("otlp", config=OtlpReceiverConfig, signals=("traces", "logs"), decode=decode_encoded)
 class OtlpReceiver:
     """Serves the signals its pipelines take: a logs endpoint only exists when a logs pipeline lists it."""
 

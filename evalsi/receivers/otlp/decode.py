@@ -20,6 +20,7 @@ from evalsi.encoded import EncodedBatch
 from evalsi.log_record import LogBatch, LogRecord
 from evalsi.receivers.otlp.status import export_response, logs_export_response
 from evalsi.span import SPAN_KINDS, STATUS_CODES, Span, SpanBatch, SpanEvent, SpanLink
+from evalsi.telemetry import SelfMetrics
 
 _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
@@ -558,3 +559,18 @@ def checking_codec(codec: Codec, shards: int) -> Codec:
         return checked(req, req.SerializeToString())
 
     return Codec(codec.signal, codec.grpc_service, from_protobuf, from_json, codec.response)
+
+
+def decode_encoded(
+    batch: EncodedBatch, shard: tuple[int, int], *, metrics: SelfMetrics, log: logging.Logger
+) -> SpanBatch | LogBatch:
+    """In a pipeline worker: the spans or log records of a checked request that belong to this worker's traces,
+    with their clamps counted and logged here (the receiver's check read only ids and start times)."""
+    if batch.signal == "traces":
+        result = spans_from_request(ExportTraceServiceRequest.FromString(batch.body), shard)
+    else:
+        result = logs_from_request(ExportLogsServiceRequest.FromString(batch.body), shard)
+    if result.clamped:
+        count_clamped(metrics, batch.receiver, batch.signal, result, log)
+    assert not isinstance(result.batch, EncodedBatch)
+    return result.batch

@@ -1,15 +1,16 @@
 """The `langfuse` exporter: scores to Langfuse's public API (`POST /api/public/scores`), one idempotent id each, and
 the spans to its OTLP endpoint (`POST /api/public/otel/v1/traces`).
 
-Delivery: `consume_scores` and `consume` only append to bounded in-memory queues (one for scores, one for spans, so
-a flood of spans never pushes out a score); when one is full its OLDEST items are dropped and counted, so ingest
-never waits on Langfuse. One background task per queue sends: up to `batch_size` scores at a time (the API takes one
-score per request, so a batch is that many requests in flight on one keep-alive client), and `span_batch_size` spans
-per OTLP request, encoded by `evalsi.exporters.otlp_encode`. Both retry 429/502/503/504 and network errors with the
-shared loop in `evalsi.exporters.delivery`; other 4xx are permanent: logged, counted, dropped. Each score's `id` is
-derived from `Score.key`, so a retry or a replay upserts the same Langfuse score instead of adding one. Scores never
-wait for their trace's spans: Langfuse links a score to a trace that arrives later. Only `scored` outcomes are sent:
-skipped and error verdicts are not scores in Langfuse's model; they are counted in `evalsi_exporter_scores_not_sent`.
+Delivery (the exporter helper, `evalsi.exporters.sending`): `consume_scores` and `consume` only append to bounded
+in-memory queues (one for scores, one for spans, so a flood of spans never pushes out a score); when one is full its
+OLDEST items are dropped and counted, so ingest never waits on Langfuse. One background task per queue sends: up to
+`batch_size` scores at a time (the API takes one score per request, so a batch is that many requests in flight on one
+keep-alive client), and `span_batch_size` spans per OTLP request, encoded by `evalsi.exporters.otlp_encode`. Both
+retry 429/502/503/504 and network errors with the shared loop in `evalsi.exporters.delivery`; other 4xx are
+permanent: logged, counted, dropped. Each score's `id` is derived from `Score.key`, so a retry or a replay upserts
+the same Langfuse score instead of adding one. Scores never wait for their trace's spans: Langfuse links a score to a
+trace that arrives later. Only `scored` outcomes are sent: skipped and error verdicts are not scores in Langfuse's
+model; they are counted in `evalsi_exporter_scores_not_sent`.
 
 One bad item never blocks the others. A score is encoded to JSON when it is queued: one that cannot be (an id that is
 not hex, a NaN or infinite value, a string that is not UTF-8) is dropped there. A score Langfuse refuses (400, 413,
@@ -27,12 +28,9 @@ import asyncio
 import datetime
 import gzip
 import re
-import time
 import uuid
-from collections import deque
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import httpx
 from pydantic import Field, field_validator
@@ -56,9 +54,10 @@ from evalsi.exporters.delivery import (
     spans_to_forward,
 )
 from evalsi.exporters.otlp_encode import rejected_in_answer, traces_request
+from evalsi.exporters.sending import Lane, SendQueue
+from evalsi.ids import is_canonical_trace_id
 from evalsi.score import Score, ScoreBatch
 from evalsi.span import Span, SpanBatch
-from evalsi.supervise import supervise
 
 SCORES_PATH = "/api/public/scores"
 TRACES_PATH = "/api/public/otel/v1/traces"
@@ -67,7 +66,6 @@ INGESTION_VERSION = "4"
 # a fixed namespace so the same Score.key always gives the same Langfuse score id, in any process
 SCORE_ID_NAMESPACE = uuid.UUID("5b0f7c1e-3f7a-5d4e-9a51-6c1a2f0e8d47")
 DataType = Literal["NUMERIC", "BOOLEAN", "CATEGORICAL"]
-_TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
 _SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
 
 
@@ -136,7 +134,7 @@ def score_body(score: Score) -> dict[str, Any]:
     body: dict[str, Any] = {"id": score_id(score), "name": score.name, "value": value, "dataType": data_type}
     if score.trace_id:
         trace_id = score.trace_id.lower()
-        if not _TRACE_ID.match(trace_id):
+        if not is_canonical_trace_id(trace_id):
             raise ValueError(f"trace id {score.trace_id!r} is not 32 hex digits")
         body["traceId"] = trace_id
         if score.span_id:
@@ -190,37 +188,47 @@ def _item_errors(resp: httpx.Response) -> list[dict[str, Any]]:
     return [e for e in errors if isinstance(e, dict)] if isinstance(errors, list) else []
 
 
-T = TypeVar("T")
-
-
-def bounded_extend(queue: deque[T], items: list[T], limit: int) -> int:
-    """Append `items`, then drop the oldest beyond `limit`; returns how many were dropped."""
-    queue.extend(items)
-    over = len(queue) - limit
-    for _ in range(max(0, over)):
-        queue.popleft()
-    return max(0, over)
-
-
 @exporter("langfuse", config=LangfuseConfig, signals=("traces", "scores"))
 class LangfuseExporter:
     def __init__(self, config: LangfuseConfig, settings: Settings) -> None:
         self._config = config
         self._log = settings.logger
-        self._counters = ExporterCounters(settings, config.queue_size + config.span_queue_size)
+        self._counters = counters = ExporterCounters(settings)
         self._cid = settings.id
-        self._items: deque[_QueuedScore] = deque()
-        self._spans: deque[Span] = deque()
         self._client: httpx.AsyncClient | None = None
-        self._wake = asyncio.Event()
-        self._span_wake = asyncio.Event()
-        self._stopping = False
-        self._deadline = float("inf")  # when shutdown stops sending
-        self._tasks: list[asyncio.Task[None]] = []
+        # two lanes, each with its own bound and sender: a flood of spans never pushes out a score
+        self._scores: Lane[_QueuedScore] = Lane(
+            "scores",
+            config.batch_size,
+            self._send_scores,
+            sent=counters.scores_sent,
+            failed=counters.scores_failed,
+            dropped=counters.scores_dropped,
+            capacity=config.queue_size,
+        )
+        self._spans: Lane[Span] = Lane(
+            "spans",
+            config.span_batch_size,
+            self._send_spans,
+            sent=counters.spans_sent,
+            failed=counters.spans_failed,
+            dropped=counters.spans_dropped,
+            capacity=config.span_queue_size,
+        )
+        self._queue = SendQueue(
+            settings,
+            (self._scores, self._spans),
+            full="drop_oldest",
+            flush_interval=config.flush_interval,
+            shutdown_timeout=config.shutdown_timeout,
+            attempt_timeout=config.timeout,
+            what="langfuse",
+            log_extra={"host": config.host},
+        )
 
     @property
     def held(self) -> int:
-        return len(self._items) + len(self._spans)
+        return self._queue.held
 
     async def start(self) -> None:
         c = self._config
@@ -232,20 +240,7 @@ class LangfuseExporter:
             # the score requests of one batch, plus the one span request
             limits=httpx.Limits(max_connections=c.batch_size + 1, max_keepalive_connections=c.batch_size + 1),
         )
-        self._tasks = [
-            supervise(
-                "langfuse scores sender",
-                lambda: self._send_loop(self._items, self._wake, c.batch_size, self._send_scores, "scores"),
-                log=self._log,
-                on_failure=self._counters.sender_errors.inc,
-            ),
-            supervise(
-                "langfuse spans sender",
-                lambda: self._send_loop(self._spans, self._span_wake, c.span_batch_size, self._send_spans, "spans"),
-                log=self._log,
-                on_failure=self._counters.sender_errors.inc,
-            ),
-        ]
+        self._queue.start()
 
     async def consume_scores(self, batch: ScoreBatch) -> None:
         bodies: list[_QueuedScore] = []
@@ -260,71 +255,11 @@ class LangfuseExporter:
             except Exception as e:  # an id Langfuse cannot link, NaN, bad UTF-8: counting beats a 400 later
                 refusal = ItemsRefused(f"cannot encode: {type(e).__name__}: {e}", reason=REFUSED_ENCODE)
                 self._refuse("scores", refusal, trace_id=score.trace_id, span_id=score.span_id, score=score.name)
-        if not bodies:
-            return
-        if self._stopping:
-            self._counters.scores_dropped.inc(len(bodies))
-            return
-        # drop the oldest: ingest must never wait for Langfuse, and fresh verdicts matter most
-        over = bounded_extend(self._items, bodies, self._config.queue_size)
-        if over:
-            self._counters.scores_dropped.inc(over)
-            self._log.warning("langfuse export queue full; dropped the oldest scores", extra={"dropped": over})
-        self._counters.queue_size.set(self.held)
-        if len(self._items) >= self._config.batch_size:
-            self._wake.set()
+        # when full, the oldest go: ingest must never wait for Langfuse, and fresh verdicts matter most
+        self._queue.offer(self._scores, bodies)
 
     async def consume(self, batch: SpanBatch) -> None:
-        spans = spans_to_forward(batch)
-        if not spans:
-            return
-        if self._stopping:
-            self._counters.spans_dropped.inc(len(spans))
-            return
-        over = bounded_extend(self._spans, spans, self._config.span_queue_size)
-        if over:
-            self._counters.spans_dropped.inc(over)
-            self._log.warning("langfuse span queue full; dropped the oldest spans", extra={"dropped": over})
-        self._counters.queue_size.set(self.held)
-        if len(self._spans) >= self._config.span_batch_size:
-            self._span_wake.set()
-
-    async def _send_loop(
-        self,
-        items: deque[Any],
-        wake: asyncio.Event,
-        batch_size: int,
-        send: Callable[[list[Any]], Awaitable[None]],
-        what: str,
-    ) -> None:
-        failed = self._counters.scores_failed if what == "scores" else self._counters.spans_failed
-        while True:
-            if not self._stopping:
-                try:
-                    await asyncio.wait_for(wake.wait(), timeout=self._config.flush_interval)
-                except TimeoutError:
-                    pass
-            wake.clear()
-            while items:
-                n = min(batch_size, len(items))
-                chunk = [items.popleft() for _ in range(n)]
-                try:
-                    await send(chunk)
-                except Exception:  # a bug, not Langfuse: say so at once, count the chunk, go on
-                    self._counters.sender_errors.inc()
-                    failed.inc(len(chunk))
-                    self._log.exception(f"sending {what} to Langfuse failed unexpectedly; dropped", extra={"count": n})
-                self._counters.queue_size.set(self.held)
-                if self._stopping and time.monotonic() >= self._deadline and items:
-                    failed.inc(len(items))
-                    self._log.error(
-                        f"shutdown timeout: dropping {what} not yet sent to Langfuse",
-                        extra={"count": len(items), "host": self._config.host},
-                    )
-                    items.clear()
-                    self._counters.queue_size.set(self.held)
-            if self._stopping:
-                return
+        self._queue.offer(self._spans, spans_to_forward(batch))
 
     async def _post(self, path: str, **request: Any) -> httpx.Response:
         """One attempt; the answer when it is a 2xx, else the failure (`ItemsRefused` for 400/413/422)."""
@@ -367,7 +302,7 @@ class LangfuseExporter:
             self._config.retry_on_failure,
             log=self._log,
             what="a score",
-            deadline=lambda: self._deadline,
+            deadline=self._queue.deadline,
             extra={"score_id": item.id, "trace_id": item.trace_id, "span_id": item.span_id, "host": self._config.host},
         )
         self._counters.scores_sent.inc(len(outcome.sent))
@@ -413,7 +348,7 @@ class LangfuseExporter:
             self._config.retry_on_failure,
             log=self._log,
             what="spans",
-            deadline=lambda: self._deadline,
+            deadline=self._queue.deadline,
             extra={"host": self._config.host},
         )
         for span, refusal in outcome.refused:
@@ -438,16 +373,6 @@ class LangfuseExporter:
 
     async def shutdown(self) -> None:
         """Stop taking work and send what is queued, for at most `shutdown_timeout`."""
-        self._stopping = True
-        self._deadline = time.monotonic() + self._config.shutdown_timeout
-        self._wake.set()
-        self._span_wake.set()
-        if self._tasks:
-            try:
-                await asyncio.wait_for(
-                    asyncio.gather(*self._tasks), timeout=self._config.shutdown_timeout + self._config.timeout + 1
-                )
-            except TimeoutError:
-                self._log.error("langfuse exporter did not drain in time", extra={"host": self._config.host})
+        await self._queue.shutdown()
         if self._client is not None:
             await self._client.aclose()

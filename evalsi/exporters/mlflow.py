@@ -1,10 +1,11 @@
 """The `mlflow` exporter: forwards spans to MLflow's OTLP endpoint and writes scores as MLflow assessments (feedback).
 
-Delivery: `consume` and `consume_scores` only append to bounded in-memory queues (`queue_size` each); when one is
-full its OLDEST items are dropped and counted, so ingest never waits on MLflow. Two background tasks send: spans in
-OTLP/protobuf batches paced to `spans_per_second` (an MLflow tracking server ingests about 100 spans/s), and scores
-as `POST /api/3.0/mlflow/traces/tr-<trace id>/assessments`. Both retry 429/502/503/504 and network errors with the
-shared backoff loop (`evalsi.exporters.delivery`); other 4xx are permanent: logged, counted, dropped.
+Delivery (the exporter helper, `evalsi.exporters.sending`): `consume` and `consume_scores` only append to bounded
+in-memory queues (`queue_size` each); when one is full its OLDEST items are dropped and counted, so ingest never
+waits on MLflow. Two background tasks send: spans in OTLP/protobuf batches paced to `spans_per_second` (an MLflow
+tracking server ingests about 100 spans/s), and scores as `POST /api/3.0/mlflow/traces/tr-<trace id>/assessments`.
+Both retry 429/502/503/504 and network errors with the shared backoff loop (`evalsi.exporters.delivery`); other 4xx
+are permanent: logged, counted, dropped.
 
 One bad item never blocks the others. An assessment is encoded to JSON when its score is queued: one that cannot be
 (an id that is not hex, a NaN or infinite value, a string that is not UTF-8, a timestamp out of range) is dropped
@@ -56,9 +57,10 @@ from evalsi.exporters.delivery import (
     spans_to_forward,
 )
 from evalsi.exporters.otlp_encode import traces_request
+from evalsi.exporters.sending import Lane, SendQueue
+from evalsi.ids import is_canonical_trace_id
 from evalsi.score import Score, ScoreBatch
 from evalsi.span import Span, SpanBatch
-from evalsi.supervise import supervise
 
 OTLP_TRACES_PATH = "/v1/traces"
 EXPERIMENT_HEADER = "x-mlflow-experiment-id"
@@ -72,7 +74,6 @@ SCORE_KEY_NAMESPACE = uuid.UUID("0c6f1d2e-8a43-5b7e-b1f4-2d9e7a3c5b18")
 # how many traces' written keys are remembered; a trace evicted from this is read again before its next write
 KNOWN_TRACES = 10_000
 SOURCE_TYPES = {"llm_judge": "LLM_JUDGE", "human": "HUMAN", "code": "CODE", "external": "CODE"}
-_TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
 _SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
 
 
@@ -141,7 +142,7 @@ def assessment_body(score: Score) -> dict[str, Any]:
     """The `CreateAssessment` JSON for a verdict, a feedback on its trace (and span). An error outcome becomes a
     feedback with MLflow's `error` field and no value. Raises ValueError on ids MLflow cannot link."""
     trace_id = score.trace_id.lower()
-    if not _TRACE_ID.match(trace_id):
+    if not is_canonical_trace_id(trace_id):
         raise ValueError(f"trace id {score.trace_id!r} is not 32 hex digits")
     feedback: dict[str, Any]
     metadata = {
@@ -234,59 +235,67 @@ class MlflowExporter:
         self._config = config
         self._log = settings.logger
         self._cid = settings.id
-        self._counters = ExporterCounters(settings, config.queue_size)
-        self._spans: deque[Span] = deque()
+        self._counters = counters = ExporterCounters(settings)
         # spans queued or in flight per trace: a score for such a trace waits for them
         self._spans_pending: Counter[str] = Counter()
-        self._scores: deque[_PendingScore] = deque()
-        self._scores_writing = 0  # taken from `_scores` and not yet written, parked or dropped
         # keys already in MLflow per trace (MLflow trace id), for the traces this process wrote to lately
         self._written: OrderedDict[str, set[str]] = OrderedDict()
         self._experiment_id = config.experiment_id
         self._client: httpx.AsyncClient | None = None
         self._next_span_slot = 0.0  # monotonic time the next span batch may go, for `spans_per_second`
-        self._span_wake = asyncio.Event()
-        self._score_wake = asyncio.Event()
-        self._stopping = False
-        self._deadline = float("inf")  # when shutdown stops sending
-        self._tasks: list[asyncio.Task[None]] = []
+        self._spans: Lane[Span] = Lane(
+            "spans",
+            config.batch_size,
+            self._pace_and_send,
+            sent=counters.spans_sent,
+            failed=counters.spans_failed,
+            dropped=counters.spans_dropped,
+            capacity=config.queue_size,
+            done=self._spans_done,
+        )
+        # a score goes once its trace has no spans queued here and its wait (for a trace MLflow lacks) is over;
+        # one whose trace is missing is put back, so it counts as held while it is written
+        self._scores: Lane[_PendingScore] = Lane(
+            "scores",
+            config.batch_size,
+            self._write_scores,
+            sent=counters.scores_sent,
+            failed=counters.scores_failed,
+            dropped=counters.scores_dropped,
+            capacity=config.queue_size,
+            wake_at=1,
+            select=self._ready_scores,
+            held_in_flight=True,
+        )
+        self._queue = SendQueue(
+            settings,
+            (self._spans, self._scores),
+            full="drop_oldest",
+            flush_interval=config.flush_interval,
+            shutdown_timeout=config.shutdown_timeout,
+            attempt_timeout=config.timeout,
+            what="mlflow",
+            log_extra={"tracking_uri": config.tracking_uri},
+        )
 
     @property
     def held(self) -> int:
-        return len(self._spans) + len(self._scores) + self._scores_writing
+        return self._queue.held
 
     async def start(self) -> None:
         c = self._config
         headers = {**c.headers, "Accept": "application/json"}
         self._client = httpx.AsyncClient(base_url=c.tracking_uri, headers=headers, timeout=c.timeout)
-        errors = self._counters.sender_errors.inc
-        self._tasks = [
-            supervise("mlflow spans sender", self._span_loop, log=self._log, on_failure=errors),
-            supervise("mlflow scores sender", self._score_loop, log=self._log, on_failure=errors),
-        ]
+        self._queue.start()
 
     # --- intake -----------------------------------------------------------------------------------
 
     async def consume(self, batch: SpanBatch) -> None:
         spans = spans_to_forward(batch)
-        if not spans:
-            return
-        if self._stopping:
-            self._counters.spans_dropped.inc(len(spans))
-            return
-        self._spans.extend(spans)
         for span in spans:
             self._spans_pending[span.trace_id] += 1
-        over = len(self._spans) - self._config.queue_size
-        if over > 0:
-            # drop the oldest: ingest must never wait for MLflow
-            for _ in range(over):
-                self._span_done(self._spans.popleft())
-            self._counters.spans_dropped.inc(over)
-            self._log.warning("mlflow export queue full; dropped the oldest spans", extra={"dropped": over})
-        self._counters.queue_size.set(self.held)
-        if len(self._spans) >= self._config.batch_size:
-            self._span_wake.set()
+        # when full, the oldest go: ingest must never wait for MLflow
+        self._queue.offer(self._spans, spans)
 
     async def consume_scores(self, batch: ScoreBatch) -> None:
         pending: list[_PendingScore] = []
@@ -314,71 +323,30 @@ class MlflowExporter:
                     name=score.name,
                 )
             )
-        if not pending:
-            return
-        if self._stopping:
-            self._counters.scores_dropped.inc(len(pending))
-            return
-        self._scores.extend(pending)
-        over = len(self._scores) - self._config.queue_size
-        if over > 0:
-            for _ in range(over):
-                self._scores.popleft()
-            self._counters.scores_dropped.inc(over)
-            self._log.warning("mlflow export queue full; dropped the oldest scores", extra={"dropped": over})
-        self._counters.queue_size.set(self.held)
-        self._score_wake.set()
+        self._queue.offer(self._scores, pending)
 
     # --- spans ------------------------------------------------------------------------------------
 
-    def _span_done(self, span: Span) -> None:
-        left = self._spans_pending[span.trace_id] - 1
-        if left > 0:
-            self._spans_pending[span.trace_id] = left
-        else:
-            del self._spans_pending[span.trace_id]
+    def _spans_done(self, spans: list[Span]) -> None:
+        """Spans sent, failed or dropped: their traces' scores need not wait for them any more."""
+        for span in spans:
+            left = self._spans_pending[span.trace_id] - 1
+            if left > 0:
+                self._spans_pending[span.trace_id] = left
+            else:
+                del self._spans_pending[span.trace_id]
+        self._queue.wake(self._scores)
 
-    async def _span_loop(self) -> None:
-        while True:
-            if not self._stopping:
-                try:
-                    await asyncio.wait_for(self._span_wake.wait(), timeout=self._config.flush_interval)
-                except TimeoutError:
-                    pass
-            self._span_wake.clear()
-            while self._spans:
-                if self._stopping and time.monotonic() >= self._deadline:
-                    self._counters.spans_failed.inc(len(self._spans))
-                    self._log.error(
-                        "shutdown timeout: dropping spans not yet sent to MLflow",
-                        extra={"count": len(self._spans), "tracking_uri": self._config.tracking_uri},
-                    )
-                    while self._spans:
-                        self._span_done(self._spans.popleft())
-                    break
-                n = min(self._config.batch_size, len(self._spans))
-                # the chunk stays counted in `_spans_pending` until sent, so its traces' scores wait
-                chunk = [self._spans.popleft() for _ in range(n)]
-                try:
-                    await self._pace(n)
-                    await self._send_spans(chunk)
-                except Exception:  # a bug, not MLflow: say so at once, count the chunk, go on
-                    self._counters.sender_errors.inc()
-                    self._counters.spans_failed.inc(n)
-                    self._log.exception("sending spans to MLflow failed unexpectedly; dropped", extra={"count": n})
-                finally:
-                    for span in chunk:
-                        self._span_done(span)
-                self._counters.queue_size.set(self.held)
-                self._score_wake.set()
-            if self._stopping:
-                return
+    async def _pace_and_send(self, chunk: list[Span]) -> None:
+        # the chunk stays counted in `_spans_pending` until sent, so its traces' scores wait
+        await self._pace(len(chunk))
+        await self._send_spans(chunk)
 
     async def _pace(self, n: int) -> None:
         now = time.monotonic()
         wait = self._next_span_slot - now
         if wait > 0:
-            await asyncio.sleep(min(wait, max(0.0, self._deadline - now)))
+            await asyncio.sleep(min(wait, max(0.0, self._queue.deadline() - now)))
         self._next_span_slot = max(now, self._next_span_slot) + n / self._config.spans_per_second
 
     async def _send_spans(self, chunk: list[Span]) -> None:
@@ -407,7 +375,7 @@ class MlflowExporter:
             self._config.retry_on_failure,
             log=self._log,
             what="spans",
-            deadline=lambda: self._deadline,
+            deadline=self._queue.deadline,
             extra={"tracking_uri": self._config.tracking_uri},
         )
         for span, refusal in outcome.refused:
@@ -462,71 +430,38 @@ class MlflowExporter:
 
     # --- scores -----------------------------------------------------------------------------------
 
-    async def _score_loop(self) -> None:
-        while True:
-            if not self._stopping:
-                try:
-                    await asyncio.wait_for(self._score_wake.wait(), timeout=self._config.flush_interval)
-                except TimeoutError:
-                    pass
-            self._score_wake.clear()
-            while not self._past_deadline() and (ready := self._ready_scores()):
-                by_trace: dict[str, list[_PendingScore]] = {}
-                for item in ready:
-                    by_trace.setdefault(item.trace_id, []).append(item)
-                self._scores_writing += len(ready)
-                results = await asyncio.gather(
-                    *(self._write_trace(t, items) for t, items in by_trace.items()), return_exceptions=True
-                )
-                for trace_id, result in zip(by_trace, results, strict=True):
-                    if isinstance(result, Exception):  # a bug: the other traces' scores went on
-                        self._counters.sender_errors.inc()
-                        self._log.error(
-                            "writing a trace's assessments failed unexpectedly",
-                            exc_info=result,
-                            extra={"trace_id": trace_id},
-                        )
-                self._counters.queue_size.set(self.held)
-            if self._past_deadline() and self._scores:
-                self._counters.scores_failed.inc(len(self._scores))
-                self._log.error(
-                    "shutdown timeout: dropping scores not yet written to MLflow",
-                    extra={"count": len(self._scores), "tracking_uri": self._config.tracking_uri},
-                )
-                self._scores.clear()
-                self._counters.queue_size.set(self.held)
-            if self._stopping:
-                if not self._scores:
-                    return
-                # only scores waiting for their trace are left: look again soon, until the deadline
-                await asyncio.sleep(min(self._config.flush_interval, max(0.0, self._deadline - time.monotonic())))
-
-    def _past_deadline(self) -> bool:
-        return self._stopping and time.monotonic() >= self._deadline
-
-    def _ready_scores(self) -> list[_PendingScore]:
-        """Up to `batch_size` queued scores whose trace has no spans still queued here and whose wait is over."""
+    def _ready_scores(self, queued: deque[_PendingScore], n: int) -> list[_PendingScore]:
+        """Up to `n` queued scores whose trace has no spans still queued here and whose wait is over."""
         now = time.monotonic()
         ready: list[_PendingScore] = []
         waiting: list[_PendingScore] = []
-        while self._scores and len(ready) < self._config.batch_size:
-            item = self._scores.popleft()
+        while queued and len(ready) < n:
+            item = queued.popleft()
             if item.not_before > now or item.trace_id[3:] in self._spans_pending:
                 waiting.append(item)
             else:
                 ready.append(item)
-        self._scores.extendleft(reversed(waiting))
+        queued.extendleft(reversed(waiting))
         return ready
 
-    async def _write_trace(self, trace_id: str, items: list[_PendingScore]) -> None:
-        """Write one trace's scores in order, skipping keys MLflow already has; park them all if the trace is
-        not in MLflow yet."""
-        try:
-            await self._write_items(trace_id, items)
-        finally:
-            self._scores_writing -= len(items)
+    async def _write_scores(self, ready: list[_PendingScore]) -> None:
+        """Write the scores, each trace's in order and the traces at once."""
+        by_trace: dict[str, list[_PendingScore]] = {}
+        for item in ready:
+            by_trace.setdefault(item.trace_id, []).append(item)
+        results = await asyncio.gather(
+            *(self._write_items(t, items) for t, items in by_trace.items()), return_exceptions=True
+        )
+        for trace_id, result in zip(by_trace, results, strict=True):
+            if isinstance(result, Exception):  # a bug: the other traces' scores went on
+                self._counters.sender_errors.inc()
+                self._log.error(
+                    "writing a trace's assessments failed unexpectedly", exc_info=result, extra={"trace_id": trace_id}
+                )
 
     async def _write_items(self, trace_id: str, items: list[_PendingScore]) -> None:
+        """Write one trace's scores in order, skipping keys MLflow already has; put them all back if the trace is
+        not in MLflow yet."""
         for i, item in enumerate(items):
             try:
                 written = await self._keys_in_mlflow(trace_id)
@@ -544,7 +479,7 @@ class MlflowExporter:
                     self._config.retry_on_failure,
                     log=self._log,
                     what="an assessment",
-                    deadline=lambda: self._deadline,
+                    deadline=self._queue.deadline,
                     extra={"trace_id": trace_id, "key": item.key, "tracking_uri": self._config.tracking_uri},
                 )
                 if missing:  # the trace went away between the read and the write
@@ -575,6 +510,7 @@ class MlflowExporter:
 
     def _park(self, items: list[_PendingScore]) -> None:
         now = time.monotonic()
+        parked: list[_PendingScore] = []
         for item in items:
             if now - item.since >= self._config.trace_wait:
                 self._counters.scores_failed.inc()
@@ -586,7 +522,8 @@ class MlflowExporter:
             item.waits += 1
             delay = min(self._config.flush_interval * 2**item.waits, self._config.retry_on_failure.max_interval)
             item.not_before = now + delay
-            self._scores.append(item)
+            parked.append(item)
+        self._scores.requeue(parked)
 
     async def _keys_in_mlflow(self, trace_id: str) -> set[str] | None:
         """The `evalsi.key`s of the trace's assessments, read once per trace and then kept; None when MLflow has
@@ -617,7 +554,7 @@ class MlflowExporter:
             self._config.retry_on_failure,
             log=self._log,
             what="a trace's assessments",
-            deadline=lambda: self._deadline,
+            deadline=self._queue.deadline,
             extra={"trace_id": trace_id, "tracking_uri": self._config.tracking_uri},
         )
         if not ok:
@@ -649,17 +586,6 @@ class MlflowExporter:
 
     async def shutdown(self) -> None:
         """Stop taking work and send what is queued, for at most `shutdown_timeout`."""
-        self._stopping = True
-        self._deadline = time.monotonic() + self._config.shutdown_timeout
-        self._span_wake.set()
-        self._score_wake.set()
-        if self._tasks:
-            _, running = await asyncio.wait(
-                self._tasks, timeout=self._config.shutdown_timeout + self._config.timeout + 1
-            )
-            for task in running:
-                task.cancel()
-            if running:
-                self._log.error("mlflow exporter did not drain in time", extra={"uri": self._config.tracking_uri})
+        await self._queue.shutdown()
         if self._client is not None:
             await self._client.aclose()

@@ -9,34 +9,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from evalsi.span import Span
-
-STEP_TYPES = frozenset(("llm", "tool", "agent", "retriever", "embedding", "chain"))
-
-
-def _text(messages: list[dict[str, Any]] | None) -> str | None:
-    if not messages:
-        return None
-    texts = [p.get("content", "") for p in messages[-1].get("parts", []) if p.get("type") == "text"]
-    joined = "".join(t for t in texts if isinstance(t, str))
-    return joined or None
-
-
-def _tool_calls(messages: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    return [
-        {"id": p.get("id"), "name": p.get("name"), "arguments": p.get("arguments")}
-        for m in messages or []
-        for p in m.get("parts", [])
-        if p.get("type") == "tool_call"
-    ]
-
-
-def _tool_result(span: Span) -> Any:
-    for m in span.output or []:
-        for p in m.get("parts", []):
-            if p.get("type") == "tool_call_response":
-                return p.get("response")
-    return _text(span.output)
+from evalsi import content
+from evalsi.span import TRAJECTORY_STEP_TYPES, Span
 
 
 def _step(span: Span, parent: str | None, depth: int) -> dict[str, Any]:
@@ -60,15 +34,15 @@ def _step(span: Span, parent: str | None, depth: int) -> dict[str, Any]:
             cost_usd=span.cost_usd,
             input=span.input,
             output=span.output,
-            tool_calls=_tool_calls(span.output),
+            tool_calls=content.tool_calls(span.output),
         )
     elif span.step_type == "tool":
-        call = next(iter(_tool_calls(span.input)), {})
+        call = next(iter(content.tool_calls(span.input)), {})
         step.update(
             tool_name=span.tool_name,
             call_id=call.get("id"),
             arguments=call.get("arguments"),
-            result=_tool_result(span),
+            result=content.tool_result(span),
         )
     elif span.step_type == "agent":
         step.update(agent_name=span.agent_name, input=span.input, output=span.output)
@@ -117,7 +91,7 @@ def build_trajectory(spans: list[Span]) -> dict[str, Any]:
     steps: list[dict[str, Any]] = []
 
     def walk(span: Span, parent: str | None, depth: int) -> None:
-        include = span.step_type in STEP_TYPES
+        include = span.step_type in TRAJECTORY_STEP_TYPES
         if include:
             steps.append(_step(span, parent, depth))
         for child in sorted(children.get(span.span_id, []), key=lambda c: (c.start_time_unix_nano, c.span_id)):
@@ -146,9 +120,9 @@ def build_trajectory(spans: list[Span]) -> dict[str, Any]:
                 tool_calls.append({**call, "error": None})
     llm_steps = [s for s in steps if s["type"] == "llm"]
     roots_with_output = [s for s in steps if s["depth"] == 0 and s.get("output")]
-    final = _text(roots_with_output[-1]["output"]) if roots_with_output else None
+    final = content.last_text(roots_with_output[-1]["output"]) if roots_with_output else None
     if final is None and llm_steps:
-        final = _text(llm_steps[-1]["output"])
+        final = content.last_text(llm_steps[-1]["output"])
     first = min(spans, key=lambda s: s.start_time_unix_nano) if spans else None
     return {
         "trace_id": spans[0].trace_id if spans else None,

@@ -30,12 +30,13 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from pydantic import ValidationError
 from running_collector import serve_config, start_collector
 
-from evalsi.component import REGISTRY, Settings, load_builtin_components
+from evalsi.collector.builtin import load_builtin_components
+from evalsi.component import REGISTRY, Settings
+from evalsi.exporters import mlflow as mlflow_exporter
+from evalsi.exporters.mlflow import KEY_METADATA, MlflowConfig, MlflowExporter, score_key
 from evalsi.score import Score, ScoreBatch
 from evalsi.span import Span, SpanBatch
 from evalsi.telemetry import SelfMetrics
-from evalsi.writeback import mlflow as mlflow_exporter
-from evalsi.writeback.mlflow import KEY_METADATA, MlflowConfig, MlflowExporter, score_key
 
 FAST_RETRY = {"initial_interval": "20ms", "max_interval": "100ms", "max_elapsed_time": "5s"}
 

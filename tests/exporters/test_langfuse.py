@@ -25,12 +25,13 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from pydantic import ValidationError
 from running_collector import FIXTURES, serve_config, start_collector
 
-from evalsi.component import REGISTRY, Settings, load_builtin_components
+from evalsi.collector.builtin import load_builtin_components
+from evalsi.component import REGISTRY, Settings
+from evalsi.exporters.langfuse import LangfuseConfig, LangfuseExporter, score_id
 from evalsi.receivers.otlp.decode import decode_traces_protobuf
 from evalsi.score import Score, ScoreBatch
-from evalsi.span import Span, SpanBatch
+from evalsi.span import BatchKind, Span, SpanBatch
 from evalsi.telemetry import SelfMetrics
-from evalsi.writeback.langfuse import LangfuseConfig, LangfuseExporter, score_id
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 SPAN = "b7ad6b7169203331"
@@ -222,7 +223,7 @@ def test_sampled_spans_go_to_the_otlp_endpoint_as_documented(langfuse: FakeLangf
     run_spans(
         exp,
         SpanBatch(spans),
-        SpanBatch(capture("chat_simple"), unit="session"),  # forwarded already, as their traces
+        SpanBatch(capture("chat_simple"), kind=BatchKind.SESSION),  # forwarded already, as their traces
         SpanBatch(spans[1:], revision=True),  # same OTLP fields, only canonical ones added
     )
     assert langfuse.violations == []
@@ -380,7 +381,7 @@ def test_the_senders_survive_unexpected_errors_and_say_so(
             super().clear()
 
     exp, metrics = exporter(langfuse.host)
-    exp._wake = Flaky()
+    exp._queue._senders[0].wake = Flaky()  # the scores sender's
     real_send_score = exp._send_score
 
     async def send_score(item: Any) -> None:

@@ -1,0 +1,25 @@
+"""The built-in component types, listed once: importing their modules runs their registry lines."""
+
+from __future__ import annotations
+
+import importlib
+
+BUILTIN_MODULES = (
+    "evalsi.receivers.otlp",
+    "evalsi.processors.normalize",
+    "evalsi.processors.redact",
+    "evalsi.processors.probabilistic_sampler",
+    "evalsi.processors.tail_sampling",
+    "evalsi.processors.evaluate",
+    "evalsi.exporters.clickhouse",
+    "evalsi.exporters.otlp",
+    "evalsi.exporters.prometheus",
+    "evalsi.exporters.langfuse",
+    "evalsi.exporters.mlflow",
+)
+
+
+def load_builtin_components() -> None:
+    """Register every built-in receiver, processor and exporter (a module registers once, however often called)."""
+    for name in BUILTIN_MODULES:
+        importlib.import_module(name)

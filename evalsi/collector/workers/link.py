@@ -1,0 +1,151 @@
+"""In a pipeline worker, the store link: stands where the store exporter stands and sends its rows to the collector."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from typing import Any
+
+from evalsi.component import Refused
+from evalsi.log_record import LogBatch, LogRecord
+from evalsi.score import ScoreBatch
+from evalsi.span import BatchKind, Span, SpanBatch
+from evalsi.store import RowEncoder, RowKind, Rows
+from evalsi.supervise import supervise
+from evalsi.telemetry import SelfMetrics, items_refused_counter
+
+log = logging.getLogger("evalsi.workers")
+
+# the store link sends rows once it holds this many, or after LINK_FLUSH seconds
+LINK_ROWS = 4_000
+LINK_FLUSH = 0.2
+# row tables a worker may have sent and the collector not yet queued for the store
+LINK_TABLES_IN_FLIGHT = 16
+STORE_LINK = "store_link"  # the exporter label of what a worker's store link counts
+
+
+class StoreLink:
+    """In a worker, stands where the store exporter stands in the pipelines: puts spans and log records in the
+    store's Arrow columns and sends them to the collector process, which writes them."""
+
+    def __init__(
+        self,
+        rows: RowEncoder,
+        outbox: queue.SimpleQueue[Any],
+        tables_taken: threading.Semaphore,
+        metrics: SelfMetrics | None = None,
+    ) -> None:
+        self._rows = rows
+        self._outbox = outbox
+        self.metrics = metrics or SelfMetrics()  # the worker's service metrics, once it has them
+        self._room = tables_taken  # one permit per table the collector may not have queued yet
+        self._spans: list[Span] = []
+        self._logs: list[LogRecord] = []
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._stopping = False
+
+    def _send(self, kind: RowKind, rows: Rows) -> None:
+        if not self._room.acquire(blocking=False):
+            raise Refused("the store is behind; retry later", retry_after=0.5)
+        self._outbox.put(("table", kind, rows))
+
+    async def consume(self, batch: SpanBatch) -> None:
+        if batch.kind is BatchKind.SESSION:
+            return  # a session's spans were stored as their traces completed
+        spans = [s for s in batch.spans if s.sampled]
+        if not spans:
+            return
+        if batch.revision:
+            self._flush_spans()  # a revision goes after the spans it revises
+            rows = self._encode("revisions", spans)
+            if rows is not None:
+                self._send("revisions", rows)
+            return
+        if not self._room_left():
+            raise Refused("the store is behind; retry later", retry_after=0.5)
+        self._spans.extend(spans)
+        if len(self._spans) >= LINK_ROWS:
+            self._flush_spans()
+
+    async def consume_logs(self, batch: LogBatch) -> None:
+        if not self._room_left():
+            raise Refused("the store is behind; retry later", retry_after=0.5)
+        self._logs.extend(batch.records)
+        if len(self._logs) >= LINK_ROWS:
+            self._flush_logs()
+
+    async def consume_scores(self, batch: ScoreBatch) -> None:
+        raise Refused("scores are not written from pipeline workers", unavailable=True)
+
+    def _room_left(self) -> bool:
+        # a Semaphore has no public count; try and give back
+        if self._room.acquire(blocking=False):
+            self._room.release()
+            return True
+        return False
+
+    def _encode(self, kind: RowKind, items: list[Any]) -> Rows | None:
+        """The items as the store's rows; an item whose values no column can hold is dropped alone, counted and
+        logged, as the store exporter does."""
+        rows, bad = self._rows.encode(kind, items)
+        what = {"spans": "spans", "revisions": "span revisions", "logs": "log records"}[kind]
+        if bad:
+            dropped = items_refused_counter(self.metrics)
+            for item, error in bad:
+                dropped.labels(STORE_LINK, what, type(error).__name__).inc()
+                log.error(
+                    f"dropping {what} the store refuses for their data; the others are stored",
+                    extra={"reason": type(error).__name__, "error": str(error)[:500],
+                           "ids": f"{item.trace_id}/{item.span_id}"},
+                )  # fmt: skip
+        return rows
+
+    def _flush_spans(self) -> None:
+        if self._spans:
+            spans, self._spans = self._spans, []
+            try:
+                rows = self._encode("spans", spans)
+                if rows is not None:
+                    self._send("spans", rows)
+            except BaseException:  # kept for the next flush: Refused, or a failure the supervisor logs
+                self._spans = spans + self._spans
+                raise
+
+    def _flush_logs(self) -> None:
+        if self._logs:
+            records, self._logs = self._logs, []
+            try:
+                rows = self._encode("logs", records)
+                if rows is not None:
+                    self._send("logs", rows)
+            except BaseException:
+                self._logs = records + self._logs
+                raise
+
+    async def start(self) -> None:
+        self._rows.prepare()  # before the worker reports ready
+        self._task = supervise("store link flush", self._flush_loop, log=log, metrics=self.metrics)
+
+    async def _flush_loop(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(LINK_FLUSH)
+            with contextlib.suppress(Refused):
+                self._flush_spans()
+                self._flush_logs()
+
+    async def shutdown(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        while self._spans or self._logs:
+            try:
+                self._flush_spans()
+                self._flush_logs()
+            except Refused:
+                await asyncio.sleep(0.05)

@@ -1,0 +1,240 @@
+"""The collector side of the pipeline workers: spawns them, shards encoded requests to them, queues their rows for
+the store, and restarts one that dies."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import queue
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.metrics_core import Metric
+
+from evalsi.collector.config import Config
+from evalsi.collector.workers.pipe import receive_message, send_message, widen_pipe
+from evalsi.collector.workers.worker import PipelineFactory, worker_main
+from evalsi.component import Refused
+from evalsi.encoded import EncodedBatch
+from evalsi.log_record import LogBatch
+from evalsi.span import SpanBatch
+from evalsi.store import RowKind, StoreExporter
+from evalsi.telemetry import SelfMetrics
+
+log = logging.getLogger("evalsi.workers")
+
+START_TIMEOUT = 120.0
+
+
+@dataclass
+class _Worker:
+    index: int
+    process: Any = None
+    conn: Any = None
+    outbox: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
+    in_flight: set[int] = field(default_factory=set)  # requests sent that the worker's pipelines have not taken
+    ready: asyncio.Future[int] | None = None
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+    metrics: list[Metric] = field(default_factory=list)
+    stopping: bool = False
+
+
+class WorkerPool:
+    """The collector side of the workers: starts them, shards requests to them, and queues their store tables."""
+
+    def __init__(
+        self, config: Config, store: StoreExporter | None, metrics: SelfMetrics, pipeline: PipelineFactory
+    ) -> None:
+        self.shards = config.service.workers
+        self._config = config
+        self._pipeline = pipeline  # what each worker runs: a service of the traces and logs pipelines
+        self._store = store  # the exporter owning the store, or None when no pipeline writes a store
+        self._max_in_flight = config.service.worker_max_in_flight
+        self._workers = [_Worker(i) for i in range(self.shards)]
+        self._seq = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self._restarts = metrics.counter(
+            "evalsi_worker_restarts", "Pipeline worker processes restarted after they died.", ["worker"]
+        )
+        self._lost = metrics.counter(
+            "evalsi_worker_lost_requests",
+            "Accepted requests a worker died holding (some of their spans or log records may be lost).",
+            ["worker"],
+        )
+        self.unstored: dict[str, int] = {}  # accepted requests workers died holding or did not drain in time
+
+    # the pipeline's consumer interface: receivers hand encoded requests; nothing else reaches the pool
+
+    async def consume_encoded(self, batch: EncodedBatch) -> None:
+        if self._stopping:
+            raise Refused("the collector is shutting down", unavailable=True, retry_after=5)
+        targets = [self._workers[i] for i in sorted(batch.shards)]
+        for w in targets:
+            if len(w.in_flight) >= self._max_in_flight:
+                why = self._store.not_ready() if self._store is not None else None
+                if why:  # the workers wait for the store: say so, as the store's own queue would
+                    raise Refused(f"{why}; retry later", unavailable=True, retry_after=5.0)
+                raise Refused(
+                    f"pipeline worker {w.index} has {len(w.in_flight)} requests not yet taken; retry later",
+                    retry_after=1.0,
+                )
+        self._seq += 1
+        # each owner gets the whole body and decodes only its traces' items: re-encoding a request per worker
+        # costs the collector ~18 µs a span, a second parse costs each worker ~1.5 µs
+        for w in targets:
+            w.in_flight.add(self._seq)
+            w.outbox.put(("batch", self._seq, batch.signal, batch.receiver, batch.body))
+
+    async def consume(self, batch: SpanBatch) -> None:
+        raise Refused("spans reach pipeline workers encoded", unavailable=True)
+
+    async def consume_logs(self, batch: LogBatch) -> None:
+        raise Refused("log records reach pipeline workers encoded", unavailable=True)
+
+    # lifecycle
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        for w in self._workers:
+            self._spawn(w)
+        for w in self._workers:
+            assert w.ready is not None
+            try:
+                await asyncio.wait_for(w.ready, START_TIMEOUT)
+            except TimeoutError:
+                raise RuntimeError(f"pipeline worker {w.index} did not start in {START_TIMEOUT:.0f}s") from None
+
+    def _spawn(self, w: _Worker) -> None:
+        assert self._loop is not None
+        ctx = multiprocessing.get_context("spawn")  # never fork a process holding threads, gRPC and the store
+        parent, child = ctx.Pipe(duplex=True)
+        for end in (parent, child):
+            widen_pipe(end)
+        logs = self._config.service.telemetry.logs
+        w.process = ctx.Process(
+            target=worker_main,
+            args=(w.index, self.shards, self._config, self._pipeline, child, logs.level, logs.encoding),
+            name=f"evalsi-worker-{w.index}",
+            daemon=True,
+        )
+        w.process.start()
+        child.close()
+        w.conn, w.outbox, w.in_flight = parent, queue.SimpleQueue(), set()
+        w.ready, w.stopping = self._loop.create_future(), False
+        w.drained = asyncio.Event()
+        threading.Thread(target=self._send_loop, args=(w, parent, w.outbox), daemon=True).start()
+        threading.Thread(target=self._receive_loop, args=(w, parent), daemon=True).start()
+
+    @staticmethod
+    def _send_loop(w: _Worker, conn: Any, outbox: queue.SimpleQueue[Any]) -> None:
+        while True:
+            msg = outbox.get()
+            if msg is None:
+                return
+            try:
+                send_message(conn, msg)
+            except (OSError, ValueError):
+                return  # the worker is gone; the receive loop reports it
+
+    def _receive_loop(self, w: _Worker, conn: Any) -> None:
+        assert self._loop is not None
+        loop = self._loop
+        while True:
+            try:
+                msg = receive_message(conn)
+            except (EOFError, OSError):
+                break
+            kind = msg[0]
+            if kind == "table":
+                # blocks this thread while the store queue is full: the worker's link fills and it stops taking
+                # requests, so the receivers answer 429 (backpressure, not loss)
+                with contextlib.suppress(RuntimeError):
+                    asyncio.run_coroutine_threadsafe(self._write_rows(msg[1], msg[2]), loop).result()
+                w.outbox.put(("table_taken",))
+            else:
+                loop.call_soon_threadsafe(self._on_message, w, msg)
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._on_exit, w)
+
+    async def _write_rows(self, kind: RowKind, body: bytearray) -> None:
+        assert self._store is not None, "a worker sent rows, but no pipeline writes a store"
+        while True:
+            try:
+                self._store.write_rows(kind, body)
+                return
+            except Refused as r:
+                await asyncio.sleep(min(r.retry_after, 0.5))
+
+    def _on_message(self, w: _Worker, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "ack":
+            w.in_flight.discard(msg[1])
+        elif kind == "metrics":
+            w.metrics = msg[1]
+        elif kind == "ready":
+            if w.ready is not None and not w.ready.done():
+                w.ready.set_result(msg[1])
+            log.info("pipeline worker ready", extra={"worker": w.index, "pid": msg[1]})
+        elif kind == "failed":
+            if w.ready is not None and not w.ready.done():
+                w.ready.set_exception(RuntimeError(f"pipeline worker {w.index}: {msg[1]}"))
+        elif kind == "drained":
+            w.drained.set()
+
+    def _on_exit(self, w: _Worker) -> None:
+        w.drained.set()  # a worker that died drains nothing more
+        if w.ready is not None and not w.ready.done():
+            w.ready.set_exception(RuntimeError(f"pipeline worker {w.index} exited while starting"))
+            return
+        if self._stopping or w.stopping:
+            return
+        lost = len(w.in_flight)
+        code = w.process.exitcode if w.process is not None else None
+        log.error(
+            "pipeline worker died; restarting it (what it held is lost)",
+            extra={"worker": w.index, "exitcode": code, "requests_in_flight": len(w.in_flight)},
+        )
+        self._restarts.labels(str(w.index)).inc()
+        self._lost.labels(str(w.index)).inc(lost)
+        if lost:
+            self.unstored["requests"] = self.unstored.get("requests", 0) + lost
+        w.outbox.put(None)
+        self._spawn(w)
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers if w.process is not None]
+
+    async def shutdown(self, timeout: float = 60.0) -> None:
+        """Stop taking requests; each worker drains its processors into the store link, sends the rest, exits."""
+        self._stopping = True
+        for w in self._workers:
+            w.stopping = True
+            w.outbox.put(("drain",))
+        deadline = time.monotonic() + timeout
+        for w in self._workers:
+            try:
+                await asyncio.wait_for(w.drained.wait(), max(0.1, deadline - time.monotonic()))
+            except TimeoutError:
+                log.error(
+                    "pipeline worker did not drain in time",
+                    extra={"worker": w.index, "requests_in_flight": len(w.in_flight)},
+                )
+                if w.in_flight:
+                    self.unstored["requests"] = self.unstored.get("requests", 0) + len(w.in_flight)
+        for w in self._workers:
+            w.outbox.put(None)
+            if w.process is not None:
+                await asyncio.to_thread(w.process.join, 10)
+                if w.process.is_alive():
+                    w.process.kill()
+
+    def collect(self) -> Iterable[Metric]:
+        for w in self._workers:
+            yield from w.metrics

@@ -1,0 +1,175 @@
+"""A pipeline worker process: decodes the requests of the traces it owns, runs the traces and logs pipelines on
+them, and sends what the store takes to the collector process through its store link."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import signal
+import threading
+from typing import Any, Protocol
+
+from evalsi.collector.config import Config, type_of
+from evalsi.collector.heap import tune_gc
+from evalsi.collector.logs import configure
+from evalsi.collector.workers.link import LINK_TABLES_IN_FLIGHT, StoreLink
+from evalsi.collector.workers.pipe import receive_message, send_message
+from evalsi.component import REGISTRY, Refused
+from evalsi.encoded import Decoder, EncodedBatch
+from evalsi.store import RowEncoder
+from evalsi.supervise import supervise
+from evalsi.telemetry import SelfMetrics
+
+log = logging.getLogger("evalsi.workers")
+
+METRICS_INTERVAL = 1.0
+
+
+class Pipelines(Protocol):
+    """What a worker runs: the service of the traces and logs pipelines, with the store link for the store."""
+
+    metrics: SelfMetrics
+    heads: dict[str, dict[Any, Any]]
+    """Where each receiver's items enter, by receiver id and signal."""
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+
+class PipelineFactory(Protocol):
+    def __call__(self, config: Config, *, worker_store: StoreLink) -> Pipelines: ...
+
+
+def worker_main(
+    index: int, shards: int, config: Config, pipeline: PipelineFactory, conn: Any, log_level: str, log_encoding: str
+) -> None:
+    """A worker process: runs the traces and logs pipelines on the traces it owns until told to drain."""
+    configure(log_level, log_encoding)
+    try:
+        asyncio.run(_WorkerRuntime(index, shards, config, pipeline, conn).run())
+    except KeyboardInterrupt:  # the collector handles SIGINT; the worker waits for its drain message
+        pass
+
+
+class _WorkerRuntime:
+    def __init__(self, index: int, shards: int, config: Config, pipeline: PipelineFactory, conn: Any) -> None:
+        self.index, self.shards, self.config, self.conn = index, shards, config, conn
+        self.pipeline = pipeline
+        self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.room = threading.Semaphore(LINK_TABLES_IN_FLIGHT)
+        self.inbox: asyncio.Queue[Any] = asyncio.Queue()
+
+    def _send_loop(self) -> None:
+        while True:
+            msg = self.outbox.get()
+            if msg is None:
+                return
+            try:
+                send_message(self.conn, msg)
+            except (OSError, ValueError):
+                os._exit(1)  # the collector is gone: nothing here can be delivered any more
+
+    def _receive_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        while True:
+            try:
+                msg = receive_message(self.conn)
+            except (EOFError, OSError):
+                msg = ("drain", "collector gone")  # drain what can be drained, then exit
+            if msg[0] == "table_taken":
+                self.room.release()
+                continue
+            loop.call_soon_threadsafe(self.inbox.put_nowait, msg)
+            if msg[0] == "drain" and len(msg) == 2:
+                return  # the collector is gone
+
+    async def run(self) -> None:
+        with contextlib.suppress(ValueError):  # SIGINT goes to the whole process group; the collector leads
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        loop = asyncio.get_running_loop()
+        sender = threading.Thread(target=self._send_loop, daemon=True)
+        sender.start()
+        threading.Thread(target=self._receive_loop, args=(loop,), daemon=True).start()
+        link = StoreLink(_row_encoder(self.config), self.outbox, self.room)
+        try:
+            service = self.pipeline(self.config, worker_store=link)
+            link.metrics = service.metrics
+            await service.start()
+        except Exception as e:
+            self.outbox.put(("failed", f"{type(e).__name__}: {e}"))
+            self.outbox.put(None)
+            await asyncio.to_thread(sender.join)
+            return
+        tune_gc()
+        worker = str(self.index)
+        decoded = {
+            "traces": service.metrics.counter(
+                "evalsi_worker_spans", "Spans a pipeline worker decoded: those of the traces it owns.", ["worker"]
+            ).labels(worker),
+            "logs": service.metrics.counter(
+                "evalsi_worker_log_records", "Log records a pipeline worker decoded.", ["worker"]
+            ).labels(worker),
+        }
+        self.outbox.put(("ready", os.getpid()))
+        metrics_task = supervise(
+            "worker metrics", lambda: self._metrics_loop(service.metrics), log=log, metrics=service.metrics
+        )
+        shard = (self.index, self.shards)
+        decoders = {rid: _decoder(rid) for rid in service.heads}
+        while True:
+            msg = await self.inbox.get()
+            if msg[0] == "drain":
+                break
+            _, seq, signal_name, receiver, body = msg
+            head = service.heads.get(receiver, {}).get(signal_name)
+            if head is not None:
+                encoded = EncodedBatch(signal_name, body, 0, frozenset(), receiver)
+                decode = decoders[receiver]
+                batch = decode(encoded, shard, metrics=service.metrics, log=log)
+                if len(batch):
+                    decoded[signal_name].inc(len(batch))
+                    await _hand_on(head.consume if signal_name == "traces" else head.consume_logs, batch)
+            self.outbox.put(("ack", seq))
+        metrics_task.cancel()
+        await service.shutdown()
+        self.outbox.put(("metrics", list(service.metrics.registry.collect())))
+        self.outbox.put(("drained",))
+        self.outbox.put(None)
+        await asyncio.to_thread(sender.join)  # every table sent before the process ends
+
+    async def _metrics_loop(self, metrics: SelfMetrics) -> None:
+        while True:
+            await asyncio.sleep(METRICS_INTERVAL)
+            self.outbox.put(("metrics", list(metrics.registry.collect())))
+
+
+async def _hand_on(consume: Any, batch: Any) -> None:
+    """Hand a batch to the pipeline, waiting while it refuses: the collector already answered for it."""
+    delay = 0.01
+    while True:
+        try:
+            await consume(batch)
+            return
+        except Refused as r:
+            await asyncio.sleep(min(delay, r.retry_after))
+            delay = min(delay * 2, 0.5)
+
+
+def _decoder(receiver: str) -> Decoder:
+    decode = REGISTRY[("receiver", type_of(receiver))].decode
+    if decode is None:  # config validation refuses such a receiver with service.workers > 1
+        raise RuntimeError(f"receiver {receiver!r} cannot hand requests to pipeline workers")
+    return decode
+
+
+def _row_encoder(config: Config) -> RowEncoder | None:
+    """The row encoder of the store the pipelines write, if any (config validation allows one with workers)."""
+    for pipe in config.service.pipelines.values():
+        for eid in pipe.exporters:
+            store = REGISTRY[("exporter", type_of(eid))].store
+            if store is not None:
+                return store.rows()
+    return None

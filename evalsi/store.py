@@ -1,0 +1,87 @@
+"""The store port: what the collector, its API, the CLI and the pipeline workers ask of the exporter that owns the
+store, whatever the store is. The ClickHouse exporter implements it; the collector names no store type."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+Rows = bytes | bytearray | memoryview
+"""Rows in a store's own encoding, as they cross from a pipeline worker to the collector process."""
+
+RowKind = Literal["spans", "revisions", "logs"]
+"""What a table of rows holds: new spans, revisions of spans already stored (they replace them), log records."""
+
+
+class StoreError(Exception):
+    """The store cannot be opened or used; the message says what to do."""
+
+
+class StoreBusy(StoreError):
+    """Another process holds the store (an embedded store opens in one process at a time)."""
+
+
+class TraceQueries(Protocol):
+    """Reading the store: what the API and the CLI show."""
+
+    @property
+    def description(self) -> str:
+        """Where the store is, e.g. `embedded ClickHouse store at ./evalsi-data`."""
+        ...
+
+    def list_traces(self, *, limit: int = 20, service: str | None = None) -> list[dict[str, Any]]: ...
+
+    def get_trace(self, trace_id: str) -> list[dict[str, Any]]: ...
+
+    def list_scores(
+        self, *, limit: int = 100, trace_id: str | None = None, policy: str | None = None
+    ) -> list[dict[str, Any]]: ...
+
+    def score_window_stats(self, *, since_ns: int, policy: str | None = None) -> list[dict[str, Any]]: ...
+
+    def ping(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class RowEncoder(Protocol):
+    """In a pipeline worker: items put in the store's own row encoding, to be written by the collector process."""
+
+    def prepare(self) -> None:
+        """Load what encoding needs (before the worker reports ready)."""
+        ...
+
+    def encode(self, kind: RowKind, items: list[Any]) -> tuple[Rows | None, list[tuple[Any, BaseException]]]:
+        """The rows of the items the store can hold (None when there are none), and each item it cannot, with why:
+        those are dropped alone."""
+        ...
+
+
+@runtime_checkable
+class StoreExporter(Protocol):
+    """The exporter that owns the store, as the collector sees it."""
+
+    store: TraceQueries | None
+    """Set once started."""
+
+    unstored: dict[str, int]
+    """What it was handed (acknowledged to senders) but could not write before it stopped, by kind."""
+
+    def not_ready(self) -> str | None:
+        """Why it cannot take data now (a store outage), or None."""
+        ...
+
+    def write_rows(self, kind: RowKind, body: Rows) -> None:
+        """Queue rows a worker's `RowEncoder` made; raises `Refused` while its queue is full."""
+        ...
+
+
+@dataclass(frozen=True)
+class StoreType:
+    """What an exporter type that owns a store registers beside its class (`@exporter(..., store=StoreType(...))`)."""
+
+    rows: Callable[[], RowEncoder]
+    """The encoder pipeline workers use in place of the exporter."""
+    open_queries: Callable[[Any], TraceQueries]
+    """Open the store of a config of this type for reading, with no collector running (raises `StoreError`)."""

@@ -1,0 +1,132 @@
+"""The layer contract: imports go down the layers only, and no module imports itself through others.
+
+Layers, bottom up: the core types and domain code (`evalsi.span`, `evalsi.trajectory`, `evalsi.component`, ...),
+the evaluators, the policies, the components (receivers, processors, exporters), the collector and the harness,
+the CLI. A function-level import counts like any other: it must not dodge a cycle. Imports under
+`if TYPE_CHECKING:` are left out (they never run).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import grimp
+import pytest
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    (),  # core: every top-level module and package not named below
+    ("evaluators",),
+    ("policies",),
+    ("receivers", "processors", "exporters"),
+    ("collector", "run_harness"),
+    ("cli", "__main__"),
+)
+COMPONENT_PACKAGES = ("evalsi.receivers", "evalsi.processors", "evalsi.exporters")
+REGISTRY_OF_BUILTINS = "evalsi.collector.builtin"
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else ""
+    return next((i for i, names in enumerate(LAYERS) if top in names), 0)
+
+
+def upward_imports(graph: grimp.ImportGraph) -> list[str]:
+    """Each import from a lower layer into a higher one, as `importer -> imported (line N)`."""
+    found = []
+    for importer in sorted(graph.modules):
+        for imported in sorted(graph.find_modules_directly_imported_by(importer)):
+            if layer_of(imported) > layer_of(importer):
+                lines = sorted(d["line_number"] for d in graph.get_import_details(importer=importer, imported=imported))
+                found.append(f"{importer} -> {imported} (line {', '.join(map(str, lines))})")
+    return found
+
+
+def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """The strongly connected sets of modules (Tarjan): each set of two or more imports itself through the others.
+
+    A package's `__init__` importing its own submodules is not counted (the submodule is part of the package)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def edges(m: str) -> list[str]:
+        return sorted(d for d in graph.find_modules_directly_imported_by(m) if not d.startswith(m + "."))
+
+    def visit(root: str) -> None:
+        # iterative Tarjan: the import graph is deep enough to hit the recursion limit
+        work = [(root, iter(edges(root)))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(edges(child))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    group.append(m)
+                    if m == node:
+                        break
+                if len(group) > 1:
+                    cycles.append(sorted(group))
+
+    for m in sorted(graph.modules):
+        if m not in index:
+            visit(m)
+    return cycles
+
+
+def component_imports_in_collector(graph: grimp.ImportGraph) -> list[str]:
+    """The collector names no component: only the list of built-ins imports their modules (to register them)."""
+    found = []
+    for importer in sorted(m for m in graph.modules if layer_of(m) == 4 and m != REGISTRY_OF_BUILTINS):
+        for imported in sorted(graph.find_modules_directly_imported_by(importer)):
+            if imported.startswith(tuple(p + "." for p in COMPONENT_PACKAGES)):
+                found.append(f"{importer} -> {imported}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph() -> grimp.ImportGraph:
+    return grimp.build_graph("evalsi", exclude_type_checking_imports=True, cache_dir=None)
+
+
+def test_imports_go_down_the_layers_only(graph: grimp.ImportGraph) -> None:
+    assert upward_imports(graph) == []
+
+
+def test_no_module_imports_itself_through_others(graph: grimp.ImportGraph) -> None:
+    assert import_cycles(graph) == []
+
+
+def test_the_collector_names_no_component(graph: grimp.ImportGraph) -> None:
+    assert component_imports_in_collector(graph) == []
+
+
+def test_the_contract_fails_on_an_upward_import_and_on_a_cycle(graph: grimp.ImportGraph) -> None:
+    """The checks above can fail: add an upward import and a cycle to a copy of the real graph."""
+    g = copy.deepcopy(graph)
+    g.add_import(importer="evalsi.span", imported="evalsi.processors.normalize", line_number=7, line_contents="x")
+    assert "evalsi.span -> evalsi.processors.normalize (line 7)" in upward_imports(g)
+    g.add_import(importer="evalsi.score", imported="evalsi.trajectory", line_number=3, line_contents="x")
+    g.add_import(importer="evalsi.trajectory", imported="evalsi.score", line_number=3, line_contents="x")
+    assert any({"evalsi.score", "evalsi.trajectory"} <= set(c) for c in import_cycles(g))
+    g.add_import(importer="evalsi.collector.service", imported="evalsi.exporters.clickhouse")
+    assert "evalsi.collector.service -> evalsi.exporters.clickhouse" in component_imports_in_collector(g)
