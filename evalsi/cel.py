@@ -79,6 +79,17 @@ class Program:
         # an error value's .value() is a truthy message string: check the type first
         return value.type() == _BOOL and value.value() is True
 
+    def holds(self, activation: Mapping[str, Any]) -> bool:
+        """Like `matches`, but an evaluation error (a missing key, a type mismatch) raises `ValueError` with CEL's
+        message instead of counting as false: for conditions whose failure must be explained (run gates)."""
+        try:
+            value = self._expression.eval(data=activation)
+        except Exception as e:
+            raise ValueError(_message(e)) from None
+        if value.type() != _BOOL:
+            raise ValueError(_message(Exception(str(value.value()))))
+        return value.value() is True
+
     def __repr__(self) -> str:
         return f"Program({self.source!r})"
 

@@ -19,6 +19,7 @@ from rich.tree import Tree
 from evalsi import __version__
 from evalsi.collector.config import Config, ConfigError, load_config
 from evalsi.collector.query import QueryError, TraceReader, open_reader
+from evalsi.run_harness import commands
 from evalsi.store import StoreError
 
 app = typer.Typer(help="evalsi: an OpenTelemetry collector that turns GenAI traces into evaluations.",
@@ -31,6 +32,9 @@ evaluators_app = typer.Typer(help="The evaluators this evalsi knows.", no_args_i
 app.add_typer(evaluators_app, name="evaluators")
 policies_app = typer.Typer(help="Online evaluation policies: their window aggregates.", no_args_is_help=True)
 app.add_typer(policies_app, name="policies")
+app.command("run")(commands.run_command)
+app.add_typer(commands.runs_app, name="runs")
+app.command("compare")(commands.compare_command)
 
 # piped output gets a wide console so ids are never cut
 out = Console(width=None if sys.stdout.isatty() else 200)
@@ -78,14 +82,32 @@ def serve(config: ConfigOpt = None) -> None:
 
 
 @app.command()
-def validate(config: Annotated[Path, typer.Option("-c", "--config", help="Config file to check.")]) -> None:
-    """Check a config file without starting anything; print OK or every error."""
-    try:
-        load_config(config)
-    except ConfigError as e:
-        err.print(str(e), highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
-    out.print(f"OK: {config}")
+def validate(
+    config: Annotated[Path | None, typer.Option("-c", "--config", help="Config file to check.")] = None,
+    run_file: Annotated[Path | None, typer.Option("-f", "--file", help="EvalRun file to check.")] = None,
+) -> None:
+    """Check a config file (-c) or a run file (-f) without starting anything; print OK or every error."""
+    from evalsi.run_harness.dataset import DatasetError, load_dataset
+    from evalsi.run_harness.spec import RunSpecError, load_run
+
+    if config is None and run_file is None:
+        raise _fail("give a config (-c evalsi.yaml) or a run file (-f run.yaml) to check")
+    problems = []
+    if config is not None:
+        try:
+            load_config(config)
+        except ConfigError as e:
+            problems.append(str(e))
+    if run_file is not None:
+        try:
+            spec = load_run(run_file)
+            load_dataset(spec.path(spec.body.dataset.path), spec.body.dataset.limit)
+        except (RunSpecError, DatasetError) as e:
+            problems.append(str(e))
+    if problems:
+        err.print("\n".join(problems), highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+    out.print(f"OK: {', '.join(str(p) for p in (config, run_file) if p is not None)}")
 
 
 @app.command()

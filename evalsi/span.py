@@ -120,6 +120,54 @@ class Span:
         }
 
 
+def span_from_canonical(c: dict[str, Any]) -> Span:
+    """A span from its canonical shape (`Span.canonical()`, or a stored row read back): what evaluators read of
+    stored traces. The end time comes from `duration_ns`."""
+    start = int(c.get("start_time_unix_nano", 0))
+    return Span(
+        trace_id=c["trace_id"],
+        span_id=c["span_id"],
+        parent_span_id=c.get("parent_span_id", ""),
+        name=c.get("name", ""),
+        kind=c.get("kind", "INTERNAL"),
+        start_time_unix_nano=start,
+        end_time_unix_nano=start + int(c.get("duration_ns", 0)),
+        status_code=c.get("status_code", "UNSET"),
+        status_message=c.get("status_message", ""),
+        trace_state=c.get("trace_state", ""),
+        service_name=c.get("service_name", ""),
+        scope_name=c.get("scope_name", ""),
+        scope_version=c.get("scope_version", ""),
+        attributes=dict(c.get("attributes") or {}),
+        resource_attributes=dict(c.get("resource_attributes") or {}),
+        events=[
+            SpanEvent(int(e["time_unix_nano"]), e["name"], dict(e.get("attributes") or {}))
+            for e in c.get("events") or []
+        ],
+        links=[
+            SpanLink(k["trace_id"], k["span_id"], k.get("trace_state", ""), dict(k.get("attributes") or {}))
+            for k in c.get("links") or []
+        ],
+        step_type=c.get("step_type", "other"),
+        model=c.get("model"),
+        provider=c.get("provider"),
+        input_tokens=c.get("input_tokens"),
+        output_tokens=c.get("output_tokens"),
+        tool_name=c.get("tool_name"),
+        session_id=c.get("session_id"),
+        agent_name=c.get("agent_name"),
+        user_id=c.get("user_id"),
+        cost_usd=c.get("cost_usd"),
+        error_type=c.get("error_type"),
+        input=c.get("input"),
+        output=c.get("output"),
+        content_captured=bool(c.get("content_captured", False)),
+        convention=c.get("convention", ""),
+        unparsed=list(c.get("unparsed") or []),
+        details=dict(c.get("details") or {}),
+    )
+
+
 class BatchKind(StrEnum):
     """What a span batch holds, and so what each stage does with it."""
 

@@ -13,12 +13,12 @@ from fastapi import Body, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from evalsi.collector import score_api
+from evalsi.collector import run_api, score_api
 from evalsi.component import Refused, ScoreConsumer
 from evalsi.duration import parse_duration
 from evalsi.evaluators.judge_client import Judges
 from evalsi.ids import is_trace_id
-from evalsi.score import ScoreBatch
+from evalsi.score import Score, ScoreBatch
 from evalsi.store import TraceQueries
 
 
@@ -112,6 +112,63 @@ def build_api(
                 503 if e.unavailable else 429, str(e), headers={"Retry-After": str(max(1, math.ceil(e.retry_after)))}
             ) from None
         return {"stored": score_api.score_record(score)}
+
+    # --- offline runs (`evalsi run`) ---------------------------------------------------------------------
+
+    @app.post("/v1/runs/{run_id}/score")
+    async def score_run(run_id: str, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+        """Score a run's traces once they are stored; the scores go where every score goes (the scores pipeline,
+        else the store) and come back in the answer."""
+        try:
+            plan = run_api.plan_scoring(run_id, body)
+        except run_api.RunRequestError as e:
+            raise HTTPException(e.status, str(e)) from None
+        s = need_store()
+        traces, missing = await asyncio.to_thread(run_api.wait_for_traces, s, plan)
+        found = await asyncio.to_thread(run_api.score_traces, plan, traces, judges)
+        if found:
+            await _hand_on_scores(found, deadline=time.monotonic() + max(5.0, plan.request.wait_s))
+        return {"scores": [run_api.score_dict(x) for x in found], "missing": missing}
+
+    async def _hand_on_scores(found: list[Score], deadline: float) -> None:
+        if scores is None:
+            await asyncio.to_thread(need_store().write_scores, found)
+            return
+        while True:
+            try:
+                await scores.consume_scores(ScoreBatch(found))
+                return
+            except Refused as e:
+                if time.monotonic() + e.retry_after > deadline:
+                    raise HTTPException(
+                        503 if e.unavailable else 429, str(e),
+                        headers={"Retry-After": str(max(1, math.ceil(e.retry_after)))},
+                    ) from None  # fmt: skip
+                await asyncio.sleep(e.retry_after)
+
+    @app.post("/v1/runs")
+    async def record_run(body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+        try:
+            r = run_api.parse_run_record(body)
+        except run_api.RunRequestError as e:
+            raise HTTPException(e.status, str(e)) from None
+        await asyncio.to_thread(need_store().write_run, r.run_id, r.name, r.status, r.manifest, r.summary)
+        return {"run_id": r.run_id, "status": r.status}
+
+    @app.get("/api/v1/runs")
+    async def list_runs(limit: int = Query(20, ge=1, le=10_000)) -> dict[str, Any]:
+        return {"runs": await asyncio.to_thread(need_store().list_runs, limit=limit)}
+
+    @app.get("/api/v1/runs/{run_id}")
+    async def get_run(run_id: str) -> dict[str, Any]:
+        found = await asyncio.to_thread(need_store().list_runs, limit=1, run_id=run_id)
+        if not found:
+            raise HTTPException(404, f"run {run_id} not found")
+        return found[0]
+
+    @app.get("/api/v1/runs/{run_id}/scores")
+    async def get_run_scores(run_id: str) -> dict[str, Any]:
+        return {"scores": await asyncio.to_thread(need_store().run_scores, run_id)}
 
     @app.get("/api/v1/policies/stats")
     async def policy_stats(window: str = "5m", policy: str | None = None) -> dict[str, Any]:

@@ -269,6 +269,10 @@ class Service:
     def stop(self) -> None:
         self._stop.set()
 
+    async def stopped(self) -> None:
+        """Returns once `stop()` is called (or SIGTERM/SIGINT under `run()`)."""
+        await self._stop.wait()
+
     async def run(self) -> None:
         """Start, serve until SIGTERM/SIGINT (or `stop()`), then drain and stop."""
         loop = asyncio.get_running_loop()

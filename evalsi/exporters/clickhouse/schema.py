@@ -323,15 +323,7 @@ LIMIT {{limit:UInt32}}
 """
 
 
-def trace_spans_sql(table: str) -> str:
-    """Every span of one trace, in start order; the trace_id_ts table narrows the time range as Grafana does.
-    Parameter: {trace_id:String}."""
-    return f"""
-WITH
-    (SELECT min(Start) FROM {table}_trace_id_ts WHERE TraceId = {{trace_id:String}}) AS t_start,
-    (SELECT max(End) FROM {table}_trace_id_ts WHERE TraceId = {{trace_id:String}}) AS t_end
-SELECT
-    TraceId, SpanId, ParentSpanId, TraceState, SpanName, SpanKind, ServiceName,
+_SPAN_COLUMNS = """    TraceId, SpanId, ParentSpanId, TraceState, SpanName, SpanKind, ServiceName,
     toUnixTimestamp64Nano(Timestamp) AS StartNs, Duration, StatusCode, StatusMessage,
     ScopeName, ScopeVersion, SpanAttributes, ResourceAttributes,
     arrayMap(t -> toUnixTimestamp64Nano(t), `Events.Timestamp`) AS EventTimes, `Events.Name` AS EventNames,
@@ -341,7 +333,18 @@ SELECT
     StepType, Model, Provider, InputTokens, OutputTokens, ToolName, SessionId, AgentName, UserId, CostUsd, ErrorType,
     Input, Output,
     ContentCaptured, Convention, Unparsed, Details
-FROM {table}
+"""
+
+
+def trace_spans_sql(table: str) -> str:
+    """Every span of one trace, in start order; the trace_id_ts table narrows the time range as Grafana does.
+    Parameter: {trace_id:String}."""
+    return f"""
+WITH
+    (SELECT min(Start) FROM {table}_trace_id_ts WHERE TraceId = {{trace_id:String}}) AS t_start,
+    (SELECT max(End) FROM {table}_trace_id_ts WHERE TraceId = {{trace_id:String}}) AS t_end
+SELECT
+{_SPAN_COLUMNS}FROM {table}
 WHERE TraceId = {{trace_id:String}}
   AND Timestamp >= t_start AND Timestamp <= t_end
 ORDER BY Timestamp, SpanId
@@ -361,4 +364,74 @@ FROM {table} FINAL
 WHERE Outcome = 'scored' AND Timestamp >= fromUnixTimestamp64Nano({{since_ns:Int64}}) {policy}
 GROUP BY Policy, Evaluator, Name
 ORDER BY Policy, Evaluator, Name
+"""
+
+
+def runs_ddl(table: str) -> list[str]:
+    """Offline runs (`evalsi run`): one row per run id, the newest write kept (ReplacingMergeTree, read with FINAL):
+    its manifest and, once finished, its summary (aggregates, gates, counts), both JSON."""
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {table} (
+    Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),
+    RunId String CODEC(ZSTD(1)),
+    Name LowCardinality(String) CODEC(ZSTD(1)),
+    Status LowCardinality(String) CODEC(ZSTD(1)),
+    Manifest String CODEC(ZSTD(3)),
+    Summary String CODEC(ZSTD(3))
+) ENGINE = ReplacingMergeTree(Timestamp)
+ORDER BY RunId
+SETTINGS index_granularity = 8192"""
+    ]
+
+
+def list_runs_sql(table: str, *, with_id: bool) -> str:
+    """Runs newest first, each once (FINAL). Parameters: {limit:UInt32}, optionally {run_id:String}."""
+    where = "WHERE RunId = {run_id:String}" if with_id else ""
+    return f"""
+SELECT toUnixTimestamp64Nano(Timestamp) AS timestamp_unix_nano, RunId AS run_id, Name AS name, Status AS status,
+    Manifest AS manifest, Summary AS summary
+FROM {table} FINAL
+{where}
+ORDER BY Timestamp DESC
+LIMIT {{limit:UInt32}}
+"""
+
+
+def _ids(trace_ids: list[str]) -> str:
+    """Trace ids in hex, checked by the caller: safe to inline (a parameter array is spelled differently by chDB
+    and by clickhouse-connect)."""
+    return ", ".join(f"'{t}'" for t in trace_ids)
+
+
+def span_counts_sql(table: str, trace_ids: list[str]) -> str:
+    """Stored spans per trace, for traces started since a time. Parameter: {since:Int64}."""
+    return f"""
+SELECT TraceId AS trace_id, count() AS spans
+FROM {table}
+WHERE TraceId IN ({_ids(trace_ids)}) AND Timestamp >= fromUnixTimestamp64Nano({{since:Int64}})
+GROUP BY TraceId
+"""
+
+
+def traces_spans_sql(table: str, trace_ids: list[str]) -> str:
+    """Every span of several traces started since a time, by trace and start. Parameter: {since:Int64}. Columns as
+    `trace_spans_sql`."""
+    return f"""
+SELECT
+{_SPAN_COLUMNS}FROM {table}
+WHERE TraceId IN ({_ids(trace_ids)}) AND Timestamp >= fromUnixTimestamp64Nano({{since:Int64}})
+ORDER BY TraceId, Timestamp, SpanId
+"""
+
+
+def run_scores_sql(table: str) -> str:
+    """Every score of a run, each key once (FINAL). Parameter: {run_id:String}."""
+    return f"""
+SELECT toUnixTimestamp64Nano(Timestamp) AS timestamp_unix_nano, Project AS project, TraceId AS trace_id,
+    SpanId AS span_id, Policy AS policy, Evaluator AS evaluator, EvaluatorVersion AS evaluator_version, Name AS name,
+    Value AS value, Passed AS passed, Label AS label, Explanation AS explanation, Outcome AS outcome, Reason AS reason,
+    Source AS source, JudgeCostUsd AS judge_cost_usd, RunId AS run_id, Trial AS trial, TaskId AS task_id
+FROM {table} FINAL
+WHERE RunId = {{run_id:String}}
+ORDER BY TaskId, Trial, Name
 """

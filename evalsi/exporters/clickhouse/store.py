@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -11,18 +13,31 @@ from evalsi.exporters.clickhouse.backend import Backend
 from evalsi.exporters.clickhouse.rows import canonical_from_row, scores_to_arrow, to_arrow
 from evalsi.exporters.clickhouse.schema import (
     delete_spans_sql,
+    list_runs_sql,
     list_scores_sql,
     list_traces_sql,
     logs_ddl,
+    run_scores_sql,
+    runs_ddl,
     score_window_stats_sql,
     scores_ddl,
+    span_counts_sql,
     trace_spans_sql,
     traces_ddl,
+    traces_spans_sql,
 )
 from evalsi.score import Score
 from evalsi.span import Span
 
 _HEX = re.compile(r"^[0-9a-f]+$")
+
+
+def _checked(trace_ids: list[str]) -> list[str]:
+    ids = [t.lower() for t in trace_ids]
+    bad = next((t for t in ids if not (len(t) == 32 and _HEX.match(t))), None)
+    if bad is not None:
+        raise ValueError(f"not a trace id: {bad!r}")
+    return ids
 
 
 class TraceStore:
@@ -33,12 +48,14 @@ class TraceStore:
         table: str = "otel_traces",
         logs_table: str = "otel_logs",
         scores_table: str = "evalsi_scores",
+        runs_table: str = "evalsi_runs",
         ttl_days: int = 0,
     ) -> None:
         self.backend = backend
         self.table = table
         self.logs_table = logs_table
         self.scores_table = scores_table
+        self.runs_table = runs_table
         self.ttl_days = ttl_days
 
     @property
@@ -48,7 +65,7 @@ class TraceStore:
     def create_schema(self) -> None:
         extra = self.backend.table_settings
         ddl = traces_ddl(self.table, self.ttl_days, extra) + logs_ddl(self.logs_table, self.ttl_days, extra)
-        for statement in ddl + scores_ddl(self.scores_table):
+        for statement in ddl + scores_ddl(self.scores_table) + runs_ddl(self.runs_table):
             self.backend.command(statement)
 
     def write(self, spans: list[Span]) -> None:
@@ -141,6 +158,46 @@ class TraceStore:
         """The trace's spans in the canonical shape, in start order; empty when unknown."""
         rows = self.backend.query(trace_spans_sql(self.table), {"trace_id": trace_id.lower()})
         return [canonical_from_row(r) for r in rows]
+
+    def span_counts(self, trace_ids: list[str], *, since_ns: int = 0) -> dict[str, int]:
+        """Stored spans of each trace (started since `since_ns`); a trace with none is left out."""
+        rows = self.backend.query(span_counts_sql(self.table, _checked(trace_ids)), {"since": since_ns})
+        return {r["trace_id"]: int(r["spans"]) for r in rows}
+
+    def get_traces(self, trace_ids: list[str], *, since_ns: int = 0) -> dict[str, list[dict[str, Any]]]:
+        """The spans of several traces in the canonical shape, by trace id, each in start order."""
+        rows = self.backend.query(traces_spans_sql(self.table, _checked(trace_ids)), {"since": since_ns})
+        out: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            out.setdefault(r["TraceId"], []).append(canonical_from_row(r))
+        return out
+
+    def run_scores(self, run_id: str) -> list[dict[str, Any]]:
+        return self.backend.query(run_scores_sql(self.scores_table), {"run_id": run_id})
+
+    def write_run(self, run_id: str, name: str, status: str, manifest: dict[str, Any], summary: dict[str, Any]) -> None:
+        """Record a run (its newest record wins)."""
+        table = pa.table(
+            {
+                "Timestamp": pa.array([time.time_ns()], pa.timestamp("ns")),
+                "RunId": [run_id],
+                "Name": [name],
+                "Status": [status],
+                "Manifest": [json.dumps(manifest, sort_keys=True, default=str)],
+                "Summary": [json.dumps(summary, sort_keys=True, default=str)],
+            }
+        )
+        self.backend.insert(self.runs_table, table)
+
+    def list_runs(self, *, limit: int = 20, run_id: str | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit}
+        if run_id:
+            params["run_id"] = run_id
+        rows = self.backend.query(list_runs_sql(self.runs_table, with_id=bool(run_id)), params)
+        for r in rows:
+            r["manifest"] = json.loads(r["manifest"] or "{}")
+            r["summary"] = json.loads(r["summary"] or "{}")
+        return rows
 
     def span_count(self) -> int:
         rows = self.backend.query(f"SELECT count() AS n FROM {self.table}")

@@ -1,0 +1,278 @@
+"""The offline commands of the CLI: `evalsi run`, `evalsi runs list|show`, `evalsi compare`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+
+from evalsi.collector.config import ConfigError, load_config
+from evalsi.collector.query import api_url
+from evalsi.run_harness.collector import CollectorError, CollectorLink, InProcessCollector, remote
+from evalsi.run_harness.compare import compare_scores
+from evalsi.run_harness.dataset import DatasetError, load_dataset
+from evalsi.run_harness.report import comparison_table, markdown, print_summary
+from evalsi.run_harness.runner import Progress, RunFailed, Runner
+from evalsi.run_harness.spec import RunSpec, RunSpecError, load_run
+from evalsi.run_harness.targets import build_target
+from evalsi.run_harness.targets.base import TargetError
+
+out = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True)
+runs_app = typer.Typer(help="Offline runs stored in the collector: their manifests, aggregates and gates.",
+                       no_args_is_help=True)  # fmt: skip
+
+USAGE, GATE_FAILED = 2, 1
+
+
+def _fail(message: str, code: int = USAGE) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+CollectorOpt = Annotated[
+    str | None,
+    typer.Option("--collector", help="A running collector's API URL (e.g. http://127.0.0.1:8080); default: one "
+                 "answering at the config's API endpoint, else an in-process collector on the embedded store."),
+]  # fmt: skip
+ConfigOpt = Annotated[Path | None, typer.Option("-c", "--config", help="Collector config (YAML); default: defaults.")]
+
+
+def _link(collector: str | None, config: Path | None) -> tuple[CollectorLink, InProcessCollector | None]:
+    if collector:
+        return remote(collector), None
+    endpoint = _configured_api(config)
+    if endpoint is not None:
+        try:
+            if httpx.get(endpoint + "/healthz", timeout=0.5).status_code == 200:
+                return remote(endpoint), None  # a collector serves this config already: send the run there
+        except httpx.HTTPError:
+            pass
+    local = InProcessCollector(config)
+    return local.start(), local
+
+
+def _configured_api(config: Path | None) -> str | None:
+    try:
+        return api_url(load_config(config).service.api.endpoint)
+    except ConfigError:
+        return None
+
+
+class _Display:
+    """A progress bar on a terminal; plain lines every 5 s (and at the end) otherwise."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.enabled = enabled and total > 0
+        self.tty = err.is_terminal
+        self._last = 0.0
+        self._bar: Bar | None = None
+        if self.enabled and self.tty:
+            self._bar = Bar(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[errors]} infra errors · {task.fields[cost]}"), TimeRemainingColumn(),
+                console=err, transient=True,
+            )  # fmt: skip
+            self._task = self._bar.add_task("attempts", total=total, errors=0, cost="")
+            self._bar.start()
+
+    def update(self, p: Progress) -> None:
+        if not self.enabled:
+            return
+        cost = f"{p.cost_usd:.4f} USD" if p.cost_usd else f"{p.tokens:,} tokens" if p.tokens else ""
+        if self._bar is not None:
+            self._bar.update(self._task, completed=p.done, errors=p.infra_errors, cost=cost)
+        elif time.monotonic() - self._last >= 5 or p.done == p.total:
+            self._last = time.monotonic()
+            err.print(f"{p.done}/{p.total} attempts, {p.infra_errors} infra errors {cost}".rstrip(), highlight=False)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def run_command(
+    file: Annotated[Path, typer.Option("-f", "--file", help="The EvalRun file (YAML).")],
+    collector: CollectorOpt = None,
+    config: ConfigOpt = None,
+    resume: Annotated[
+        str | None, typer.Option("--resume", help="Continue this run id, skipping finished attempts.")
+    ] = None,
+    baseline: Annotated[str | None, typer.Option("--baseline", help="Compare with this run id (paired).")] = None,
+    report: Annotated[list[Path] | None, typer.Option("--report", help="Write a report: out.md or out.html.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N tasks.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (every aggregate).")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
+) -> None:
+    """Run an agent over a dataset for N trials; its traces go through the collector, which scores them with the
+    run's evaluators. Exit 0 when every gate holds, 1 when one fails, 2 when the run could not be done."""
+    try:
+        spec = load_run(file)
+        dataset = load_dataset(spec.path(spec.body.dataset.path), limit or spec.body.dataset.limit)
+    except (RunSpecError, DatasetError) as e:
+        raise _fail(str(e)) from None
+    for path in report or []:
+        if path.suffix not in (".md", ".html"):
+            raise _fail(f"--report {path}: use a .md or .html file")
+    try:
+        link, local = _link(collector, config)
+    except CollectorError as e:
+        raise _fail(str(e)) from None
+    display = _Display(len(dataset.tasks) * spec.body.trials, not quiet and not as_json)
+    try:
+        result = asyncio.run(_run(spec, dataset, link, resume, baseline, display))
+    except (RunFailed, TargetError, CollectorError) as e:
+        raise _fail(str(e)) from None
+    finally:
+        display.close()
+        if local is not None:
+            local.stop()
+    run = result.to_dict()
+    for path in report or []:
+        _write_report(path, run, result.scores)
+    if as_json:
+        out.print_json(json.dumps(run, default=str))
+    else:
+        print_summary(out, run)
+        if local is not None:
+            out.print(f"traces and scores stored in the {link.where}; `evalsi runs show {result.run_id}` reads them")
+    if not result.passed:
+        raise typer.Exit(GATE_FAILED)
+
+
+async def _run(
+    spec: RunSpec, dataset: Any, link: CollectorLink, resume: str | None, baseline: str | None, display: _Display
+) -> Any:
+    target = build_target(spec, link)
+    runner = Runner(spec, dataset, target, link, run_id=resume, resume=resume is not None, baseline=baseline,
+                    progress=display.update)  # fmt: skip
+    return await runner.run()
+
+
+def _write_report(path: Path, run: dict[str, Any], scores: list[dict[str, Any]]) -> None:
+    if path.suffix == ".md":
+        path.write_text(markdown(run))
+    else:
+        from evalsi.run_harness.html import html_report  # the HTML report's template: only when asked for
+
+        path.write_text(html_report(run, scores))
+    err.print(f"report written to {path}", highlight=False)
+
+
+# --- runs as data -------------------------------------------------------------------------------------------------
+
+
+def _api(collector: str | None, config: Path | None) -> tuple[str, InProcessCollector | None]:
+    """The API to read runs through: --collector, the configured one if it answers, else an in-process one."""
+    link, local = _link(collector, config)
+    return link.api_url, local
+
+
+def _get(api: str, path: str) -> Any:
+    resp = httpx.get(api + path, timeout=60)
+    if resp.status_code == 404:
+        raise _fail(resp.json().get("detail", "not found"), 1)
+    if resp.status_code != 200:
+        raise _fail(f"{api}{path} answered {resp.status_code}: {resp.text[:300]}")
+    return resp.json()
+
+
+@runs_app.command("list")
+def runs_list(
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1)] = 20,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    collector: CollectorOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Runs, newest first."""
+    try:
+        api, local = _api(collector, config)
+    except CollectorError as e:
+        raise _fail(str(e)) from None
+    try:
+        runs = _get(api, f"/api/v1/runs?limit={limit}")["runs"]
+    finally:
+        if local is not None:
+            local.stop()
+    if as_json:
+        out.print_json(json.dumps(runs, default=str))
+        return
+    from rich.table import Table
+
+    table = Table()
+    for h in ("run id", "name", "status", "tasks", "trials", "gates"):
+        table.add_column(h)
+    for r in runs:
+        s, m = r["summary"], r["manifest"]
+        gates = "-" if not s.get("gates") else "pass" if s.get("passed") else "FAIL"
+        table.add_row(r["run_id"], r["name"], r["status"], str(m.get("dataset", {}).get("tasks", "")),
+                      str(m.get("trials", "")), gates)  # fmt: skip
+    out.print(table)
+
+
+@runs_app.command("show")
+def runs_show(
+    run_id: str,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    collector: CollectorOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """A run's manifest, aggregates and gates, as stored."""
+    try:
+        api, local = _api(collector, config)
+    except CollectorError as e:
+        raise _fail(str(e)) from None
+    try:
+        r = _get(api, f"/api/v1/runs/{run_id}")
+    finally:
+        if local is not None:
+            local.stop()
+    run = {"run_id": r["run_id"], "name": r["name"], "status": r["status"], "manifest": r["manifest"], **r["summary"]}
+    if as_json:
+        out.print_json(json.dumps(run, default=str))
+    elif r["summary"]:
+        print_summary(out, run)
+    else:
+        out.print(f"run {run_id} is {r['status']}: no summary yet (`evalsi run --resume {run_id}` continues it)")
+
+
+def compare_command(
+    run_a: str,
+    run_b: str,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    collector: CollectorOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Compare run B with run A, record by record (task and trial): McNemar for pass/fail, a paired bootstrap for
+    numeric scores. Exit 1 when a metric regressed significantly."""
+    try:
+        api, local = _api(collector, config)
+    except CollectorError as e:
+        raise _fail(str(e)) from None
+    try:
+        scores = [
+            [s for s in _get(api, f"/api/v1/runs/{r}/scores")["scores"] if str(s.get("policy", "")).startswith("run:")]
+            for r in (run_a, run_b)
+        ]
+        seed = _get(api, f"/api/v1/runs/{run_b}")["manifest"].get("seed", 0)
+    finally:
+        if local is not None:
+            local.stop()
+    for r, found in zip((run_a, run_b), scores, strict=True):
+        if not found:
+            raise _fail(f"run {r} has no scores", 1)
+    result = compare_scores(scores[0], scores[1], seed=seed)
+    if as_json:
+        out.print_json(json.dumps(result))
+    else:
+        out.print(comparison_table(result, f"{run_b} compared with {run_a}"))
+    if any(c["regressed"] for c in result.values()):
+        raise typer.Exit(GATE_FAILED)

@@ -1,0 +1,352 @@
+"""A run from start to summary: every task and trial attempted with bounded concurrency and budgets, each attempt sent
+to the collector as a trace and scored there by the run's evaluators, then aggregates, gates and the run record."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from evalsi import __version__
+from evalsi.run_harness.collector import CollectorLink
+from evalsi.run_harness.compare import compare_scores
+from evalsi.run_harness.dataset import Dataset
+from evalsi.run_harness.gates import GateResult, check_gates, compile_gate
+from evalsi.run_harness.model import Attempt, InfraError, Task
+from evalsi.run_harness.spec import RunSpec
+from evalsi.run_harness.stats import MetricSummary, Observation, aggregate
+from evalsi.run_harness.targets.base import AgentTarget, AttemptContext, AttemptFailed, concurrency_limit, grace_s
+from evalsi.run_harness.tracing import RunTracer
+
+SCORE_BATCH = 200
+"""Attempts scored per request to the collector."""
+SCORE_WAIT_S = 60.0
+BOOTSTRAP_DRAWS = 2_000_000
+"""Bootstrap work per numeric metric (resamples times values); resamples go down for large runs, and are recorded."""
+HARNESS_METRICS = ("duration_ms", "tokens", "cost_usd")
+
+
+class RunFailed(Exception):
+    """The run could not be carried out (collector unreachable, scoring refused); exit code 2."""
+
+
+def new_run_id(name: str) -> str:
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+
+
+@dataclass
+class Progress:
+    """What the progress display shows, updated as attempts end."""
+
+    total: int
+    done: int = 0
+    infra_errors: int = 0
+    cost_usd: float = 0.0
+    tokens: int = 0
+    on_change: Callable[[Progress], None] | None = None
+
+    def tick(self, attempt: Attempt) -> None:
+        self.done += 1
+        self.infra_errors += attempt.error is not None
+        self.cost_usd += attempt.cost_usd
+        self.tokens += attempt.tokens
+        if self.on_change is not None:
+            self.on_change(self)
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    name: str
+    manifest: dict[str, Any]
+    metrics: dict[str, MetricSummary]
+    gates: list[GateResult]
+    infra_errors: list[dict[str, Any]]
+    attempts: int
+    skipped_resumed: int
+    not_run: int
+    scores: list[dict[str, Any]] = field(default_factory=list)
+    comparison: dict[str, dict[str, Any]] | None = None
+    wall_s: float = 0.0
+    agent_s: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return all(g.passed for g in self.gates)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "metrics": {k: v.to_dict() for k, v in self.metrics.items()},
+            "gates": [g.to_dict() for g in self.gates],
+            "passed": self.passed,
+            "infra_errors": self.infra_errors,
+            "attempts": self.attempts,
+            "skipped_resumed": self.skipped_resumed,
+            "not_run": self.not_run,
+            "comparison": self.comparison,
+            "wall_s": round(self.wall_s, 3),
+            "agent_s": round(self.agent_s, 3),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "name": self.name, "manifest": self.manifest, **self.summary()}
+
+
+def manifest_of(spec: RunSpec, dataset: Dataset, target: AgentTarget, run_id: str) -> dict[str, Any]:
+    judge = spec.body.judge
+    return {
+        "run_id": run_id,
+        "name": spec.name,
+        "labels": spec.doc.metadata.labels,
+        "evalsi_version": __version__,
+        "spec_hash": spec.hash,
+        "dataset": {"path": str(dataset.path), "hash": dataset.hash, "tasks": len(dataset.tasks)},
+        "target": target.identity,
+        "trials": spec.body.trials,
+        "evaluators": [{"ref": ref, "version": ev.version} for ref, ev, _ in spec.evaluators],
+        "judge": {"model": judge.get("model"), "endpoint": judge.get("endpoint")} if judge else None,
+        "seed": spec.body.seed,
+        "started_unix_nano": time.time_ns(),
+    }
+
+
+class Runner:
+    def __init__(
+        self,
+        spec: RunSpec,
+        dataset: Dataset,
+        target: AgentTarget,
+        link: CollectorLink,
+        *,
+        run_id: str | None = None,
+        resume: bool = False,
+        baseline: str | None = None,
+        progress: Callable[[Progress], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.dataset = dataset
+        self.target = target
+        self.link = link
+        self.run_id = run_id or new_run_id(spec.name)
+        self.resume = resume
+        self.baseline = baseline
+        self.progress_hook = progress
+        self.gates = [compile_gate(g.when) for g in spec.body.gates]
+        self._client = httpx.AsyncClient(base_url=link.api_url, timeout=SCORE_WAIT_S + 60)
+        self._attempts: list[Attempt] = []
+        self._scores: list[dict[str, Any]] = []
+        self._missing: dict[str, str] = {}
+        self._agent_ns = 0
+        self._spent_usd = 0.0
+        self._spent_tokens = 0
+        self._stop_reason: str | None = None
+        self._grace = 0.0
+
+    # --- the collector's API -----------------------------------------------------------------------------------
+
+    async def _api(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            resp = await self._client.request(method, path, **kwargs)
+        except httpx.HTTPError as e:
+            raise RunFailed(f"the {self.link.where} did not answer {method} {path}: {e}") from None
+        if resp.status_code >= 300:
+            try:
+                detail = resp.json().get("detail", resp.text)
+            except ValueError:
+                detail = resp.text
+            raise RunFailed(f"the {self.link.where} answered {method} {path} with {resp.status_code}: {detail}")
+        return resp.json()
+
+    async def _record(self, status: str, manifest: dict[str, Any], summary: dict[str, Any]) -> None:
+        body = {"run_id": self.run_id, "name": self.spec.name, "status": status, "manifest": manifest,
+                "summary": summary}  # fmt: skip
+        await self._api("POST", "/v1/runs", json=body)
+
+    async def stored_scores(self, run_id: str) -> list[dict[str, Any]]:
+        """A run's scores from the store: those its own evaluators gave (online policies may score its traces too)."""
+        found = await self._api("GET", f"/api/v1/runs/{run_id}/scores")
+        return [s for s in found["scores"] if str(s.get("policy", "")).startswith("run:")]
+
+    async def _done_pairs(self) -> set[tuple[str, int]]:
+        """For --resume: the (task, trial) pairs that already have scores in this run."""
+        return {(s["task_id"], int(s["trial"])) for s in await self.stored_scores(self.run_id)}
+
+    # --- attempts ----------------------------------------------------------------------------------------------
+
+    def _over_budget(self) -> str | None:
+        budget = self.spec.body.budget
+        if budget.usd is not None and self._spent_usd >= budget.usd:
+            return f"the run's budget of {budget.usd:g} USD is spent ({self._spent_usd:.4f} USD)"
+        if budget.tokens is not None and self._spent_tokens >= budget.tokens:
+            return f"the run's budget of {budget.tokens} tokens is spent ({self._spent_tokens})"
+        return None
+
+    async def _attempt(self, tracer: RunTracer, task: Task, trial: int) -> tuple[Attempt, int]:
+        root, traceparent = tracer.begin(task.id, trial, "")
+        ctx = AttemptContext(trial=trial, timeout_s=self.spec.body.timeout, traceparent=traceparent, run_id=self.run_id)
+        t0 = time.perf_counter_ns()
+        try:
+            # the target stops its agent at the timeout itself; past its grace, the runner gives up on it
+            attempt = await asyncio.wait_for(self.target.attempt(task, ctx), self.spec.body.timeout + self._grace)
+        except AttemptFailed as e:
+            attempt = Attempt(task, trial, error=e.error)
+        except TimeoutError:
+            attempt = Attempt(task, trial, error=InfraError("timeout", f"no answer in {self.spec.body.timeout:g}s"))
+        except Exception as e:  # a target's bug: this attempt fails, the run goes on
+            attempt = Attempt(task, trial, error=InfraError("crash", f"{type(e).__name__}: {e}"))
+        self._agent_ns += time.perf_counter_ns() - t0
+        attempt.trial = trial
+        if not attempt.end_ns:
+            attempt.end_ns = time.time_ns()
+        self._spent_usd += attempt.cost_usd
+        self._spent_tokens += attempt.tokens
+        sent = tracer.finish(root, attempt)
+        return attempt, sent
+
+    async def _score(self, batch: list[tuple[Attempt, int]], since_ns: int, tracer: RunTracer) -> None:
+        await asyncio.to_thread(tracer.flush)
+        spec = self.spec.body
+        body = {
+            "name": self.spec.name,
+            "evaluators": [s.model_dump() for s in spec.evaluators],
+            "judge": spec.judge,
+            "since_unix_nano": since_ns,
+            "wait_s": SCORE_WAIT_S,
+            "traces": [
+                {"trace_id": a.trace_id, "task_id": a.task.id, "trial": a.trial, "spans": sent,
+                 "reference": a.task.reference, "context": a.task.context}
+                for a, sent in batch
+            ],
+        }  # fmt: skip
+        answer = await self._api("POST", f"/v1/runs/{self.run_id}/score", json=body)
+        self._scores.extend(answer["scores"])
+        self._missing.update(answer.get("missing", {}))
+
+    async def run(self) -> RunResult:
+        started = time.monotonic()
+        since_ns = time.time_ns() - 60_000_000_000  # a minute of clock skew between here and the collector
+        spec = self.spec.body
+        manifest = manifest_of(self.spec, self.dataset, self.target, self.run_id)
+        done: set[tuple[str, int]] = await self._done_pairs() if self.resume else set()
+        pairs = [(t, k) for t in self.dataset.tasks for k in range(spec.trials) if (t.id, k) not in done]
+        await self.target.prepare(self.dataset.tasks)
+        self._grace = grace_s(self.target) + 5.0 if grace_s(self.target) else 0.0
+        workers = min(spec.concurrency, concurrency_limit(self.target) or spec.concurrency, max(1, len(pairs)))
+        await self._record("running", manifest, {})
+        tracer = RunTracer(self.link.otlp_url, self.run_id, self.spec.name)
+        progress = Progress(total=len(pairs), on_change=self.progress_hook)
+        to_score: asyncio.Queue[tuple[Attempt, int] | None] = asyncio.Queue()
+        scorer = asyncio.create_task(self._scoring_loop(to_score, since_ns, tracer))
+        work = iter(pairs)
+        not_run = 0
+
+        async def worker() -> None:
+            nonlocal not_run
+            for task, trial in work:
+                if self._stop_reason is None:
+                    self._stop_reason = self._over_budget()
+                if self._stop_reason is not None:
+                    not_run += 1
+                    continue
+                attempt, sent = await self._attempt(tracer, task, trial)
+                self._attempts.append(attempt)
+                progress.tick(attempt)
+                if attempt.error is None:
+                    to_score.put_nowait((attempt, sent))
+
+        try:
+            await asyncio.gather(*(worker() for _ in range(workers)))
+            to_score.put_nowait(None)
+            await scorer
+        finally:
+            if not scorer.done():
+                scorer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await scorer
+            await asyncio.to_thread(tracer.flush)
+            tracer.shutdown()
+            await self.target.close()
+        result = await self._result(manifest, len(done), not_run, time.monotonic() - started)
+        await self._record("finished", manifest, result.summary())
+        await self._client.aclose()
+        return result
+
+    async def _scoring_loop(
+        self, queue: asyncio.Queue[tuple[Attempt, int] | None], since_ns: int, tracer: RunTracer
+    ) -> None:
+        """Score finished attempts in batches while others still run: the collector waits for each trace."""
+        batch: list[tuple[Attempt, int]] = []
+        last = time.monotonic()
+        while True:
+            try:
+                item = await asyncio.wait_for(queue.get(), timeout=1.0)
+            except TimeoutError:
+                item = ...  # type: ignore[assignment]
+            if item is None:
+                if batch:
+                    await self._score(batch, since_ns, tracer)
+                return
+            if item is not ...:
+                batch.append(item)  # type: ignore[arg-type]
+            if len(batch) >= SCORE_BATCH or (batch and time.monotonic() - last >= 2.0):
+                await self._score(batch, since_ns, tracer)
+                batch, last = [], time.monotonic()
+
+    # --- the summary -------------------------------------------------------------------------------------------
+
+    async def _result(self, manifest: dict[str, Any], resumed: int, not_run: int, wall_s: float) -> RunResult:
+        if self.resume:  # the scores of the attempts before the interruption count too
+            scores = await self.stored_scores(self.run_id)
+        else:
+            scores = self._scores
+        metrics = self._metrics(scores)
+        comparison = None
+        if self.baseline:
+            comparison = compare_scores(await self.stored_scores(self.baseline), scores, seed=self.spec.body.seed)
+        gates = check_gates(self.gates, {k: v.to_dict() for k, v in metrics.items()}, comparison)
+        infra = [
+            {"task_id": a.task.id, "trial": a.trial, "kind": a.error.kind, "message": a.error.message,
+             "trace_id": a.trace_id}
+            for a in self._attempts if a.error is not None
+        ]  # fmt: skip
+        by_trace = {a.trace_id: a for a in self._attempts}
+        for trace_id, why in self._missing.items():
+            a = by_trace.get(trace_id)
+            infra.append({"task_id": a.task.id if a else "", "trial": a.trial if a else 0, "kind": "not_stored",
+                          "message": why, "trace_id": trace_id})  # fmt: skip
+        return RunResult(
+            run_id=self.run_id, name=self.spec.name, manifest=manifest, metrics=metrics, gates=gates,
+            infra_errors=infra, attempts=len(self._attempts), skipped_resumed=resumed, not_run=not_run,
+            scores=scores, comparison=comparison, wall_s=wall_s, agent_s=self._agent_ns / 1e9,
+        )  # fmt: skip
+
+    def _metrics(self, scores: list[dict[str, Any]]) -> dict[str, MetricSummary]:
+        by_name: dict[str, list[Observation]] = {}
+        for s in scores:
+            by_name.setdefault(s["name"], []).append(
+                Observation(s["task_id"], int(s["trial"]), s.get("value"), s.get("passed"), s["outcome"])
+            )
+        good = [a for a in self._attempts if a.error is None]
+        if not self.resume and good:
+            by_name.setdefault("duration_ms", [
+                Observation(a.task.id, a.trial, (a.end_ns - a.start_ns) / 1e6, None, "scored") for a in good
+            ])  # fmt: skip
+            if any(a.llm_calls() for a in good):
+                by_name.setdefault("tokens", [Observation(a.task.id, a.trial, a.tokens, None, "scored") for a in good])
+            if any(c.cost_usd is not None for a in good for c in a.llm_calls()):
+                by_name.setdefault(
+                    "cost_usd", [Observation(a.task.id, a.trial, a.cost_usd, None, "scored") for a in good]
+                )
+        out = {}
+        for name, obs in sorted(by_name.items()):
+            resamples = max(200, min(10_000, BOOTSTRAP_DRAWS // max(1, len(obs))))
+            out[name] = aggregate(
+                name, obs, seed=self.spec.body.seed, resamples=resamples, trials=self.spec.body.trials
+            )
+        return out

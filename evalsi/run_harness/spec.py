@@ -1,0 +1,281 @@
+"""The EvalRun file (`apiVersion: evals.si/v1alpha1`, `kind: EvalRun`): what `evalsi run -f run.yaml` does, checked
+whole before anything runs, every problem named by its key path."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from evalsi.duration import Duration
+from evalsi.evaluators import Evaluator, Params, load_evaluators
+from evalsi.run_harness.gates import compile_gate
+
+API_VERSION = "evals.si/v1alpha1"
+KIND = "EvalRun"
+_NAME = re.compile(r"[a-z0-9]([a-z0-9._-]{0,251}[a-z0-9])?")
+_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+class RunSpecError(ValueError):
+    """A run file that cannot be used; `errors` lists every problem as `<file>: <key.path>: message`."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = errors
+        super().__init__("\n".join(errors))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Metadata(_Strict):
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.fullmatch(value):
+            raise ValueError(f"{value!r} is not a run name: use lowercase letters, digits, '-', '_' and '.'")
+        return value
+
+
+def _function(value: str) -> str:
+    if not _FUNCTION.fullmatch(value):
+        raise ValueError(f"{value!r} is not `module:function` (e.g. `my_agent.main:answer`)")
+    return value
+
+
+class PythonTarget(_Strict):
+    """A callable `module:function(input)` (sync or async) returning the output: a string, a JSON object, or
+    `{"output": ..., "trajectory": [...]}`. It may take `traceparent=` to join the attempt's trace."""
+
+    function: str
+    path: list[str] = Field(default_factory=list)
+    """Directories put on `sys.path` first (relative to the run file, whose own directory is searched too)."""
+
+    @field_validator("function")
+    @classmethod
+    def _check(cls, value: str) -> str:
+        return _function(value)
+
+
+class CommandTarget(_Strict):
+    """A process per attempt: the input on stdin (a string as is, an object as JSON), the output on stdout. A
+    non-zero exit is an infrastructure error (`crash`), with stderr's tail. `TRACEPARENT` is set for it."""
+
+    argv: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+
+
+class OpenAITarget(_Strict):
+    """The built-in reference agent: a tool-calling loop over an OpenAI-compatible chat endpoint."""
+
+    base_url: str
+    model: str
+    api_key: str | None = Field(None, repr=False)
+    """`env:VAR` reads the variable; None sends no key (local servers)."""
+    system: str | None = None
+    tools: list[str] = Field(default_factory=list)
+    """Python functions `module:function`; each one's JSON schema comes from its type hints and docstring."""
+    mock_tools: bool = False
+    """Answer tool calls from the task's `metadata.tool_results` (`{tool name: result}`) instead of running them."""
+    max_steps: int = Field(8, ge=1, le=100)
+    max_tokens: int | None = Field(None, ge=1)
+    """Per attempt, over every call."""
+    temperature: float = Field(0.0, ge=0, le=2)
+    price: dict[str, float] = Field(default_factory=dict)
+    """USD per million tokens: `{input: 0.15, output: 0.6}`, for cost and the run's USD budget."""
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[str]) -> list[str]:
+        return [_function(v) for v in value]
+
+
+class HttpTarget(_Strict):
+    """An agent behind the agent harness HTTP contract v1 (`docs/harness.md`)."""
+
+    url: str
+    api_key: str | None = Field(None, repr=False)
+    """`env:VAR` reads the variable; sent as `x-api-key`."""
+    poll_interval: Duration = 0.5
+    stop_grace: Duration = 120.0
+    """After `stop` on a timeout, how long to keep polling for a terminal status."""
+    model: str | None = None
+    """A model override, sent when the agent accepts one."""
+
+
+class TargetSpec(_Strict):
+    python: PythonTarget | None = None
+    command: CommandTarget | None = None
+    openai: OpenAITarget | None = None
+    http: HttpTarget | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> TargetSpec:
+        given = [k for k in ("python", "command", "openai", "http") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"give exactly one target kind (python, command, openai or http), not {len(given)}"
+                + (f" ({', '.join(given)})" if given else "")
+            )
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("python", "command", "openai", "http") if getattr(self, k) is not None)
+
+
+class DatasetSpec(_Strict):
+    path: str
+    """JSONL, JSON, CSV or Parquet (by extension), relative to the run file."""
+    limit: int | None = Field(None, ge=1)
+    """Run only the first N tasks."""
+
+
+class EvaluatorSpec(_Strict):
+    ref: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class GateSpec(_Strict):
+    when: str
+    """CEL over the aggregates: `metric('task-success').passHatK(3) >= 0.8`, `metric('latency').p95 < 3000`."""
+    name: str | None = None
+
+
+class BudgetSpec(_Strict):
+    usd: float | None = Field(None, gt=0)
+    tokens: int | None = Field(None, gt=0)
+
+
+class RunBody(_Strict):
+    target: TargetSpec
+    dataset: DatasetSpec
+    trials: int = Field(1, ge=1, le=100)
+    evaluators: list[EvaluatorSpec] = Field(min_length=1)
+    judge: dict[str, Any] = Field(default_factory=dict)
+    """Judge params given to every judge-based evaluator (its own params win)."""
+    gates: list[GateSpec] = Field(default_factory=list)
+    concurrency: int = Field(4, ge=1, le=1024)
+    timeout: Duration = 300.0
+    """Per attempt."""
+    budget: BudgetSpec = BudgetSpec()
+    seed: int = 0
+    """For bootstrap intervals (recorded in the manifest)."""
+
+    @field_validator("dataset", mode="before")
+    @classmethod
+    def _dataset(cls, value: Any) -> Any:
+        return {"path": value} if isinstance(value, str) else value
+
+    @field_validator("gates", mode="before")
+    @classmethod
+    def _gates(cls, value: Any) -> Any:
+        return [{"when": g} if isinstance(g, str) else g for g in value] if isinstance(value, list) else value
+
+
+class EvalRun(_Strict):
+    apiVersion: Literal["evals.si/v1alpha1"]
+    kind: Literal["EvalRun"]
+    metadata: Metadata
+    spec: RunBody
+
+
+class RunSpec:
+    """A checked run file: the document, where it lives (paths in it are relative to it), its evaluators resolved
+    with their parsed params, and its hash (for the manifest)."""
+
+    def __init__(self, doc: EvalRun, base_dir: Path, evaluators: list[tuple[str, Evaluator, Params]], raw: Any) -> None:
+        self.doc = doc
+        self.base_dir = base_dir
+        self.evaluators = evaluators
+        self.hash = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
+
+    @property
+    def name(self) -> str:
+        return self.doc.metadata.name
+
+    @property
+    def body(self) -> RunBody:
+        return self.doc.spec
+
+    def path(self, relative: str) -> Path:
+        p = Path(relative).expanduser()
+        return p if p.is_absolute() else self.base_dir / p
+
+
+def _path(loc: tuple[Any, ...] | list[Any]) -> str:
+    return ".".join(str(p) for p in loc) or "(document)"
+
+
+def parse_run(raw: Any, label: str, base_dir: Path) -> RunSpec:
+    """Check a run document; raises `RunSpecError` listing every problem."""
+    if not isinstance(raw, dict):
+        raise RunSpecError([f"{label}: expected an EvalRun mapping (apiVersion, kind, metadata, spec)"])
+    try:
+        doc = EvalRun.model_validate(raw)
+    except ValidationError as e:
+        errors = []
+        for err in e.errors():
+            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+            loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+            errors.append(f"{label}: {_path(loc)}: {msg}")
+        raise RunSpecError(errors) from None
+    errors: list[str] = []
+    known = load_evaluators()
+    evaluators: list[tuple[str, Evaluator, Params]] = []
+    names: dict[str, int] = {}
+    for i, spec in enumerate(doc.spec.evaluators):
+        where = f"{label}: spec.evaluators.{i}"
+        ev = known.get(spec.ref)
+        if ev is None:
+            close = difflib.get_close_matches(spec.ref, list(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else " (`evalsi evaluators list` shows them)"
+            errors.append(f"{where}.ref: unknown evaluator {spec.ref!r}{hint}")
+            continue
+        if ev.scope not in ("span", "trace"):
+            errors.append(f"{where}.ref: {spec.ref} has scope {ev.scope!r}; a run scores each attempt's trace")
+            continue
+        params = {**doc.spec.judge, **spec.params} if "judge" in ev.requires else spec.params
+        try:
+            parsed = ev.params.model_validate(params)
+        except ValidationError as e:
+            for err in e.errors():
+                msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+                loc = ".".join(str(p) for p in err["loc"])
+                errors.append(f"{where}.params{'.' + loc if loc else ''}: {msg}")
+            continue
+        name = getattr(parsed, "name", None) or spec.ref.rsplit("/", 1)[-1]
+        if name in names:
+            errors.append(f"{where}: evaluator {names[name]} already scores {name!r}; give one a `name:` param")
+        names[name] = i
+        evaluators.append((spec.ref, ev, parsed))
+    for i, gate in enumerate(doc.spec.gates):
+        try:
+            compile_gate(gate.when)
+        except ValueError as e:
+            errors.append(f"{label}: spec.gates.{i}.when: {e}")
+    if errors:
+        raise RunSpecError(errors)
+    return RunSpec(doc, base_dir, evaluators, raw)
+
+
+def load_run(path: str | Path) -> RunSpec:
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except OSError as e:
+        raise RunSpecError([f"{p}: cannot read: {e.strerror}"]) from None
+    except yaml.YAMLError as e:
+        raise RunSpecError([f"{p}: not YAML: {e}"]) from None
+    return parse_run(raw, str(p), p.parent)

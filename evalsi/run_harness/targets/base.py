@@ -1,0 +1,62 @@
+"""The target interface: prepare once, attempt a task per trial, close; errors that are the infrastructure's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from evalsi.run_harness.model import Attempt, InfraError, InfraKind, Task
+
+
+class TargetError(Exception):
+    """The target cannot run this dataset at all (unreachable, an input its schema refuses): the run stops before
+    it starts, with this message (each problem on its own line)."""
+
+
+class AttemptFailed(Exception):
+    """An attempt failed for the infrastructure (timeout, 5xx, crash, malformed trajectory): raised by a target,
+    turned into `Attempt.error` by the runner, counted apart, never scored."""
+
+    def __init__(self, kind: InfraKind, message: str) -> None:
+        super().__init__(message)
+        self.error = InfraError(kind, message)
+
+
+@dataclass(frozen=True)
+class AttemptContext:
+    """What the runner gives each attempt: its trial, how long it may take, and the W3C `traceparent` of the
+    attempt's root span (an instrumented target joins the trace with it: the `TRACEPARENT` environment variable
+    for a command, the `traceparent` argument for a Python callable that takes it)."""
+
+    trial: int
+    timeout_s: float
+    traceparent: str
+    run_id: str
+
+
+class AgentTarget(Protocol):
+    identity: str
+    """What the manifest records of the target (kind and where: `python:pkg.mod:fn`, `http:https://...`)."""
+
+    async def prepare(self, tasks: list[Task]) -> None:
+        """Check the target can run these tasks (capabilities, input schema); raise `TargetError` if not."""
+        ...
+
+    async def attempt(self, task: Task, ctx: AttemptContext) -> Attempt:
+        """Run the task once; raise `AttemptFailed` for an infrastructure failure. The runner enforces
+        `ctx.timeout_s` too (a target that can stop its agent cleanly, e.g. `stop` over HTTP, should do it itself
+        a little before)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def grace_s(target: AgentTarget) -> float:
+    """Seconds a target may take past the attempt timeout to stop its agent cleanly (`stop_grace` over HTTP)."""
+    return float(getattr(target, "grace_s", 0.0))
+
+
+def concurrency_limit(target: AgentTarget) -> int | None:
+    """The most attempts the target takes at once, when it says (after `prepare`)."""
+    limit = getattr(target, "max_concurrent_runs", None)
+    return limit if isinstance(limit, int) and limit > 0 else None
