@@ -24,6 +24,8 @@ from evalsi.run_harness.runner import Progress, RunFailed, Runner
 from evalsi.run_harness.spec import RunSpec, RunSpecError, load_run
 from evalsi.run_harness.targets import build_target
 from evalsi.run_harness.targets.base import TargetError
+from evalsi.span import span_from_canonical
+from evalsi.trajectory import build_trajectory
 
 out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)
@@ -128,16 +130,18 @@ def run_command(
         raise _fail(str(e)) from None
     display = _Display(len(dataset.tasks) * spec.body.trials, not quiet and not as_json)
     try:
-        result = asyncio.run(_run(spec, dataset, link, resume, baseline, display))
+        try:
+            result = asyncio.run(_run(spec, dataset, link, resume, baseline, display))
+        finally:
+            display.close()
+        run = result.to_dict()
+        for path in report or []:
+            _write_report(path, run, result.scores, link.api_url)
     except (RunFailed, TargetError, CollectorError) as e:
         raise _fail(str(e)) from None
     finally:
-        display.close()
         if local is not None:
             local.stop()
-    run = result.to_dict()
-    for path in report or []:
-        _write_report(path, run, result.scores)
     if as_json:
         out.print_json(json.dumps(run, default=str))
     else:
@@ -157,13 +161,29 @@ async def _run(
     return await runner.run()
 
 
-def _write_report(path: Path, run: dict[str, Any], scores: list[dict[str, Any]]) -> None:
+MAX_REPORTED_TRAJECTORIES = 200
+
+
+def _failing_trajectories(api: str, scores: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The trajectories of the traces with a failed or errored score (at most MAX_REPORTED_TRAJECTORIES)."""
+    failing = [s["trace_id"] for s in scores if s.get("passed") is False or s.get("outcome") == "error"]
+    out: dict[str, dict[str, Any]] = {}
+    with httpx.Client(base_url=api, timeout=30) as client:
+        for trace_id in list(dict.fromkeys(failing))[:MAX_REPORTED_TRAJECTORIES]:
+            resp = client.get(f"/api/v1/traces/{trace_id}")
+            if resp.status_code == 200:
+                spans = [span_from_canonical(c) for c in resp.json()["spans"]]
+                out[trace_id] = build_trajectory(spans)
+    return out
+
+
+def _write_report(path: Path, run: dict[str, Any], scores: list[dict[str, Any]], api: str) -> None:
     if path.suffix == ".md":
         path.write_text(markdown(run))
     else:
-        from evalsi.run_harness.html import html_report  # the HTML report's template: only when asked for
+        from evalsi.run_harness.html import html_report
 
-        path.write_text(html_report(run, scores))
+        path.write_text(html_report(run, scores, _failing_trajectories(api, scores)))
     err.print(f"report written to {path}", highlight=False)
 
 

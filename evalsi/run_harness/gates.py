@@ -25,6 +25,8 @@ class Gate:
     program: cel.Program
     metrics: tuple[str, ...]
     compares: tuple[str, ...]
+    ks: tuple[int, ...] = ()
+    """The k of every passAtK(k) / passHatK(k) it reads."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ def compile_gate(source: str) -> Gate:
     """Check a gate; raises ValueError with CEL's message (and the rewritten form when it differs)."""
     metrics: dict[str, None] = {}
     compares: dict[str, None] = {}
+    ks: dict[int, None] = {}
 
     def rewrite(m: re.Match[str]) -> str:
         if m.group("string") is not None:
@@ -50,6 +53,7 @@ def compile_gate(source: str) -> Gate:
             name = ast.literal_eval(m.group("arg"))
             (metrics if m.group("fn") == "metric" else compares)[name] = None
             return f"{m.group('fn')}[{m.group('arg')}]"
+        ks[int(m.group("n"))] = None
         return f".{m.group('k')}[{m.group('n')}]"
 
     if not isinstance(source, str) or not source.strip():
@@ -62,7 +66,7 @@ def compile_gate(source: str) -> Gate:
     except ValueError as e:
         shown = "" if rewritten == source else f" (read as {rewritten!r})"
         raise ValueError(f"{e}{shown}") from None
-    return Gate(source, program, tuple(metrics), tuple(compares))
+    return Gate(source, program, tuple(metrics), tuple(compares), tuple(ks))
 
 
 def metric_fields(summary: dict[str, Any]) -> dict[str, Any]:
@@ -98,6 +102,15 @@ def check_gates(
         if missing:
             known = ", ".join(sorted(metrics)) or "none"
             results.append(GateResult(gate.source, False, f"no scores named {missing[0]!r} (scored: {known})"))
+            continue
+        short = next(
+            ((m, k) for m in gate.metrics for k in gate.ks if (metrics[m].get("pass_at_k") or {}).get(str(k)) is None),
+            None,
+        )
+        if short is not None:
+            m, k = short
+            why = f"pass@{k} and pass^{k} of {m!r} need a task with {k} scored trials"
+            results.append(GateResult(gate.source, False, why))
             continue
         if gate.compares and compare is None:
             results.append(GateResult(gate.source, False, "reads compare(...) but the run has no --baseline"))

@@ -1,0 +1,243 @@
+"""`evalsi run` end to end, as a user runs it: a real `evalsi serve` (or the in-process collector), the CLI in a
+subprocess, traces over OTLP, scores read back from the store through the API."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from running_collector import EVALSI, Collector, serve_config, start_collector
+
+AGENT = '''
+import time
+
+ANSWERS = {"france": "Paris", "spain": "Madrid", "italy": "Rome"}
+CALLS = {}
+
+
+def answer(question):
+    """Right for France always, for Spain on trial 0 only (it 'forgets'), never for Italy."""
+    q = question.lower()
+    n = CALLS[q] = CALLS.get(q, -1) + 1
+    if "france" in q:
+        return "Paris"
+    if "spain" in q:
+        return "Madrid" if n == 0 else "Barcelona"
+    if "boom" in q:
+        raise RuntimeError("the agent crashed")
+    if "slow" in q:
+        time.sleep(5)
+    return "Milan"
+
+
+def with_steps(question):
+    return {"output": "Paris", "trajectory": [
+        {"type": "llm", "model": "m1", "input": question, "output": "calling get_capital", "input_tokens": 12,
+         "output_tokens": 3, "cost_usd": 0.001},
+        {"type": "tool", "name": "get_capital", "arguments": {"country": "France"}, "result": "Paris"},
+        {"type": "llm", "model": "m1", "input": "Paris", "output": "Paris", "input_tokens": 20, "output_tokens": 1,
+         "cost_usd": 0.002},
+    ]}
+'''
+
+DATA = [
+    {"id": "fr", "input": "What is the capital of France?", "reference": "Paris"},
+    {"id": "es", "input": "What is the capital of Spain?", "reference": "Madrid"},
+    {"id": "it", "input": "What is the capital of Italy?", "reference": "Rome"},
+]
+
+
+def run_file(tmp: Path, *, gates: list[str] | None = None, data: list[dict[str, Any]] | None = None,
+             function: str = "agent:answer", trials: int = 3, timeout: str = "60s", **extra: Any) -> Path:  # fmt: skip
+    (tmp / "agent.py").write_text(AGENT)
+    (tmp / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (data or DATA)))
+    doc = {
+        "apiVersion": "evals.si/v1alpha1",
+        "kind": "EvalRun",
+        "metadata": {"name": "capitals"},
+        "spec": {
+            "target": {"python": {"function": function}},
+            "dataset": "data.jsonl",
+            "trials": trials,
+            "timeout": timeout,
+            "evaluators": [{"ref": "builtin/exact-match"}],
+            "gates": gates if gates is not None else ["metric('exact-match').passAtK(3) >= 0.6"],
+            "concurrency": 3,
+            **extra,
+        },
+    }
+    path = tmp / "run.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def evalsi(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*EVALSI, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def collector(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    tmp = tmp_path_factory.mktemp("collector")
+    c = start_collector(tmp, serve_config(tmp / "store"))
+    yield c
+    c.stop()
+
+
+def run_json(res: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert res.stdout.strip(), res.stderr
+    return json.loads(res.stdout)
+
+
+def hand_pass_at_k(per_task: list[tuple[int, int]], k: int) -> Fraction:
+    """pass@k = mean over tasks of 1 - C(n-c, k)/C(n, k), written out for n = 3."""
+    from math import comb
+
+    return sum((1 - Fraction(comb(n - c, k), comb(n, k)) for n, c in per_task), Fraction(0)) / len(per_task)
+
+
+def hand_pass_hat_k(per_task: list[tuple[int, int]], k: int) -> Fraction:
+    from math import comb
+
+    return sum((Fraction(comb(c, k), comb(n, k)) for n, c in per_task), Fraction(0)) / len(per_task)
+
+
+def test_a_three_trial_run_reports_pass_at_k_and_pass_hat_k_and_stores_everything(
+    tmp_path: Path, collector: Collector
+) -> None:
+    res = evalsi("run", "-f", str(run_file(tmp_path)), "--collector", collector.api, "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    run = run_json(res)
+    m = run["metrics"]["exact-match"]
+    # France 3/3, Spain 1/3 (right on trial 0 only), Italy 0/3
+    per_task = [(3, 3), (3, 1), (3, 0)]
+    assert m["n"] == 9 and m["mean"] == pytest.approx(4 / 9)
+    for k in (1, 2, 3):
+        assert m["pass_at_k"][str(k)] == pytest.approx(float(hand_pass_at_k(per_task, k)), abs=1e-12)
+        assert m["pass_hat_k"][str(k)] == pytest.approx(float(hand_pass_hat_k(per_task, k)), abs=1e-12)
+    assert m["pass_at_k"]["3"] == pytest.approx(2 / 3) and m["pass_hat_k"]["3"] == pytest.approx(1 / 3)
+    assert run["gates"] == [{"gate": "metric('exact-match').passAtK(3) >= 0.6", "passed": True, "detail": ""}]
+    assert run["manifest"]["dataset"]["tasks"] == 3 and len(run["manifest"]["dataset"]["hash"]) == 64
+    assert run["infra_errors"] == [] and run["attempts"] == 9
+
+    # `runs show` reads the same figures back from the store
+    shown = run_json(evalsi("runs", "show", run["run_id"], "--json", "--collector", collector.api, cwd=tmp_path))
+    assert shown["metrics"] == run["metrics"] and shown["gates"] == run["gates"]
+
+    # every attempt is a trace in the store, tagged with the run, and scored once
+    scores = httpx.get(f"{collector.api}/api/v1/runs/{run['run_id']}/scores").json()["scores"]
+    mine = [s for s in scores if s["policy"] == "run:capitals"]
+    assert len(mine) == 9 and len({(s["task_id"], s["trial"]) for s in mine}) == 9
+    trace = httpx.get(f"{collector.api}/api/v1/traces/{mine[0]['trace_id']}").json()["spans"]
+    root = next(s for s in trace if not s["parent_span_id"])
+    assert root["attributes"]["evalsi.run_id"] == run["run_id"]
+    assert {root["attributes"]["evalsi.task_id"], root["service_name"]} == {mine[0]["task_id"], "evalsi-run"}
+
+    # scoring the same traces again replaces their scores: still one per key
+    body = {"name": "capitals", "evaluators": [{"ref": "builtin/exact-match"}],
+            "traces": [{"trace_id": s["trace_id"], "task_id": s["task_id"], "trial": s["trial"],
+                        "reference": {"expected_output": "Paris"}} for s in mine]}  # fmt: skip
+    again = httpx.post(f"{collector.api}/v1/runs/{run['run_id']}/score", json=body, timeout=120)
+    assert again.status_code == 200 and len(again.json()["scores"]) == 9
+    after = httpx.get(f"{collector.api}/api/v1/runs/{run['run_id']}/scores").json()["scores"]
+    assert len([s for s in after if s["policy"] == "run:capitals"]) == 9
+
+
+def test_a_failing_gate_exits_1_and_says_which(tmp_path: Path, collector: Collector) -> None:
+    path = run_file(tmp_path, gates=["metric('exact-match').passHatK(3) >= 0.9", "metric('nope').mean > 0"])
+    res = evalsi("run", "-f", str(path), "--collector", collector.api, "-q", cwd=tmp_path)
+    assert res.returncode == 1, res.stderr
+    assert "FAIL metric('exact-match').passHatK(3) >= 0.9" in res.stdout
+    assert "no scores named 'nope'" in res.stdout
+
+
+def test_infrastructure_errors_are_reported_apart_and_the_run_goes_on(tmp_path: Path, collector: Collector) -> None:
+    data = [*DATA, {"id": "crash", "input": "boom"}, {"id": "slow", "input": "slow please"}]
+    path = run_file(tmp_path, data=data, trials=1, timeout="1s")
+    run = run_json(evalsi("run", "-f", str(path), "--collector", collector.api, "--json", cwd=tmp_path))
+    errors = {e["task_id"]: e for e in run["infra_errors"]}
+    assert errors["crash"]["kind"] == "crash" and "the agent crashed" in errors["crash"]["message"]
+    assert errors["slow"]["kind"] == "timeout"
+    m = run["metrics"]["exact-match"]
+    assert m["n"] == 3 and m["errors"] == 0  # infrastructure errors are not failures of the answer
+
+
+def test_trajectories_from_a_callable_become_spans_the_evaluators_read(tmp_path: Path, collector: Collector) -> None:
+    path = run_file(tmp_path, function="agent:with_steps", trials=1, data=DATA[:1],
+                    gates=["metric('cost_usd').mean <= 0.01"])  # fmt: skip
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["evaluators"] = [{"ref": "builtin/exact-match"}, {"ref": "builtin/tool-selection",
+                                 "params": {"expected_tools": ["get_capital"]}}]  # fmt: skip
+    path.write_text(yaml.safe_dump(doc))
+    res = evalsi("run", "-f", str(path), "--collector", collector.api, "--json", cwd=tmp_path)
+    run = run_json(res)
+    assert res.returncode == 0, run["gates"]
+    assert run["metrics"]["cost_usd"]["mean"] == pytest.approx(0.003)
+    assert run["metrics"]["tokens"]["mean"] == 36
+    scores = httpx.get(f"{collector.api}/api/v1/runs/{run['run_id']}/scores").json()["scores"]
+    [tool] = [s for s in scores if s["evaluator"] == "builtin/tool-selection"]
+    assert tool["outcome"] == "scored" and tool["passed"] is True
+    spans = httpx.get(f"{collector.api}/api/v1/traces/{tool['trace_id']}").json()["spans"]
+    assert sorted(s["step_type"] for s in spans) == ["agent", "llm", "llm", "tool"]
+
+
+def test_resume_runs_only_what_is_missing(tmp_path: Path, collector: Collector) -> None:
+    path = run_file(tmp_path, trials=2)
+    first = run_json(evalsi("run", "-f", str(path), "--collector", collector.api, "--json", "--limit", "2",
+                            cwd=tmp_path))  # fmt: skip
+    assert first["attempts"] == 4
+    resumed = run_json(evalsi("run", "-f", str(path), "--collector", collector.api, "--json", "--resume",
+                              first["run_id"], cwd=tmp_path))  # fmt: skip
+    assert resumed["run_id"] == first["run_id"]
+    assert (resumed["skipped_resumed"], resumed["attempts"]) == (4, 2)
+    assert resumed["metrics"]["exact-match"]["n"] == 6  # the earlier scores count too
+
+
+def test_compare_pairs_two_runs(tmp_path: Path, collector: Collector) -> None:
+    path = run_file(tmp_path, concurrency=1)  # one at a time: Spain's right answer is on trial 0 in both runs
+    a = run_json(evalsi("run", "-f", str(path), "--collector", collector.api, "--json", cwd=tmp_path))
+    b = run_json(evalsi("run", "-f", str(path), "--collector", collector.api, "--json", "--baseline", a["run_id"],
+                        cwd=tmp_path))  # fmt: skip
+    # the agent's memory is per process: each run gets the same answers, so nothing changed
+    c = b["comparison"]["exact-match"]
+    assert (c["n"], c["delta"], c["regressions"], c["fixes"], c["pValue"]) == (9, 0.0, 0, 0, 1.0)
+    assert not c["regressed"]
+    res = evalsi("compare", a["run_id"], b["run_id"], "--json", "--collector", collector.api, cwd=tmp_path)
+    assert res.returncode == 0 and json.loads(res.stdout)["exact-match"]["n"] == 9
+
+
+def test_bad_rows_and_bad_specs_exit_2_naming_where(tmp_path: Path) -> None:
+    path = run_file(tmp_path)
+    (tmp_path / "data.jsonl").write_text('{"id": "a", "input": "x"}\n{"id": "a", "input": "y"}\nnot json\n')
+    res = evalsi("run", "-f", str(path), cwd=tmp_path)
+    assert res.returncode == 2
+    assert "data.jsonl:3: not JSON" in res.stderr
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["evaluators"] = [{"ref": "builtin/exact-mach"}]
+    doc["spec"]["trails"] = 3
+    path.write_text(yaml.safe_dump(doc))
+    res = evalsi("validate", "-f", str(path), cwd=tmp_path)
+    assert res.returncode == 1
+    assert "spec.trails: unknown key" in res.stderr
+
+
+def test_a_run_alone_starts_its_own_collector_and_the_traces_stay(tmp_path: Path) -> None:
+    config = serve_config(tmp_path / "store")
+    (tmp_path / "evalsi.yaml").write_text(yaml.safe_dump(config))
+    path = run_file(tmp_path, trials=1, gates=["metric('exact-match').mean >= 0.3"])
+    res = evalsi("run", "-f", str(path), "-c", "evalsi.yaml", "-q", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "in-process collector" in res.stdout
+    listed = evalsi("traces", "list", "--json", "-c", "evalsi.yaml", cwd=tmp_path)
+    traces = json.loads(listed.stdout)
+    assert len([t for t in traces if t["service_name"] == "evalsi-run"]) == 3, listed.stderr
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
