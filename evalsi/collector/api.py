@@ -146,6 +146,15 @@ def build_api(
                     ) from None  # fmt: skip
                 await asyncio.sleep(e.retry_after)
 
+    @app.post("/v1/traces/select")
+    async def select_traces(body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+        """Stored trace ids matching a CEL condition over `trace` (for re-scoring stored traces)."""
+        try:
+            found = await asyncio.to_thread(run_api.select_traces, need_store(), body)
+        except run_api.RunRequestError as e:
+            raise HTTPException(e.status, str(e)) from None
+        return {"trace_ids": found}
+
     @app.post("/v1/runs")
     async def record_run(body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
         try:

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from evalsi import cel
 from evalsi.evaluators import Evaluator, Params, Target, load_evaluators, run
 from evalsi.evaluators.judge_client import Judges
 from evalsi.ids import is_trace_id
@@ -174,3 +175,35 @@ def score_dict(s: Score) -> dict[str, Any]:
 def parse_run_record(body: Any) -> RunRecord:
     record: RunRecord = _parse(RunRecord, body)
     return record
+
+
+class SelectRequest(_Body):
+    where: str = Field(min_length=1)
+    """CEL over `trace` (as in policy selectors), e.g. `trace.service_name == "chat" && trace.error_count > 0`."""
+    since_unix_nano: int = Field(0, ge=0)
+    limit: int = Field(1000, ge=1, le=10_000)
+    """At most this many matching traces, newest first."""
+    scan: int = Field(10_000, ge=1, le=100_000)
+    """At most this many recent traces looked at."""
+
+
+def select_traces(store: TraceQueries, body: Any) -> list[str]:
+    """Stored traces matching a CEL condition over `trace`, newest first (for `evalsi rescore --traces`)."""
+    request: SelectRequest = _parse(SelectRequest, body)
+    try:
+        program = cel.compile(request.where, variables=("trace",))
+    except ValueError as e:
+        raise RunRequestError(400, f"where: {e}") from None
+    recent = [t["trace_id"] for t in store.list_traces(limit=request.scan)
+              if t["start_time_unix_nano"] >= request.since_unix_nano]  # fmt: skip
+    found: list[str] = []
+    for at in range(0, len(recent), 500):
+        chunk = recent[at : at + 500]
+        traces = store.get_traces(chunk, since_ns=request.since_unix_nano)
+        for trace_id in chunk:
+            spans = [span_from_canonical(c) for c in traces.get(trace_id, [])]
+            if spans and program.matches(cel.trace_activation(spans, trace_id)):
+                found.append(trace_id)
+                if len(found) >= request.limit:
+                    return found
+    return found

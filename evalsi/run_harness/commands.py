@@ -19,6 +19,7 @@ from evalsi.collector.query import api_url
 from evalsi.run_harness.collector import CollectorError, CollectorLink, InProcessCollector, remote
 from evalsi.run_harness.compare import compare_scores
 from evalsi.run_harness.dataset import DatasetError, load_dataset
+from evalsi.run_harness.html import html_report
 from evalsi.run_harness.report import comparison_table, markdown, print_summary
 from evalsi.run_harness.runner import Progress, RunFailed, Runner
 from evalsi.run_harness.spec import RunSpec, RunSpecError, load_run
@@ -181,8 +182,6 @@ def _write_report(path: Path, run: dict[str, Any], scores: list[dict[str, Any]],
     if path.suffix == ".md":
         path.write_text(markdown(run))
     else:
-        from evalsi.run_harness.html import html_report
-
         path.write_text(html_report(run, scores, _failing_trajectories(api, scores)))
     err.print(f"report written to {path}", highlight=False)
 
@@ -295,4 +294,79 @@ def compare_command(
     else:
         out.print(comparison_table(result, f"{run_b} compared with {run_a}"))
     if any(c["regressed"] for c in result.values()):
+        raise typer.Exit(GATE_FAILED)
+
+
+def rescore_command(
+    run: Annotated[str | None, typer.Option("--run", help="Re-score this run's traces.")] = None,
+    traces: Annotated[
+        str | None, typer.Option("--traces", help="Re-score stored traces matching this CEL over `trace`.")
+    ] = None,
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            "-f",
+            "--file",
+            help="Take evaluators, judge and gates from this EvalRun file (and references from its dataset).",
+        ),
+    ] = None,
+    evaluator: Annotated[
+        list[str] | None, typer.Option("--evaluator", "-e", help="An evaluator ref (repeatable).")
+    ] = None,
+    since: Annotated[str, typer.Option("--since", help="With --traces: how far back, e.g. 24h.")] = "24h",
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000, help="With --traces: at most N traces.")] = 1000,
+    name: Annotated[str | None, typer.Option("--name", help="The new run's name.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    collector: CollectorOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Score stored traces (a run's, or any matching --traces) with new evaluators, without running the agent;
+    the scores are stored as a new run. Exit 0 when its gates hold, 1 when one fails, 2 when it could not be done."""
+    from evalsi.duration import parse_duration
+    from evalsi.run_harness.rescore import Rescore
+    from evalsi.run_harness.spec import EvaluatorSpec
+
+    if (run is None) == (traces is None):
+        raise _fail("give exactly one of --run RUN_ID and --traces CEL")
+    if (file is None) == (not evaluator):
+        raise _fail("give the evaluators: -f run.yaml, or --evaluator REF (repeatable), not both")
+    spec = None
+    try:
+        seconds = parse_duration(since)
+        if file is not None:
+            spec = load_run(file)
+    except ValueError as e:  # RunSpecError is a ValueError
+        raise _fail(str(e)) from None
+    evaluators = [EvaluatorSpec(ref=r) for r in evaluator or []] if spec is None else list(spec.body.evaluators)
+    try:
+        link, local = _link(collector, config)
+    except CollectorError as e:
+        raise _fail(str(e)) from None
+    try:
+        job = Rescore(
+            link, evaluators=evaluators, judge=spec.body.judge if spec else {},
+            gates=[g.when for g in spec.body.gates] if spec else [],
+            name=name or (spec.name if spec else "rescore"), seed=spec.body.seed if spec else 0, spec=spec,
+        )  # fmt: skip
+        if run is not None:
+            chosen, note = job.traces_of_run(run)
+            source: dict[str, Any] = {"run": run}
+        else:
+            assert traces is not None
+            chosen, note = job.traces_where(traces, time.time_ns() - int(seconds * 1e9), limit), ""
+            source = {"traces": traces, "since": since}
+        if note and not as_json:
+            err.print(f"note: {note}", highlight=False)
+        result = job.run(chosen, source)
+    except (RunFailed, CollectorError, DatasetError) as e:
+        raise _fail(str(e)) from None
+    finally:
+        if local is not None:
+            local.stop()
+    out_run = result.to_dict()
+    if as_json:
+        out.print_json(json.dumps(out_run, default=str))
+    else:
+        print_summary(out, out_run)
+    if not result.passed:
         raise typer.Exit(GATE_FAILED)

@@ -327,11 +327,7 @@ class Runner:
         )  # fmt: skip
 
     def _metrics(self, scores: list[dict[str, Any]]) -> dict[str, MetricSummary]:
-        by_name: dict[str, list[Observation]] = {}
-        for s in scores:
-            by_name.setdefault(s["name"], []).append(
-                Observation(s["task_id"], int(s["trial"]), s.get("value"), s.get("passed"), s["outcome"])
-            )
+        by_name = observations(scores)
         good = [a for a in self._attempts if a.error is None]
         if not self.resume and good:
             by_name.setdefault("duration_ms", [
@@ -343,10 +339,22 @@ class Runner:
                 by_name.setdefault(
                     "cost_usd", [Observation(a.task.id, a.trial, a.cost_usd, None, "scored") for a in good]
                 )
-        out = {}
-        for name, obs in sorted(by_name.items()):
-            resamples = max(200, min(10_000, BOOTSTRAP_DRAWS // max(1, len(obs))))
-            out[name] = aggregate(
-                name, obs, seed=self.spec.body.seed, resamples=resamples, trials=self.spec.body.trials
-            )
-        return out
+        return summarize(by_name, seed=self.spec.body.seed, trials=self.spec.body.trials)
+
+
+def observations(scores: list[dict[str, Any]]) -> dict[str, list[Observation]]:
+    """Scores (as the API answers them) as each metric's observations, by score name."""
+    by_name: dict[str, list[Observation]] = {}
+    for s in scores:
+        by_name.setdefault(s["name"], []).append(
+            Observation(s["task_id"], int(s["trial"]), s.get("value"), s.get("passed"), s["outcome"])
+        )
+    return by_name
+
+
+def summarize(by_name: dict[str, list[Observation]], *, seed: int, trials: int | None) -> dict[str, MetricSummary]:
+    out = {}
+    for name, obs in sorted(by_name.items()):
+        resamples = max(200, min(10_000, BOOTSTRAP_DRAWS // max(1, len(obs))))
+        out[name] = aggregate(name, obs, seed=seed, resamples=resamples, trials=trials)
+    return out

@@ -241,3 +241,39 @@ def test_a_run_alone_starts_its_own_collector_and_the_traces_stay(tmp_path: Path
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_rescore_scores_stored_traces_as_a_new_run(tmp_path: Path, collector: Collector) -> None:
+    path = run_file(tmp_path)
+    first = run_json(evalsi("run", "-f", str(path), "--collector", collector.api, "--json", cwd=tmp_path))
+    # the run's traces with a new evaluator, no agent run
+    res = evalsi("rescore", "--run", first["run_id"], "-e", "builtin/length", "--json", "--collector", collector.api,
+                 cwd=tmp_path)  # fmt: skip
+    again = run_json(res)
+    assert again["run_id"] != first["run_id"] and again["manifest"]["rescore"] == {"run": first["run_id"]}
+    assert again["metrics"]["length"]["n"] == 9 and again["attempts"] == 0
+    # with the run file: its evaluators, and references from its dataset (the same data): the same figures
+    same = run_json(evalsi("rescore", "--run", first["run_id"], "-f", str(path), "--json", "--collector",
+                           collector.api, cwd=tmp_path))  # fmt: skip
+    assert same["metrics"]["exact-match"]["pass_at_k"] == first["metrics"]["exact-match"]["pass_at_k"]
+    # stored traces chosen by CEL
+    chosen = run_json(evalsi("rescore", "--traces", f"trace.root.attributes['evalsi.run_id'] == '{first['run_id']}'",
+                             "-e", "builtin/length", "--json", "--collector", collector.api, cwd=tmp_path))  # fmt: skip
+    assert chosen["metrics"]["length"]["n"] == 9
+    bad = evalsi("rescore", "--traces", "trace.nope ==", "-e", "builtin/length", "--collector", collector.api,
+                 cwd=tmp_path)  # fmt: skip
+    assert bad.returncode == 2 and "where: invalid CEL expression" in bad.stderr
+
+
+def test_reports_carry_the_figures_and_the_failing_trajectories(tmp_path: Path, collector: Collector) -> None:
+    path = run_file(tmp_path, trials=1)
+    res = evalsi("run", "-f", str(path), "--collector", collector.api, "--json", "--report", "out.html", "--report",
+                 "out.md", cwd=tmp_path)  # fmt: skip
+    run = run_json(res)
+    page, md = (tmp_path / "out.html").read_text(), (tmp_path / "out.md").read_text()
+    assert run["run_id"] in page and run["run_id"] in md
+    assert "| exact-match | pass/fail | 3 | 0.667 |" in md and "FAIL `metric('exact-match').passAtK(3) >= 0.6`" in md
+    # Italy's wrong answer is a failing example, shown with its trajectory (the agent span's output)
+    scores = httpx.get(f"{collector.api}/api/v1/runs/{run['run_id']}/scores").json()["scores"]
+    [italy] = [s for s in scores if s["task_id"] == "it"]
+    assert italy["passed"] is False and italy["trace_id"] in page and "Milan" in page

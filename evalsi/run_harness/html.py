@@ -1,0 +1,476 @@
+"""The run as one self-contained HTML page (`--report out.html`): summary, manifest, metrics, gates, comparison, and
+the failing examples with their trajectories; inline CSS only, no scripts, nothing loaded from the network."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from evalsi.run_harness.report import HEADERS, _num, metric_rows
+
+MAX_EXAMPLES = 200
+"""Failing scores shown; the rest are counted."""
+MAX_INFRA_ERRORS = 500
+MAX_STEPS = 100
+"""Steps shown per trajectory."""
+MAX_TEXT = 2000
+"""Characters shown of one piece of content (an output, tool arguments, a result)."""
+MAX_DOCUMENTS = 5
+OPEN_BELOW = 20
+"""Trajectories start expanded when fewer failing examples than this are shown."""
+
+CSS = """
+:root { --ok: #1a7f37; --ok-bg: #dafbe1; --bad: #cf222e; --bad-bg: #ffebe9; --muted: #59636e; --line: #d1d9e0;
+  --zebra: #f6f8fa; --accent: #0969da; }
+* { box-sizing: border-box; }
+body { margin: 0; padding: 24px 32px 48px; color: #1f2328; background: #fff;
+  font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
+h1 { font-size: 22px; margin: 0 0 4px; word-break: break-all; }
+h2 { font-size: 17px; margin: 32px 0 8px; padding-bottom: 4px; border-bottom: 1px solid var(--line); }
+h3 { font-size: 15px; margin: 20px 0 6px; }
+code, pre, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberation Mono", monospace;
+  font-size: 12.5px; }
+pre { white-space: pre-wrap; word-break: break-word; margin: 4px 0; padding: 6px 8px; background: var(--zebra);
+  border-radius: 4px; max-width: 100%; }
+table { border-collapse: collapse; margin: 6px 0 12px; }
+th, td { padding: 4px 10px; text-align: left; vertical-align: top; border-bottom: 1px solid var(--line); }
+th { background: #eef1f4; font-weight: 600; white-space: nowrap; }
+tbody tr:nth-child(even) { background: var(--zebra); }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.muted { color: var(--muted); }
+.banner { display: inline-block; margin: 10px 0 6px; padding: 8px 16px; border-radius: 6px; font-size: 18px;
+  font-weight: 700; }
+.banner.pass { background: var(--ok-bg); color: var(--ok); border: 1px solid var(--ok); }
+.banner.fail { background: var(--bad-bg); color: var(--bad); border: 1px solid var(--bad); }
+.banner.none { background: var(--zebra); color: var(--muted); border: 1px solid var(--line); }
+.badge { display: inline-block; padding: 0 6px; border-radius: 10px; font-size: 12px; font-weight: 600;
+  white-space: nowrap; }
+.pass, .improved { color: var(--ok); }
+.fail, .regressed { color: var(--bad); }
+.badge.pass, .badge.improved { background: var(--ok-bg); }
+.badge.fail, .badge.regressed, .badge.error { background: var(--bad-bg); color: var(--bad); }
+.badge.same { background: var(--zebra); color: var(--muted); }
+.badge.step { background: #ddf4ff; color: #0550ae; }
+.facts { display: flex; flex-wrap: wrap; gap: 4px 24px; color: var(--muted); }
+.facts b { color: #1f2328; font-weight: 600; }
+dl.manifest { display: grid; grid-template-columns: max-content 1fr; gap: 3px 16px; margin: 6px 0; }
+dl.manifest dt { color: var(--muted); }
+dl.manifest dd { margin: 0; word-break: break-all; }
+.task { border: 1px solid var(--line); border-radius: 6px; padding: 4px 14px 10px; margin: 14px 0; }
+.trace { margin: 10px 0 4px; }
+.tid { user-select: all; }
+details > summary { cursor: pointer; color: var(--accent); margin: 6px 0; }
+ol.steps { list-style: none; padding: 0; margin: 4px 0; }
+ol.steps > li { border-left: 3px solid var(--line); padding: 2px 0 4px 10px; margin: 6px 0; }
+ol.steps > li.error { border-left-color: var(--bad); background: #fff8f7; }
+.errtext { color: var(--bad); font-weight: 600; }
+.more { color: var(--muted); font-style: italic; }
+.label { color: var(--muted); font-size: 12px; margin-top: 4px; }
+svg.whisker { vertical-align: middle; }
+"""
+
+
+def _e(value: Any) -> str:
+    """Any value as escaped text."""
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _clip(value: Any, limit: int = MAX_TEXT) -> str:
+    """Escaped text, cut at `limit` characters with a visible marker of what was left out."""
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    if len(text) <= limit:
+        return _e(text)
+    rest = len(text) - limit
+    return f'{_e(text[:limit])}<span class="more">… ({rest:,} more characters)</span>'
+
+
+def _pre(value: Any, limit: int = MAX_TEXT) -> str:
+    return f"<pre>{_clip(value, limit)}</pre>"
+
+
+def _f(value: Any, fmt: str) -> str:
+    """A number in `fmt`, or "-" when it is missing or not a number."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return format(value, fmt)
+    return "-"
+
+
+def _seconds(value: Any) -> str:
+    return _f(value, ".1f") + " s" if isinstance(value, int | float) else "-"
+
+
+def _started(nanos: Any) -> str:
+    if not isinstance(nanos, int | float) or isinstance(nanos, bool) or nanos <= 0:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(nanos / 1e9))
+
+
+def _table(headers: Iterable[str], rows: Iterable[Iterable[str]], numeric: Iterable[int] = ()) -> str:
+    """A table of already-escaped cells; columns in `numeric` are right-aligned."""
+    right = set(numeric)
+
+    def cell(tag: str, i: int, content: str) -> str:
+        return f'<{tag} class="num">{content}</{tag}>' if i in right else f"<{tag}>{content}</{tag}>"
+
+    head = "".join(cell("th", i, h) for i, h in enumerate(headers))
+    body = "".join("<tr>" + "".join(cell("td", i, c) for i, c in enumerate(row)) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _whisker(m: dict[str, Any]) -> str:
+    """The mean as a dot and its interval as a whisker on a 0..1 axis (pass/fail metrics only)."""
+    mean, low, high = m.get("mean"), m.get("low"), m.get("high")
+    if m.get("kind") != "pass_fail" or not isinstance(mean, int | float) or not math.isfinite(mean):
+        return ""
+    w, pad, y = 140, 6, 9
+
+    def x(v: float) -> float:
+        return round(pad + max(0.0, min(1.0, v)) * (w - 2 * pad), 1)
+
+    parts = [
+        f'<svg class="whisker" width="{w}" height="18" viewBox="0 0 {w} 18" role="img">',
+        f"<title>mean {_e(_num(mean))}, 95% interval {_e(_num(low))} to {_e(_num(high))}</title>",
+        f'<line x1="{x(0)}" y1="{y}" x2="{x(1)}" y2="{y}" stroke="#d1d9e0" stroke-width="2"/>',
+        f'<line x1="{x(0)}" y1="4" x2="{x(0)}" y2="14" stroke="#afb8c1"/>',
+        f'<line x1="{x(0.5)}" y1="6" x2="{x(0.5)}" y2="12" stroke="#afb8c1"/>',
+        f'<line x1="{x(1)}" y1="4" x2="{x(1)}" y2="14" stroke="#afb8c1"/>',
+    ]
+    if isinstance(low, int | float) and isinstance(high, int | float):
+        parts += [
+            f'<rect x="{x(low)}" y="5" width="{max(1.0, x(high) - x(low))}" height="8" fill="#54aeff" '
+            'fill-opacity="0.45"/>',
+            f'<line x1="{x(low)}" y1="3" x2="{x(low)}" y2="15" stroke="#0969da" stroke-width="1.5"/>',
+            f'<line x1="{x(high)}" y1="3" x2="{x(high)}" y2="15" stroke="#0969da" stroke-width="1.5"/>',
+        ]
+    parts.append(f'<circle cx="{x(mean)}" cy="{y}" r="3.5" fill="#0550ae"/></svg>')
+    return "".join(parts)
+
+
+# --- sections -----------------------------------------------------------------------------------------------------
+
+
+def _header(run: dict[str, Any], failing: int) -> str:
+    gates = run.get("gates") or []
+    failed = [g for g in gates if not g.get("passed")]
+    if not gates:
+        banner = '<div class="banner none">no gates</div>'
+    elif failed:
+        banner = f'<div class="banner fail">FAIL: {len(failed)} of {len(gates)} gates failed</div>'
+    else:
+        banner = f'<div class="banner pass">PASS: all {len(gates)} gates hold</div>'
+    manifest = run.get("manifest") or {}
+    infra = run.get("infra_errors") or []
+    facts = [
+        ("started", _started(manifest.get("started_unix_nano"))),
+        ("wall", _seconds(run.get("wall_s"))),
+        ("agent", _seconds(run.get("agent_s"))),
+        ("attempts", _num(run.get("attempts"))),
+        ("done before --resume", _num(run.get("skipped_resumed"))),
+        ("not run", _num(run.get("not_run"))),
+        ("infrastructure errors", _num(len(infra))),
+        ("failing scores", _num(failing)),
+    ]
+    facts_html = "".join(f"<span>{_e(k)}: <b>{_e(v)}</b></span>" for k, v in facts)
+    return (
+        f'<header><h1>Run <span class="mono">{_e(run.get("run_id"))}</span></h1>'
+        f'<div class="muted">name: <b>{_e(run.get("name"))}</b></div>{banner}'
+        f'<div class="facts">{facts_html}</div></header>'
+    )
+
+
+def _manifest(manifest: dict[str, Any]) -> str:
+    dataset = manifest.get("dataset") or {}
+    judge = manifest.get("judge") or {}
+    evaluators = manifest.get("evaluators") or []
+    evaluator_list = ", ".join(
+        f'<code>{_e(ev.get("ref"))}</code> <span class="muted">v{_e(ev.get("version"))}</span>'
+        if isinstance(ev, dict)
+        else f"<code>{_e(ev)}</code>"
+        for ev in evaluators
+    )
+    labels = manifest.get("labels") or {}
+    rows = [
+        ("evalsi version", _e(manifest.get("evalsi_version"))),
+        ("spec sha256", f"<code>{_e(manifest.get('spec_hash'))}</code>"),
+        ("dataset", f"<code>{_e(dataset.get('path'))}</code>"),
+        ("dataset sha256", f"<code>{_e(dataset.get('hash'))}</code>"),
+        ("tasks", _e(_num(dataset.get("tasks")))),
+        ("target", f"<code>{_e(manifest.get('target'))}</code>"),
+        ("trials", _e(_num(manifest.get("trials")))),
+        ("evaluators", evaluator_list or "-"),
+        ("judge model", _e(judge.get("model")) if judge.get("model") else "-"),
+        ("seed", _e(manifest.get("seed"))),
+    ]
+    if judge.get("endpoint"):
+        rows.insert(9, ("judge endpoint", f"<code>{_e(judge.get('endpoint'))}</code>"))
+    if labels:
+        rows.append(("labels", ", ".join(f"<code>{_e(k)}={_e(v)}</code>" for k, v in labels.items())))
+    items = "".join(f"<dt>{_e(k)}</dt><dd>{v}</dd>" for k, v in rows)
+    return f'<section><h2>Manifest</h2><dl class="manifest">{items}</dl></section>'
+
+
+def _metrics(run: dict[str, Any]) -> str:
+    metrics = run.get("metrics") or {}
+    if not metrics:
+        return '<section><h2>Metrics</h2><p class="muted">No metrics: nothing was scored.</p></section>'
+    cut = HEADERS.index("95% interval") + 1
+    headers = [_e(h) for h in HEADERS[:cut]] + ["0 … 1"] + [_e(h) for h in HEADERS[cut:]]
+    rows = []
+    for m, row in zip(metrics.values(), metric_rows(run), strict=True):
+        cells = [f"<b>{_e(row[0])}</b>"] + [_e(c) for c in row[1:]]
+        rows.append([*cells[:cut], _whisker(m), *cells[cut:]])
+    right = ("n", "mean", "95% interval", "p50", "p95", "errors", "skipped")
+    numeric = [i for i, h in enumerate(headers) if h in right]
+    note = (
+        '<p class="muted">Pass/fail metrics: mean is the pass rate with its Wilson 95% interval, pass@k and pass^k per '
+        "k. Numeric metrics: bootstrap 95% interval of the mean.</p>"
+    )
+    return f"<section><h2>Metrics</h2>{_table(headers, rows, numeric)}{note}</section>"
+
+
+def _gates(gates: list[dict[str, Any]]) -> str:
+    if not gates:
+        return '<section><h2>Gates</h2><p class="muted">The spec defines no gates.</p></section>'
+    rows = [
+        [
+            '<span class="badge pass">PASS</span>' if g.get("passed") else '<span class="badge fail">FAIL</span>',
+            f"<code>{_e(g.get('gate'))}</code>",
+            _e(g.get("detail") or ""),
+        ]
+        for g in gates
+    ]
+    return f"<section><h2>Gates</h2>{_table(['result', 'gate', 'detail'], rows)}</section>"
+
+
+def _comparison(comparison: dict[str, dict[str, Any]] | None) -> str:
+    if not comparison:
+        return ""
+    rows = []
+    for name, c in comparison.items():
+        if c.get("regressed"):
+            verdict = '<span class="badge regressed">regressed</span>'
+        elif c.get("improved"):
+            verdict = '<span class="badge improved">improved</span>'
+        else:
+            verdict = '<span class="badge same">no change</span>'
+        interval = f"[{_f(c.get('low'), '+.3f')}, {_f(c.get('high'), '+.3f')}]"
+        changed = ""
+        if c.get("regressions") is not None or c.get("fixes") is not None:
+            changed = f"{_num(c.get('regressions'))} / {_num(c.get('fixes'))}"
+        rows.append([
+            f"<b>{_e(name)}</b>", _e(_num(c.get("n"))), _e(_f(c.get("delta"), "+.3f")), _e(interval),
+            _e(_f(c.get("pValue"), ".3g")), _e(c.get("test")), _e(changed or "-"), verdict,
+        ])  # fmt: skip
+    headers = ["metric", "n", "delta", "95% interval", "p", "test", "lost / gained", "verdict"]
+    note = '<p class="muted">delta is this run minus the baseline, over the records both runs scored.</p>'
+    return f"<section><h2>Compared with the baseline</h2>{_table(headers, rows, (1, 2, 3, 4, 6))}{note}</section>"
+
+
+def _infra(errors: list[dict[str, Any]]) -> str:
+    if not errors:
+        return ""
+    rows = [
+        [_e(e.get("task_id")), _e(_num(e.get("trial"))), f'<span class="badge error">{_e(e.get("kind"))}</span>',
+         f'<span class="mono">{_clip(e.get("message"), 500)}</span>',
+         f'<code class="tid">{_e(e.get("trace_id"))}</code>']
+        for e in errors[:MAX_INFRA_ERRORS]
+    ]  # fmt: skip
+    more = ""
+    if len(errors) > MAX_INFRA_ERRORS:
+        more = f'<p class="more">… {len(errors) - MAX_INFRA_ERRORS:,} more infrastructure errors are not shown.</p>'
+    return (
+        f"<section><h2>Infrastructure errors ({len(errors):,})</h2>"
+        '<p class="muted">Attempts the harness could not carry out; they are left out of the metrics.</p>'
+        f"{_table(['task', 'trial', 'kind', 'message', 'trace id'], rows, (1,))}{more}</section>"
+    )
+
+
+# --- failing examples and their trajectories ----------------------------------------------------------------------
+
+
+def failing(scores: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The scores that failed (passed false) or errored, in the order given."""
+    return [s for s in scores if s.get("passed") is False or s.get("outcome") == "error"]
+
+
+def _messages(messages: Any) -> str:
+    """Canonical messages ({role, parts}) as text blocks and tool calls."""
+    if not messages:
+        return ""
+    if not isinstance(messages, list):
+        return _pre(messages)
+    out = []
+    for m in messages:
+        if not isinstance(m, dict):
+            out.append(_pre(m))
+            continue
+        role = _e(m.get("role") or "message")
+        for p in m.get("parts") or []:
+            kind = p.get("type") if isinstance(p, dict) else None
+            if kind == "text":
+                out.append(f'<div class="label">{role}</div>{_pre(p.get("content"))}')
+            elif kind == "tool_call":
+                out.append(
+                    f'<div class="label">{role} calls tool <code>{_e(p.get("name"))}</code>'
+                    f' <span class="muted">{_e(p.get("id") or "")}</span></div>{_pre(p.get("arguments"))}'
+                )
+            elif kind == "tool_call_response":
+                out.append(f'<div class="label">{role}: tool result</div>{_pre(p.get("response"))}')
+            elif kind == "reasoning":
+                out.append(f'<div class="label">{role}: reasoning</div>{_pre(p.get("content"))}')
+            else:
+                out.append(f'<div class="label">{role}: {_e(kind or "part")}</div>{_pre(p)}')
+    return "".join(out)
+
+
+def _step(step: dict[str, Any]) -> str:
+    kind = step.get("type") or "step"
+    head = [f'<span class="badge step">{_e(kind)}</span> <b>{_e(step.get("name"))}</b>']
+    if kind == "llm" and step.get("model"):
+        head.append(f'<span class="muted">model <code>{_e(step["model"])}</code></span>')
+    if kind == "tool" and step.get("tool_name"):
+        head.append(f"<span>tool <code>{_e(step['tool_name'])}</code></span>")
+    if kind == "agent" and step.get("agent_name"):
+        head.append(f"<span>agent <code>{_e(step['agent_name'])}</code></span>")
+    if isinstance(step.get("duration_ns"), int | float):
+        head.append(f'<span class="muted">{_e(_f(step["duration_ns"] / 1e6, ",.0f"))} ms</span>')
+    if kind == "llm" and (step.get("input_tokens") is not None or step.get("output_tokens") is not None):
+        head.append(
+            f'<span class="muted">tokens {_e(_num(step.get("input_tokens")))} in, '
+            f"{_e(_num(step.get('output_tokens')))} out</span>"
+        )
+    body = []
+    if step.get("error"):
+        why = ": ".join(_e(v) for v in (step.get("error_type"), step.get("status_message")) if v)
+        body.append(f'<div class="errtext">error{": " + why if why else ""}</div>')
+    if kind == "llm":
+        inputs = step.get("input") or []
+        if isinstance(inputs, list) and inputs:
+            earlier = len(inputs) - 1
+            note = f" (the last of {len(inputs)} messages)" if earlier else ""
+            body.append(f"<details><summary>input{_e(note)}</summary>{_messages(inputs[-1:])}</details>")
+        body.append(_messages(step.get("output")) or '<div class="muted">no output recorded</div>')
+    elif kind == "tool":
+        body.append(f'<div class="label">arguments</div>{_pre(step.get("arguments"))}')
+        body.append(f'<div class="label">result</div>{_pre(step.get("result"))}')
+    elif kind == "agent":
+        inputs = step.get("input") or []
+        if isinstance(inputs, list) and inputs:
+            body.append(f"<details><summary>input</summary>{_messages(inputs[-1:])}</details>")
+        body.append(_messages(step.get("output")))
+    elif kind == "retriever":
+        documents = step.get("documents") or []
+        body.append(f'<div class="label">{len(documents)} documents</div>')
+        for d in documents[:MAX_DOCUMENTS]:
+            body.append(_pre(d.get("content") if isinstance(d, dict) else d, 500))
+        if len(documents) > MAX_DOCUMENTS:
+            body.append(f'<div class="more">… ({len(documents) - MAX_DOCUMENTS} more documents)</div>')
+    indent = min(int(step.get("depth") or 0), 8) * 18
+    css = ' class="error"' if step.get("error") else ""
+    return f'<li{css} style="margin-left: {indent}px">{" · ".join(head)}{"".join(body)}</li>'
+
+
+def _trajectory(t: dict[str, Any], open_: bool) -> str:
+    steps = t.get("steps") or []
+    errors = t.get("errors") or 0
+    facts = (
+        f"{len(steps)} steps, {_num(t.get('llm_calls'))} LLM calls, {len(t.get('tool_calls') or [])} tool calls, "
+        f"tokens {_num(t.get('input_tokens'))} in / {_num(t.get('output_tokens'))} out"
+    )
+    err = f', <span class="errtext">{_e(_num(errors))} with errors</span>' if errors else ""
+    items = "".join(_step(s) for s in steps[:MAX_STEPS])
+    more = ""
+    if len(steps) > MAX_STEPS:
+        more = f'<div class="more">… ({len(steps) - MAX_STEPS} more steps)</div>'
+    final = ""
+    if t.get("final_output") is not None:
+        final = f'<div class="label">final output</div>{_pre(t["final_output"])}'
+    return (
+        f"<details{' open' if open_ else ''}><summary>trajectory: {_e(facts)}{err}</summary>"
+        f'<ol class="steps">{items}</ol>{more}{final}</details>'
+    )
+
+
+def _trial(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _examples(scores: list[dict[str, Any]], trajectories: dict[str, dict[str, Any]] | None) -> str:
+    bad = failing(scores)
+    if not bad:
+        return '<section><h2>Failing examples</h2><p class="muted">No score failed or errored.</p></section>'
+    shown = bad[:MAX_EXAMPLES]
+    tasks: dict[str, dict[tuple[int, str], list[dict[str, Any]]]] = {}
+    for s in shown:
+        key = (_trial(s.get("trial")), str(s.get("trace_id") or ""))
+        tasks.setdefault(str(s.get("task_id") or ""), {}).setdefault(key, []).append(s)
+    open_ = len(shown) < OPEN_BELOW
+    out = [f"<section><h2>Failing examples ({len(bad):,} failed or errored scores)</h2>"]
+    if len(bad) > len(shown):
+        out.append(
+            f'<p class="more">Showing the first {len(shown):,}; {len(bad) - len(shown):,} more failing scores are '
+            "left out (`evalsi runs show` lists them all).</p>"
+        )
+    for task_id in sorted(tasks):
+        out.append(f'<div class="task"><h3>task <code>{_e(task_id)}</code></h3>')
+        for (trial, trace_id), group in sorted(tasks[task_id].items()):
+            rows = []
+            for s in group:
+                outcome = s.get("outcome")
+                mark = (
+                    '<span class="badge error">error</span>' if outcome == "error"
+                    else '<span class="badge fail">fail</span>'
+                )  # fmt: skip
+                why = [_clip(s.get("reason"), 500), _clip(s.get("explanation"))]
+                rows.append([
+                    f"<b>{_e(s.get('name'))}</b>", mark, _e(_num(s.get("value"))),
+                    "<br>".join(w for w in why if w) or "-", _e(s.get("evaluator") or ""),
+                ])  # fmt: skip
+            out.append(
+                f'<div class="trace">trial <b>{_e(trial)}</b> · trace <code class="tid">{_e(trace_id)}</code> '
+                f'<span class="muted">(<code>evalsi traces show {_e(trace_id)}</code>)</span>'
+                f"{_table(['metric', 'result', 'value', 'reason / explanation', 'evaluator'], rows, (2,))}"
+            )
+            if trajectories is not None:
+                t = trajectories.get(trace_id)
+                if t is None:
+                    out.append('<div class="muted">trajectory not loaded (trace not found or over the limit)</div>')
+                else:
+                    out.append(_trajectory(t, open_))
+            out.append("</div>")
+        out.append("</div>")
+    out.append("</section>")
+    return "".join(out)
+
+
+def html_report(
+    run: dict[str, Any], scores: list[dict[str, Any]], trajectories: dict[str, dict[str, Any]] | None = None
+) -> str:
+    """The run (`RunResult.to_dict()`), its scores and the trajectories of failing traces (by trace id) as one
+    self-contained HTML page. Every value from the run is escaped: task inputs and model outputs are untrusted."""
+    title = f"evalsi run {run.get('run_id', '')}"
+    body = "".join([
+        _header(run, len(failing(scores))),
+        _manifest(run.get("manifest") or {}),
+        _metrics(run),
+        _gates(run.get("gates") or []),
+        _comparison(run.get("comparison")),
+        _examples(scores, trajectories),
+        _infra(run.get("infra_errors") or []),
+    ])  # fmt: skip
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)}</title><style>{CSS}</style></head><body>{body}"
+        f'<footer class="muted"><p>evalsi {_e((run.get("manifest") or {}).get("evalsi_version"))} · '
+        "this page is self-contained and loads nothing from the network.</p></footer></body></html>\n"
+    )

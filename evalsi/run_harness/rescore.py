@@ -1,0 +1,124 @@
+"""Re-scoring stored traces (a run's, or production traces chosen by CEL) with new evaluators, without running the
+agent again: the scores land in the store as a new run, with its aggregates and gates."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from evalsi import __version__
+from evalsi.run_harness.collector import CollectorLink
+from evalsi.run_harness.dataset import load_dataset
+from evalsi.run_harness.gates import check_gates, compile_gate
+from evalsi.run_harness.runner import (
+    SCORE_BATCH,
+    SCORE_WAIT_S,
+    RunFailed,
+    RunResult,
+    new_run_id,
+    observations,
+    summarize,
+)
+from evalsi.run_harness.spec import EvaluatorSpec, RunSpec
+
+
+class Rescore:
+    """`evalsi rescore`: which traces (`run_id` or `where`), with which evaluators (a run file's, or refs)."""
+
+    def __init__(
+        self,
+        link: CollectorLink,
+        *,
+        evaluators: list[EvaluatorSpec],
+        judge: dict[str, Any],
+        gates: list[str],
+        name: str,
+        seed: int = 0,
+        spec: RunSpec | None = None,
+    ) -> None:
+        self.link = link
+        self.evaluators = evaluators
+        self.judge = judge
+        self.gates = [compile_gate(g) for g in gates]
+        self.name = name
+        self.seed = seed
+        self.spec = spec
+        self.run_id = new_run_id(name)
+        self._client = httpx.Client(base_url=link.api_url, timeout=SCORE_WAIT_S + 60)
+
+    def _api(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            resp = self._client.request(method, path, **kwargs)
+        except httpx.HTTPError as e:
+            raise RunFailed(f"the {self.link.where} did not answer {method} {path}: {e}") from None
+        if resp.status_code >= 300:
+            try:
+                detail = resp.json().get("detail", resp.text)
+            except ValueError:
+                detail = resp.text
+            raise RunFailed(f"the {self.link.where} answered {method} {path} with {resp.status_code}: {detail}")
+        return resp.json()
+
+    def _references(self, manifest: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], str]:
+        """The original dataset's references by task id, when the run file names the same data (same hash)."""
+        if self.spec is None:
+            return {}, "no run file: evaluators that need a reference are skipped"
+        dataset = load_dataset(self.spec.path(self.spec.body.dataset.path))
+        if dataset.hash != manifest.get("dataset", {}).get("hash"):
+            return {}, f"{dataset.path} is not the data the run saw (its hash differs): references left out"
+        return {t.id: {"reference": t.reference, "context": t.context} for t in dataset.tasks}, ""
+
+    def traces_of_run(self, run_id: str) -> tuple[list[dict[str, Any]], str]:
+        run = self._api("GET", f"/api/v1/runs/{run_id}")
+        scores = self._api("GET", f"/api/v1/runs/{run_id}/scores")["scores"]
+        refs, note = self._references(run["manifest"])
+        seen: dict[str, dict[str, Any]] = {}
+        for s in scores:
+            if str(s.get("policy", "")).startswith("run:") and s["trace_id"] not in seen:
+                extra = refs.get(s["task_id"], {})
+                seen[s["trace_id"]] = {"trace_id": s["trace_id"], "task_id": s["task_id"], "trial": int(s["trial"]),
+                                       **extra}  # fmt: skip
+        if not seen:
+            raise RunFailed(f"run {run_id} has no scored traces to re-score")
+        return list(seen.values()), note
+
+    def traces_where(self, where: str, since_ns: int, limit: int) -> list[dict[str, Any]]:
+        found = self._api("POST", "/v1/traces/select", json={"where": where, "since_unix_nano": since_ns,
+                                                              "limit": limit})["trace_ids"]  # fmt: skip
+        if not found:
+            raise RunFailed(f"no stored trace matches {where!r}")
+        return [{"trace_id": t, "task_id": t, "trial": 0} for t in found]
+
+    def run(self, traces: list[dict[str, Any]], source: dict[str, Any]) -> RunResult:
+        started = time.monotonic()
+        manifest = {
+            "run_id": self.run_id, "name": self.name, "evalsi_version": __version__, "rescore": source,
+            "evaluators": [e.model_dump() for e in self.evaluators], "seed": self.seed,
+            "started_unix_nano": time.time_ns(), "trials": max(t["trial"] for t in traces) + 1,
+        }  # fmt: skip
+        self._api("POST", "/v1/runs", json={"run_id": self.run_id, "name": self.name, "status": "running",
+                                            "manifest": manifest, "summary": {}})  # fmt: skip
+        scores: list[dict[str, Any]] = []
+        missing: dict[str, str] = {}
+        for at in range(0, len(traces), SCORE_BATCH):
+            body = {
+                "name": self.name, "evaluators": [e.model_dump() for e in self.evaluators], "judge": self.judge,
+                "wait_s": 0, "traces": traces[at : at + SCORE_BATCH],
+            }  # fmt: skip
+            answer = self._api("POST", f"/v1/runs/{self.run_id}/score", json=body)
+            scores += answer["scores"]
+            missing.update(answer["missing"])
+        metrics = summarize(observations(scores), seed=self.seed, trials=manifest["trials"])
+        gates = check_gates(self.gates, {k: v.to_dict() for k, v in metrics.items()}, None)
+        infra = [{"task_id": "", "trial": 0, "kind": "not_stored", "message": why, "trace_id": t}
+                 for t, why in missing.items()]  # fmt: skip
+        result = RunResult(
+            run_id=self.run_id, name=self.name, manifest=manifest, metrics=metrics, gates=gates, infra_errors=infra,
+            attempts=0, skipped_resumed=0, not_run=0, scores=scores, wall_s=time.monotonic() - started,
+        )  # fmt: skip
+        self._api("POST", "/v1/runs", json={"run_id": self.run_id, "name": self.name, "status": "finished",
+                                            "manifest": manifest, "summary": result.summary()})  # fmt: skip
+        self._client.close()
+        return result
