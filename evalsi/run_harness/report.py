@@ -15,6 +15,8 @@ def _num(v: Any, digits: int = 3) -> str:
         return "yes" if v else "no"
     if isinstance(v, int):
         return f"{v:,}"
+    if v and abs(v) < 0.01:
+        return f"{v:.{digits}g}"  # a cost per call: 1.4e-05, not 0.000
     return f"{v:.{digits}f}" if abs(v) < 1000 else f"{v:,.0f}"
 
 

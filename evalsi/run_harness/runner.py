@@ -195,7 +195,8 @@ class Runner:
             # the target stops its agent at the timeout itself; past its grace, the runner gives up on it
             attempt = await asyncio.wait_for(self.target.attempt(task, ctx), self.spec.body.timeout + self._grace)
         except AttemptFailed as e:
-            attempt = Attempt(task, trial, error=e.error)
+            attempt = e.attempt if e.attempt is not None else Attempt(task, trial)
+            attempt.error = e.error
         except TimeoutError:
             attempt = Attempt(task, trial, error=InfraError("timeout", f"no answer in {self.spec.body.timeout:g}s"))
         except Exception as e:  # a target's bug: this attempt fails, the run goes on

@@ -80,6 +80,7 @@ class OpenAITarget(_Strict):
     """The built-in reference agent: a tool-calling loop over an OpenAI-compatible chat endpoint."""
 
     base_url: str
+    """The endpoint's base (`https://api.openai.com/v1`), or `stub`: the bundled stub model, for examples and tests."""
     model: str
     api_key: str | None = Field(None, repr=False)
     """`env:VAR` reads the variable; None sends no key (local servers)."""

@@ -22,7 +22,7 @@ def build_target(spec: RunSpec, link: CollectorLink) -> AgentTarget:
     if t.openai is not None:
         from evalsi.run_harness.targets.openai import OpenAIAgent
 
-        return OpenAIAgent(t.openai)
+        return OpenAIAgent(t.openai, path=[spec.base_dir])
     assert t.http is not None
     from evalsi.run_harness.targets.http import HttpAgent
 

@@ -17,9 +17,11 @@ class AttemptFailed(Exception):
     """An attempt failed for the infrastructure (timeout, 5xx, crash, malformed trajectory): raised by a target,
     turned into `Attempt.error` by the runner, counted apart, never scored."""
 
-    def __init__(self, kind: InfraKind, message: str) -> None:
+    def __init__(self, kind: InfraKind, message: str, attempt: Attempt | None = None) -> None:
         super().__init__(message)
         self.error = InfraError(kind, message)
+        self.attempt = attempt
+        """What the attempt did before it failed (its steps, tokens and cost count toward budgets and are traced)."""
 
 
 @dataclass(frozen=True)
