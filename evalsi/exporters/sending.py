@@ -28,48 +28,92 @@ class Count(Protocol):
     def inc(self, amount: float = 1) -> None: ...
 
 
+class _NotCounted:
+    """The `dropped` of a lane whose queue drops nothing (`refuse`)."""
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+
 @dataclass(eq=False)
 class Lane(Generic[T]):
     """One kind of item ("scores", "spans"): its queue, and how a chunk of it is sent.
 
     `send(chunk)` sends one chunk and counts its own outcome in `sent` and `failed` (an exception out of it is a bug:
     the queue logs it, counts the chunk in `failed` and goes on). `dropped` counts what the queue did not take (full,
-    or shutting down). `capacity` bounds this lane alone, unless the queue's capacity is shared. The sender is woken
-    once `wake_at` items (default `batch_size`) are queued, else every flush interval. `select(items, n)` takes up to
-    n items ready to go (default: the n oldest); what it leaves waits for a later round, and `send` may put items back
-    with `requeue`. `done(items)` is called with each chunk after its send and with every item dropped unsent.
-    With `held_in_flight`, the chunk being sent counts in `held` (for a lane whose send may put items back)."""
+    or shutting down; a `refuse` queue drops nothing and needs none). `capacity` bounds this lane alone, unless the
+    queue's capacity is shared. The sender is woken once `wake_at` items (default `batch_size`) are queued, else every
+    flush interval. `select(items, n)` takes up to n items ready to go (default: the n oldest); what it leaves waits
+    for a later round, and `send` may put items back with `requeue`. `done(items)` is called with each chunk after its
+    send and with every item dropped unsent. With `held_in_flight`, the chunk being sent counts in `held` (for a lane
+    whose send may put items back, or whose queue's capacity bounds what is being sent too).
+
+    `weight(item)` is what an item counts for (default 1; e.g. the rows of a table): capacity, `held` and the gauge,
+    `batch_size` and `wake_at` (a chunk takes the oldest items until their weight reaches the batch size), and what
+    the queue counts in `dropped` and `failed` are in weight, not items."""
 
     kind: str
     batch_size: int
     send: Callable[[list[T]], Awaitable[None]]
     sent: Count
     failed: Count
-    dropped: Count
+    dropped: Count = field(default_factory=_NotCounted)
     capacity: int | None = None
     wake_at: int | None = None
     select: Callable[[deque[T], int], list[T]] | None = None
     done: Callable[[list[T]], None] | None = None
     held_in_flight: bool = False
+    weight: Callable[[T], int] | None = None
     items: deque[T] = field(default_factory=deque)
-    in_flight: int = 0  # taken by the sender and neither sent, dropped nor put back yet
+    queued: int = 0  # the weight of `items`
+    in_flight: int = 0  # the weight taken by the sender and neither sent, dropped nor put back yet
 
     @property
     def held(self) -> int:
-        return len(self.items) + (self.in_flight if self.held_in_flight else 0)
+        return self.queued + (self.in_flight if self.held_in_flight else 0)
+
+    def weigh(self, items: Sequence[T]) -> int:
+        return len(items) if self.weight is None else sum(map(self.weight, items))
+
+    def add(self, items: Sequence[T]) -> None:
+        self.items.extend(items)
+        self.queued += self.weigh(items)
 
     def take(self) -> list[T]:
         if self.select is not None:
             chunk = self.select(self.items, self.batch_size)
-        else:
+        elif self.weight is None:
             chunk = [self.items.popleft() for _ in range(min(self.batch_size, len(self.items)))]
-        self.in_flight = len(chunk)
+        else:
+            chunk, n = [], 0
+            while self.items and n < self.batch_size:
+                chunk.append(item := self.items.popleft())
+                n += self.weight(item)
+        self.in_flight = self.weigh(chunk)
+        self.queued -= self.in_flight
         return chunk
 
     def requeue(self, items: list[T]) -> None:
         """Put items of the chunk being sent back at the end of the queue, to go again later (over capacity)."""
-        self.in_flight -= len(items)
+        n = self.weigh(items)
+        self.in_flight -= n
+        self.queued += n
         self.items.extend(items)
+
+    def drop_oldest(self, over: int) -> list[T]:
+        """Take the oldest items out until `over` weight is gone (or none is left)."""
+        gone: list[T] = []
+        while over > 0 and self.items:
+            gone.append(item := self.items.popleft())
+            over -= 1 if self.weight is None else self.weight(item)
+        self.queued -= self.weigh(gone)
+        return gone
+
+    def clear(self) -> list[T]:
+        gone = list(self.items)
+        self.items.clear()
+        self.queued = 0
+        return gone
 
 
 @dataclass(eq=False)
@@ -82,10 +126,16 @@ class _Sender:
 class SendQueue:
     """The queue of an exporter: `offer` queues items under the `full` policy, never waiting; background senders
     send chunks of up to a lane's batch size, one sender per lane or, `ordered`, one that visits the lanes in order.
-    `capacity` is shared by all lanes (the oldest dropped from the first lane on), else each lane has its own.
+    `capacity` is shared by all lanes (the oldest dropped from the first lane on), else each lane has its own; a
+    `refuse` queue counts in it what it holds (`held`, so the chunks in flight of `held_in_flight` lanes too).
+    `refusal()`, when given, makes the `Refused` a `refuse` queue raises when it takes nothing (full, or `stopping`),
+    for a refusal that depends on the exporter's state (a backend outage is a 503, a full queue a 429).
     `deadline()` is when shutdown stops sending (a monotonic time, infinite until then): pass it to `deliver`.
     `shutdown()` stops taking, sends what is queued for at most `shutdown_timeout`, then drops (counted in `failed`)
-    and logs the rest. Keeps `otelcol_exporter_queue_size` (`held`) and `otelcol_exporter_queue_capacity`."""
+    and logs the rest, or hands each lane's count to `on_unsent(lane, n)` in place of that log. It waits for the
+    senders `attempt_timeout` past the deadline (plus a second) before it cancels them; with `attempt_timeout` None
+    (a send that cannot be cancelled, e.g. a thread), without bound: then `send` must stop by `deadline()` itself.
+    Keeps `otelcol_exporter_queue_size` (`held`) and `otelcol_exporter_queue_capacity`."""
 
     def __init__(
         self,
@@ -95,11 +145,13 @@ class SendQueue:
         full: FullPolicy,
         flush_interval: float,
         shutdown_timeout: float,
-        attempt_timeout: float,
+        attempt_timeout: float | None,
         what: str,
         capacity: int | None = None,
         ordered: bool = False,
         retry_after: float = 1.0,
+        refusal: Callable[[], Refused] | None = None,
+        on_unsent: Callable[[Lane[Any], int], None] | None = None,
         log_extra: dict[str, Any] | None = None,
     ) -> None:
         if capacity is None and any(lane.capacity is None for lane in lanes):
@@ -114,6 +166,8 @@ class SendQueue:
         self._attempt_timeout = attempt_timeout
         self._what = what
         self._retry_after = retry_after
+        self._refusal = refusal
+        self._on_unsent = on_unsent
         self._log_extra = log_extra or {}
         self._log = settings.logger
         self._id = settings.id
@@ -162,54 +216,59 @@ class SendQueue:
             return
         if self._stopping:
             if self._full == "refuse":
+                if self._refusal is not None:
+                    raise self._refusal()
                 raise Refused(
                     f"the {self._what} exporter is shutting down", unavailable=True, retry_after=SHUTDOWN_RETRY_AFTER
                 )
-            lane.dropped.inc(len(items))
+            lane.dropped.inc(lane.weigh(items))
             if lane.done is not None:
                 lane.done(list(items))
             return
         if self._full == "refuse":
-            if len(items) > self._room(lane):
+            if lane.weigh(items) > self._room(lane):
+                if self._refusal is not None:
+                    raise self._refusal()
                 raise Refused(
                     f"the {self._what} exporter's queue is full ({self.held} items wait for the backend); retry later",
                     retry_after=self._retry_after,
                 )
-            lane.items.extend(items)
+            lane.add(items)
         else:
-            lane.items.extend(items)
+            lane.add(items)
             self._drop_oldest(lane)
         self._gauge.set(self.held)
-        if len(lane.items) >= (lane.wake_at or lane.batch_size):
+        if lane.queued >= (lane.wake_at or lane.batch_size):
             self._sender_of[lane].wake.set()
 
     def _room(self, lane: Lane[Any]) -> int:
+        """What a `refuse` queue still takes for `lane`: its capacity less what it holds."""
         if self._capacity is not None:
-            return self._capacity - self._queued()
-        return (lane.capacity or 0) - len(lane.items)
+            return self._capacity - self.held
+        return (lane.capacity or 0) - lane.held
 
     def _queued(self) -> int:
-        return sum(len(lane.items) for lane in self._lanes)
+        return sum(lane.queued for lane in self._lanes)
 
     def _drop_oldest(self, lane: Lane[Any]) -> None:
         if self._capacity is not None:
             over, victims = self._queued() - self._capacity, self._lanes
         else:
-            over, victims = len(lane.items) - (lane.capacity or 0), (lane,)
+            over, victims = lane.queued - (lane.capacity or 0), (lane,)
         if over <= 0:
             return
         dropped: dict[str, int] = {}
         for victim in victims:
-            n = min(over, len(victim.items))
-            if not n:
+            gone = victim.drop_oldest(over)
+            if not gone:
                 continue
-            gone = [victim.items.popleft() for _ in range(n)]
+            n = victim.weigh(gone)
             victim.dropped.inc(n)
             if victim.done is not None:
                 victim.done(gone)
             dropped[victim.kind] = dropped.get(victim.kind, 0) + n
             over -= n
-            if not over:
+            if over <= 0:
                 break
         self._log.warning(
             f"{self._what} export queue full; dropped the oldest {' and '.join(dropped)}",
@@ -252,9 +311,10 @@ class SendQueue:
             await lane.send(chunk)
         except Exception:  # a bug, not the backend: say so at once, count the chunk, go on
             self._sender_errors.inc()
-            lane.failed.inc(len(chunk))
+            n = lane.weigh(chunk)
+            lane.failed.inc(n)
             self._log.exception(
-                f"sending {lane.kind} failed unexpectedly; dropped", extra={"count": len(chunk), **self._log_extra}
+                f"sending {lane.kind} failed unexpectedly; dropped", extra={"count": n, **self._log_extra}
             )
         finally:
             lane.in_flight = 0
@@ -266,10 +326,13 @@ class SendQueue:
         for lane in lanes:
             if not lane.items:
                 continue
-            gone = list(lane.items)
-            lane.items.clear()
-            lane.failed.inc(len(gone))
-            self._log.error(message.format(kind=lane.kind), extra={"count": len(gone), **self._log_extra})
+            n = lane.queued
+            gone = lane.clear()
+            lane.failed.inc(n)
+            if self._on_unsent is not None:
+                self._on_unsent(lane, n)
+            else:
+                self._log.error(message.format(kind=lane.kind), extra={"count": n, **self._log_extra})
             if lane.done is not None:
                 lane.done(gone)
         self._gauge.set(self.held)
@@ -283,7 +346,8 @@ class SendQueue:
         tasks = [sender.task for sender in self._senders if sender.task is not None]
         if tasks:
             # each attempt ends within `attempt_timeout`, and none starts after the deadline
-            _, running = await asyncio.wait(tasks, timeout=self._shutdown_timeout + self._attempt_timeout + 1)
+            bound = None if self._attempt_timeout is None else self._shutdown_timeout + self._attempt_timeout + 1
+            _, running = await asyncio.wait(tasks, timeout=bound)
             if running:
                 in_flight = sum(lane.in_flight for lane in self._lanes)
                 for task in running:

@@ -462,3 +462,170 @@ def test_done_sees_every_item_that_leaves_once() -> None:
         assert sorted(left) == [1, 2, 3, 4, 5, 6, 7, 8]
 
     asyncio.run(run())
+
+
+# --- lanes of weighted items, a refusal of the exporter's own, shutdown bookkeeping (the store's queue) ----------
+
+
+class Table:
+    """An item that counts for its rows, like an Arrow table a pipeline worker sends."""
+
+    def __init__(self, name: str, rows: int) -> None:
+        self.name = name
+        self.rows = rows
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def rows(item: Table) -> int:
+    return item.rows
+
+
+def test_a_weighted_lane_counts_rows_for_capacity_gauge_batches_and_wake_up() -> None:
+    async def run() -> None:
+        metrics, backend = SelfMetrics(), Backend()
+        tables, _ = lane(metrics, backend, "tables", batch_size=100, weight=rows)
+        q = queue(metrics, [tables], full="refuse", capacity=250, flush_interval=30.0)
+        q.offer(tables, [Table("a", 60)])
+        q.offer(tables, [Table("b", 30)])
+        assert (tables.queued, q.held, gauge(metrics)) == (90, 90, 90)
+        assert not q._senders[0].wake.is_set()  # 90 rows: less than a batch
+        with pytest.raises(Refused):
+            q.offer(tables, [Table("too many", 161)])  # 90 + 161 rows > 250, though only 3 items
+        q.offer(tables, [Table("c", 50), Table("d", 110)])  # 250 rows exactly
+        assert q._senders[0].wake.is_set()  # a batch's worth of rows is queued
+        assert q.held == gauge(metrics) == 250
+        q.start()
+        await q.shutdown()
+        assert [[t.name for t in chunk] for _, chunk in backend.chunks] == [["a", "b", "c"], ["d"]]
+        assert q.held == gauge(metrics) == 0
+
+    asyncio.run(run())
+
+
+def test_a_weighted_drop_oldest_lane_drops_and_counts_rows() -> None:
+    metrics, backend = SelfMetrics(), Backend()
+    tables, counts = lane(metrics, backend, "tables", capacity=100, weight=rows)
+    q = queue(metrics, [tables])
+    q.offer(tables, [Table("a", 40), Table("b", 40)])
+    q.offer(tables, [Table("c", 30)])  # 10 rows over: the oldest table goes, all its 40 rows
+    assert ([t.name for t in tables.items], tables.queued, counts["dropped"]) == (["b", "c"], 70, 40)
+    assert q.held == gauge(metrics) == 70
+
+
+def test_a_weighted_chunk_takes_the_oldest_items_until_the_batch_size_is_reached() -> None:
+    metrics, backend = SelfMetrics(), Backend()
+    tables, _ = lane(metrics, backend, "tables", batch_size=100, weight=rows)
+    q = queue(metrics, [tables], full="refuse", capacity=1000)
+    a, b, c, d = Table("a", 60), Table("b", 30), Table("c", 50), Table("d", 5)
+    q.offer(tables, [a, b, c, d])
+    assert tables.take() == [a, b, c]  # 60 + 30 < 100: one more, which may pass the batch size
+    assert (tables.in_flight, tables.queued) == (140, 5)
+    tables.requeue([c])
+    assert (tables.in_flight, tables.queued, list(tables.items)) == (90, 55, [d, c])
+
+
+def test_a_refuse_queue_counts_the_chunk_in_flight_of_held_in_flight_lanes_in_its_capacity() -> None:
+    gate = asyncio.Event()
+
+    async def stuck(chunk: list[Any]) -> None:
+        await gate.wait()
+
+    async def run() -> None:
+        metrics, backend = SelfMetrics(), Backend()
+        spans, _ = lane(metrics, backend, "spans", batch_size=4, held_in_flight=True, before=stuck)
+        q = queue(metrics, [spans], full="refuse", capacity=6)
+        q.start()
+        q.offer(spans, [1, 2, 3, 4])
+        await wait_for(lambda: spans.in_flight == 4)
+        assert (spans.queued, q.held, gauge(metrics)) == (0, 4, 4)
+        with pytest.raises(Refused):
+            q.offer(spans, [5, 6, 7])  # 4 being sent + 3 > 6
+        q.offer(spans, [5, 6])
+        gate.set()
+        await q.shutdown()
+        assert backend.items() == [1, 2, 3, 4, 5, 6]
+        assert q.held == gauge(metrics) == 0
+
+    asyncio.run(run())
+
+
+def test_a_refusal_of_the_exporters_own_is_raised_when_full_and_when_stopping() -> None:
+    async def run() -> None:
+        metrics, backend = SelfMetrics(), Backend()
+        outage = {"on": False}
+
+        def refusal() -> Refused:
+            if q.stopping:
+                return Refused("stopping", unavailable=True, retry_after=5)
+            if outage["on"]:
+                return Refused(f"backend down; {q.held} wait", unavailable=True, retry_after=10)
+            return Refused(f"full; {q.held} wait", retry_after=2)
+
+        spans, counts = lane(metrics, backend, "spans")  # a `refuse` lane needs no `dropped`
+        q = queue(metrics, [spans], full="refuse", capacity=2, refusal=refusal)
+        q.offer(spans, [1, 2])
+        with pytest.raises(Refused) as full:
+            q.offer(spans, [3])
+        assert (str(full.value), full.value.retry_after, full.value.unavailable) == ("full; 2 wait", 2, False)
+        outage["on"] = True
+        with pytest.raises(Refused) as down:
+            q.offer(spans, [3])
+        assert (str(down.value), down.value.retry_after, down.value.unavailable) == ("backend down; 2 wait", 10, True)
+        q.start()
+        await q.shutdown()
+        with pytest.raises(Refused) as stopping:
+            q.offer(spans, [3])
+        assert (str(stopping.value), stopping.value.unavailable) == ("stopping", True)
+        assert backend.items() == [1, 2]
+        assert counts["dropped"] == 0
+
+    asyncio.run(run())
+
+
+def test_on_unsent_takes_the_weight_shutdown_gives_up_in_place_of_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    unsent: list[tuple[str, int]] = []
+
+    async def slow(chunk: list[Any]) -> None:
+        await asyncio.sleep(0.2)
+
+    async def run() -> None:
+        metrics, backend = SelfMetrics(), Backend()
+        tables, counts = lane(metrics, backend, "tables", batch_size=1, weight=rows, held_in_flight=True, before=slow)
+        q = queue(
+            metrics, [tables], full="refuse", capacity=1000, shutdown_timeout=0.1,
+            on_unsent=lambda lane, n: unsent.append((lane.kind, n)),
+        )  # fmt: skip
+        q.offer(tables, [Table("a", 10), Table("b", 20), Table("c", 30)])
+        q.start()
+        await wait_for(lambda: tables.in_flight == 10)
+        await q.shutdown()  # "a" is sent; the deadline passes meanwhile: 50 rows are given up
+        assert backend.items("tables")[0].name == "a"
+        assert counts["failed"] == 50
+        assert q.held == gauge(metrics) == 0
+
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        asyncio.run(run())
+    assert unsent == [("tables", 50)]
+    assert not [r for r in caplog.records if "dropping" in r.getMessage()]  # the hook reports it, not the queue
+
+
+def test_with_no_attempt_timeout_shutdown_waits_for_a_send_past_the_bound_and_cancels_nothing() -> None:
+    async def slow(chunk: list[Any]) -> None:
+        await asyncio.sleep(1.3)  # e.g. an insert in a thread, which cannot be cancelled: longer than any bound here
+
+    async def run() -> None:
+        metrics, backend = SelfMetrics(), Backend()
+        spans, counts = lane(metrics, backend, "spans", batch_size=1, before=slow)
+        q = queue(metrics, [spans], full="refuse", capacity=10, shutdown_timeout=0.0, attempt_timeout=None)
+        q.offer(spans, [1, 2])
+        q.start()
+        await wait_for(lambda: spans.in_flight == 1)
+        started = time.monotonic()
+        await q.shutdown()
+        assert time.monotonic() - started > 1.1  # with attempt_timeout=0 it would be cancelled after 0 + 0 + 1 s
+        assert backend.items() == [1]  # the send in flight ended; the next one never started
+        assert (counts["sent"], counts["failed"]) == (1, 1)
+
+    asyncio.run(run())

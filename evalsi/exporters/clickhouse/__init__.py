@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 from pydantic import Field, field_validator, model_validator
 
+from evalsi.backoff import Backoff
 from evalsi.component import ComponentConfig, Refused, Settings, exporter
 from evalsi.duration import Duration
 from evalsi.exporters.clickhouse.backend import StoreError, error_reason, is_data_error, open_backend
@@ -26,11 +25,11 @@ from evalsi.exporters.clickhouse.rows import (
 )
 from evalsi.exporters.clickhouse.store import TraceStore
 from evalsi.exporters.delivery import items_refused_counter
+from evalsi.exporters.sending import Lane, SendQueue
 from evalsi.log_record import LogBatch
 from evalsi.score import ScoreBatch
 from evalsi.span import BatchKind, SpanBatch
 from evalsi.store import RowKind, Rows, StoreType
-from evalsi.supervise import supervise
 
 
 class StoreRetryConfig(ComponentConfig):
@@ -93,32 +92,8 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
 
-@dataclass
-class _Queue:
-    """Items of one kind waiting for the store, how to put them in columns, and how to insert those."""
-
-    kind: str  # "spans", "span revisions", "log records", "scores": for logs, errors and metrics
-    convert: Callable[[list[Any]], pa.Table]
-    insert: Callable[[pa.Table], None]
-    sent: Any
-    failed: Any
-    items: list[Any] = field(default_factory=list)
-    tables: bool = False  # items are Arrow tables already in the store's columns (from pipeline workers)
-    rows: int = 0  # rows held: len(items) for spans, the tables' rows for tables
-
-    def take(self, rows: int) -> tuple[list[Any], int]:
-        """The next chunk of about `rows` rows, and its row count."""
-        if not self.tables:
-            chunk, self.items = self.items[:rows], self.items[rows:]
-            self.rows -= len(chunk)
-            return chunk, len(chunk)
-        n = i = 0
-        while i < len(self.items) and n < rows:
-            n += self.items[i].num_rows
-            i += 1
-        chunk, self.items = self.items[:i], self.items[i:]
-        self.rows -= n
-        return chunk, n
+def _rows(table: pa.Table) -> int:
+    return table.num_rows
 
 
 def _ids(table: pa.Table) -> str:
@@ -154,9 +129,7 @@ class ClickHouseExporter:
         self._config = config
         self._log = settings.logger
         self._settings = settings
-        m = settings.metrics
-        self._queue_gauge = m.exporter_queue_size.labels(settings.id)
-        m.exporter_queue_capacity.labels(settings.id).set(config.queue_size)
+        m, cid = settings.metrics, settings.id
         self._dropped = items_refused_counter(m)
         self._retries = m.counter(
             "evalsi_exporter_write_retries",
@@ -168,15 +141,66 @@ class ClickHouseExporter:
             "1 while the store refuses writes for its availability (the queue holds what was acknowledged).",
             ["exporter"],
         ).labels(settings.id)
-        self._queues: list[_Queue] = []
-        self._held = 0  # items queued plus the chunk being written
-        self._wake = asyncio.Event()
-        self._stopping = False
-        self._deadline = float("inf")  # set by shutdown: when retries give up
         self._outage: tuple[str, float] | None = None  # (reason, since): the store refuses writes
-        self._task: asyncio.Task[None] | None = None
         self.store: TraceStore | None = None
         self.unstored: dict[str, int] = {}  # what shutdown could not write, by kind
+        lane = self._lane
+        sent_spans, failed_spans = m.exporter_sent_spans.labels(cid), m.exporter_send_failed_spans.labels(cid)
+        sent_logs, failed_logs = m.exporter_sent_log_records.labels(cid), m.exporter_send_failed_log_records.labels(cid)
+        self._spans = lane("spans", to_arrow, TraceStore.insert_spans, sent_spans, failed_spans)
+        self._revisions = lane("span revisions", to_arrow, TraceStore.revise_spans, sent_spans, failed_spans)
+        self._logs = lane("log records", logs_to_arrow, TraceStore.insert_logs, sent_logs, failed_logs)
+        self._scores = lane(
+            "scores",
+            scores_to_arrow,
+            TraceStore.insert_scores,
+            m.counter("evalsi_exporter_sent_scores", "Scores written to the store.", ["exporter"]).labels(cid),
+            m.counter("evalsi_exporter_send_failed_scores", "Scores the store would not take.", ["exporter"]).labels(
+                cid
+            ),
+        )
+        # the same, already in Arrow columns: what pipeline worker processes send (service.workers > 1)
+        self._span_tables = lane("spans", _concat, TraceStore.insert_spans, sent_spans, failed_spans, tables=True)
+        self._revision_tables = lane(
+            "span revisions", _concat, TraceStore.revise_spans, sent_spans, failed_spans, tables=True
+        )
+        self._log_tables = lane("log records", _concat, TraceStore.insert_logs, sent_logs, failed_logs, tables=True)
+        # one sender visits the lanes in this order: a revision goes after the spans queued before it, so it never
+        # lands before its span. `queue_size` counts rows, the chunk being written too; a write the store refuses
+        # for its availability is retried in `send` until shutdown's deadline, so nothing is cancelled
+        self._queue = SendQueue(
+            settings,
+            (self._spans, self._span_tables, self._revisions, self._revision_tables, self._logs, self._log_tables,
+             self._scores),
+            capacity=config.queue_size,
+            ordered=True,
+            full="refuse",
+            refusal=self._refusal,
+            flush_interval=config.flush_interval,
+            shutdown_timeout=config.drain_timeout,
+            attempt_timeout=None,  # inserts run in threads: shutdown waits for them
+            on_unsent=self._unsent,
+            what="clickhouse",
+        )  # fmt: skip
+
+    def _lane(
+        self,
+        kind: str,
+        convert: Callable[[list[Any]], pa.Table],
+        insert: Callable[[TraceStore, pa.Table], None],
+        sent: Any,
+        failed: Any,
+        *,
+        tables: bool = False,
+    ) -> Lane[Any]:
+        """A lane of `kind` ("spans", "span revisions", "log records", "scores": its name in logs, errors and
+        metrics), put in columns by `convert` and written by `insert`. `tables`: its items are Arrow tables already in
+        the store's columns (from pipeline workers), counted by their rows."""
+        lane: Lane[Any] = Lane(
+            kind, self._config.batch_size, lambda chunk: self._write(lane, chunk, convert, insert, tables),
+            sent=sent, failed=failed, weight=_rows if tables else None, held_in_flight=True,
+        )  # fmt: skip
+        return lane
 
     async def start(self) -> None:
         c = self._config
@@ -199,34 +223,8 @@ class ClickHouseExporter:
                 raise StoreError(f"cannot create the tables in the {backend.description}: {e}") from None
         await asyncio.to_thread(load_arrow)
         self.store = store
-        m, cid = self._settings.metrics, self._settings.id
-        sent_spans, failed_spans = m.exporter_sent_spans.labels(cid), m.exporter_send_failed_spans.labels(cid)
-        sent_logs, failed_logs = m.exporter_sent_log_records.labels(cid), m.exporter_send_failed_log_records.labels(cid)
-        self._spans = _Queue("spans", to_arrow, store.insert_spans, sent_spans, failed_spans)
-        # revisions go after the spans queued before them, so a revision never lands before its span
-        self._revisions = _Queue("span revisions", to_arrow, store.revise_spans, sent_spans, failed_spans)
-        self._logs = _Queue("log records", logs_to_arrow, store.insert_logs, sent_logs, failed_logs)
-        self._scores = _Queue(
-            "scores",
-            scores_to_arrow,
-            store.insert_scores,
-            m.counter("evalsi_exporter_sent_scores", "Scores written to the store.", ["exporter"]).labels(cid),
-            m.counter("evalsi_exporter_send_failed_scores", "Scores the store would not take.", ["exporter"]).labels(
-                cid
-            ),
-        )
-        # the same, already in Arrow columns: what pipeline worker processes send (service.workers > 1)
-        self._span_tables = _Queue("spans", _concat, store.insert_spans, sent_spans, failed_spans, tables=True)
-        self._revision_tables = _Queue(
-            "span revisions", _concat, store.revise_spans, sent_spans, failed_spans, tables=True
-        )
-        self._log_tables = _Queue("log records", _concat, store.insert_logs, sent_logs, failed_logs, tables=True)
-        self._queues = [
-            self._spans, self._span_tables, self._revisions, self._revision_tables, self._logs, self._log_tables,
-            self._scores,
-        ]  # fmt: skip
         self._log.info("store open", extra={"store": backend.description})
-        self._task = supervise(f"{self._settings.id} flush", self._flush_loop, log=self._log, metrics=m)
+        self._queue.start()
 
     def not_ready(self) -> str | None:
         """Why the store cannot take writes now (for `/readyz`), None while it can."""
@@ -236,30 +234,23 @@ class ClickHouseExporter:
         assert self.store is not None
         return (
             f"the {self.store.description} refuses writes ({reason}) for {time.monotonic() - since:.0f}s; "
-            f"{self._held} items wait in the exporter's queue (capacity {self._config.queue_size})"
+            f"{self._queue.held} items wait in the exporter's queue (capacity {self._config.queue_size})"
         )
 
-    def _enqueue(self, queue: _Queue, items: list[Any], rows: int | None = None) -> None:
-        n = len(items) if rows is None else rows
-        if self._stopping:
-            raise Refused("the collector is shutting down", unavailable=True, retry_after=5)
-        if self._held + n > self._config.queue_size:
-            if self._outage is not None:
-                raise Refused(
-                    f"{self.not_ready()}; retry later",
-                    unavailable=True,
-                    retry_after=max(1.0, self._config.retry_on_failure.max_interval),
-                )
-            raise Refused(
-                f"store queue is full ({self._held} items waiting for the store); retry later",
-                retry_after=max(1.0, self._config.flush_interval),
+    def _refusal(self) -> Refused:
+        """Why the queue takes nothing now: shutting down, or full (a 503 while the store refuses writes)."""
+        if self._queue.stopping:
+            return Refused("the collector is shutting down", unavailable=True, retry_after=5)
+        if self._outage is not None:
+            return Refused(
+                f"{self.not_ready()}; retry later",
+                unavailable=True,
+                retry_after=max(1.0, self._config.retry_on_failure.max_interval),
             )
-        queue.items.extend(items)
-        queue.rows += n
-        self._held += n
-        self._queue_gauge.set(self._held)
-        if queue.rows >= self._config.batch_size:
-            self._wake.set()
+        return Refused(
+            f"store queue is full ({self._queue.held} items waiting for the store); retry later",
+            retry_after=max(1.0, self._config.flush_interval),
+        )
 
     async def consume(self, batch: SpanBatch) -> None:
         if batch.kind is BatchKind.SESSION:
@@ -268,72 +259,62 @@ class ClickHouseExporter:
         if not all(s.sampled for s in spans):
             spans = [s for s in spans if s.sampled]  # the sampler counted the others
         if spans:
-            self._enqueue(self._revisions if batch.revision else self._spans, spans)
+            self._queue.offer(self._revisions if batch.revision else self._spans, spans)
 
     async def consume_logs(self, batch: LogBatch) -> None:
-        self._enqueue(self._logs, batch.records)
+        self._queue.offer(self._logs, batch.records)
 
     async def consume_scores(self, batch: ScoreBatch) -> None:
-        self._enqueue(self._scores, batch.scores)
+        self._queue.offer(self._scores, batch.scores)
 
     def write_rows(self, kind: RowKind, body: Rows) -> None:
         """Rows a pipeline worker already put in the store's columns (`ArrowRows.encode`); raises `Refused` like
         `consume` when the queue is full."""
         table = from_ipc(body)
-        queue = {"spans": self._span_tables, "revisions": self._revision_tables, "logs": self._log_tables}[kind]
-        self._enqueue(queue, [table], table.num_rows)
+        lane = {"spans": self._span_tables, "revisions": self._revision_tables, "logs": self._log_tables}[kind]
+        self._queue.offer(lane, [table])
 
-    async def _flush_loop(self) -> None:
-        while True:
-            if not self._stopping:
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=self._config.flush_interval)
-                except TimeoutError:
-                    pass
-            self._wake.clear()
-            while any(q.items for q in self._queues) and time.monotonic() < self._deadline:
-                for queue in self._queues:
-                    if not queue.items:
-                        continue
-                    chunk, rows = queue.take(self._config.batch_size)
-                    try:
-                        await self._write(queue, chunk)
-                    finally:
-                        self._held -= rows
-                        self._queue_gauge.set(self._held)
-            if self._stopping:
-                return
-
-    async def _write(self, queue: _Queue, chunk: list[Any]) -> None:
-        table, bad = await asyncio.to_thread(convert_good, chunk, queue.convert)
+    async def _write(
+        self,
+        lane: Lane[Any],
+        chunk: list[Any],
+        convert: Callable[[list[Any]], pa.Table],
+        insert: Callable[[TraceStore, pa.Table], None],
+        tables: bool,
+    ) -> None:
+        """A lane's `send`: put a chunk in columns and insert it, dropping alone what the store cannot hold."""
+        table, bad = await asyncio.to_thread(convert_good, chunk, convert)
         for item, error in bad:
-            ids = f"{item.trace_id}/{item.span_id}" if not queue.tables else _ids(item)
-            self._drop(queue, 1 if not queue.tables else item.num_rows, error, ids)
+            ids = f"{item.trace_id}/{item.span_id}" if not tables else _ids(item)
+            self._drop(lane, 1 if not tables else item.num_rows, error, ids)
         if table is not None and table.num_rows:
-            await self._insert(queue, table)
+            await self._insert(lane, insert, table)
 
-    async def _insert(self, queue: _Queue, table: pa.Table) -> None:
-        pending = [table]
-        delay = self._config.retry_on_failure.initial_interval
+    async def _insert(self, lane: Lane[Any], insert: Callable[[TraceStore, pa.Table], None], table: pa.Table) -> None:
+        """Insert `table`; rows refused for their data are halved until alone and dropped, a write refused for the
+        store's availability is retried (the shared backoff, no deadline) until it passes or shutdown's passes."""
+        store, pending = self.store, [table]
+        assert store is not None, "the sender starts with the store"
+        retry = self._config.retry_on_failure
+        backoff = Backoff(retry.initial_interval, retry.max_interval)
         while pending:
             part = pending.pop()
             try:
-                await asyncio.to_thread(queue.insert, part)
+                await asyncio.to_thread(insert, store, part)
             except Exception as e:
                 if is_data_error(e):
                     if part.num_rows == 1:
-                        self._drop(queue, 1, e, _ids(part))
+                        self._drop(lane, 1, e, _ids(part))
                     else:  # halve until the rows the store refuses are alone
                         half = part.num_rows // 2
                         pending += [part.slice(half), part.slice(0, half)]
                     continue
                 pending.append(part)
-                if not await self._wait_out(e, delay):
-                    self._give_up(queue, sum(p.num_rows for p in pending), e)
+                if not await self._wait_out(e, backoff.next_wait()):
+                    self._give_up(lane, sum(p.num_rows for p in pending), e)
                     return
-                delay = min(delay * 2, self._config.retry_on_failure.max_interval)
                 continue
-            queue.sent.inc(part.num_rows)
+            lane.sent.inc(part.num_rows)
             if self._outage is not None:
                 self._log.warning(
                     "the store takes writes again",
@@ -345,7 +326,7 @@ class ClickHouseExporter:
     def _outage_s(self) -> float:
         return round(time.monotonic() - self._outage[1], 1) if self._outage else 0.0
 
-    async def _wait_out(self, error: Exception, delay: float) -> bool:
+    async def _wait_out(self, error: Exception, wait: float) -> bool:
         """Wait before retrying a write the store refused for its availability; False when shutdown's deadline
         passes first."""
         reason = error_reason(error)
@@ -353,48 +334,42 @@ class ClickHouseExporter:
             self._outage = (reason, time.monotonic())
             self._unavailable_gauge.set(1)
         self._retries.labels(self._settings.id, reason).inc()
-        wait = delay * random.uniform(0.8, 1.2)
         self._log.warning(
             "the store refuses writes; the queue holds them and the write is retried",
             extra={"error": str(error).splitlines()[0][:500], "reason": reason, "retry_in_s": round(wait, 2),
-                   "queued": self._held, "outage_s": self._outage_s()},
+                   "queued": self._queue.held, "outage_s": self._outage_s()},
         )  # fmt: skip
         retry_at = time.monotonic() + wait
         while (left := retry_at - time.monotonic()) > 0:
-            if time.monotonic() >= self._deadline:
+            if time.monotonic() >= self._queue.deadline():
                 return False
             await asyncio.sleep(min(left, 0.25))
-        return time.monotonic() < self._deadline
+        return time.monotonic() < self._queue.deadline()
 
-    def _drop(self, queue: _Queue, rows: int, error: BaseException, ids: str) -> None:
+    def _drop(self, lane: Lane[Any], rows: int, error: BaseException, ids: str) -> None:
         reason = error_reason(error)
-        self._dropped.labels(self._settings.id, queue.kind, reason).inc(rows)
-        queue.failed.inc(rows)
+        self._dropped.labels(self._settings.id, lane.kind, reason).inc(rows)
+        lane.failed.inc(rows)
         self._log.error(
-            f"dropping {queue.kind} the store refuses for their data; the others are stored",
+            f"dropping {lane.kind} the store refuses for their data; the others are stored",
             extra={"reason": reason, "error": str(error).splitlines()[0][:500] if str(error) else reason,
                    "count": rows, "ids": ids[:2000]},
         )  # fmt: skip
 
-    def _give_up(self, queue: _Queue, rows: int, error: BaseException) -> None:
-        queue.failed.inc(rows)
-        self.unstored[queue.kind] = self.unstored.get(queue.kind, 0) + rows
+    def _give_up(self, lane: Lane[Any], rows: int, error: BaseException) -> None:
+        lane.failed.inc(rows)
+        self.unstored[lane.kind] = self.unstored.get(lane.kind, 0) + rows
         self._log.error(
-            f"shutdown: giving up {rows} {queue.kind} the store would not take in time",
+            f"shutdown: giving up {rows} {lane.kind} the store would not take in time",
             extra={"reason": error_reason(error), "drain_timeout_s": self._config.drain_timeout},
         )
 
+    def _unsent(self, lane: Lane[Any], rows: int) -> None:
+        """What the drain timeout left queued (the queue counted it in `failed`), for the one log line of `shutdown`."""
+        self.unstored[lane.kind] = self.unstored.get(lane.kind, 0) + rows
+
     async def shutdown(self) -> None:
-        self._stopping = True
-        self._deadline = time.monotonic() + self._config.drain_timeout
-        self._wake.set()
-        if self._task is not None:
-            await self._task
-        for queue in self._queues:  # what the deadline left queued
-            if queue.rows:
-                queue.failed.inc(queue.rows)
-                self.unstored[queue.kind] = self.unstored.get(queue.kind, 0) + queue.rows
-                queue.items, queue.rows = [], 0
+        await self._queue.shutdown()  # writes what is queued, retrying until `drain_timeout`
         if self.unstored:
             self._log.error(
                 "acknowledged data was not stored: the store refused writes until the drain timeout",
