@@ -120,6 +120,10 @@ class Attempt:
             return json.dumps(self.output_json, sort_keys=True, ensure_ascii=False, default=str)
         return None
 
+    def earliest_ns(self) -> int:
+        """The earliest start of the attempt or any of its steps (an agent's own timestamps may be older)."""
+        return min([self.start_ns, *(_starts(self.steps))])
+
     def llm_calls(self) -> list[LlmCall]:
         """Every model call, subagents' included."""
         return _llm_calls(self.steps)
@@ -131,6 +135,15 @@ class Attempt:
     @property
     def tokens(self) -> int:
         return sum((c.input_tokens or 0) + (c.output_tokens or 0) for c in self.llm_calls())
+
+
+def _starts(steps: list[Step]) -> list[int]:
+    out = []
+    for step in steps:
+        out.append(step.start_ns)
+        if isinstance(step, SubAgent):
+            out.extend(_starts(step.steps))
+    return out
 
 
 def _llm_calls(steps: list[Step]) -> list[LlmCall]:

@@ -217,7 +217,7 @@ class Runner:
             "name": self.spec.name,
             "evaluators": [s.model_dump() for s in spec.evaluators],
             "judge": spec.judge,
-            "since_unix_nano": since_ns,
+            "since_unix_nano": min([since_ns, *(a.earliest_ns() - 60_000_000_000 for a, _ in batch)]),
             "wait_s": SCORE_WAIT_S,
             "traces": [
                 {"trace_id": a.trace_id, "task_id": a.task.id, "trial": a.trial, "spans": sent,

@@ -4,6 +4,7 @@ subprocess, traces over OTLP, scores read back from the store through the API.""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from fractions import Fraction
@@ -14,6 +15,8 @@ import httpx
 import pytest
 import yaml
 from running_collector import EVALSI, Collector, serve_config, start_collector
+
+from .harness_server import Capabilities, HarnessServer
 
 AGENT = '''
 import time
@@ -277,3 +280,62 @@ def test_reports_carry_the_figures_and_the_failing_trajectories(tmp_path: Path, 
     scores = httpx.get(f"{collector.api}/api/v1/runs/{run['run_id']}/scores").json()["scores"]
     [italy] = [s for s in scores if s["task_id"] == "it"]
     assert italy["passed"] is False and italy["trace_id"] in page and "Milan" in page
+
+
+def test_an_http_agent_run_goes_on_past_its_failures(tmp_path: Path, collector: Collector) -> None:
+    data = [{"id": q.split(":")[0], "input": q, "reference": ref} for q, ref in (
+        ("atif", "The answer is 42."), ("flaky:2", "answer to flaky:2"), ("polls:2", "answer to polls:2"),
+        ("fail", ""), ("malformed", ""), ("hang", ""),
+    )]  # fmt: skip
+    with HarnessServer(capabilities=Capabilities(max_concurrent_runs=2)) as agent:
+        path = run_file(tmp_path, data=data, trials=1, timeout="2s", gates=[])
+        doc = yaml.safe_load(path.read_text())
+        doc["spec"]["target"] = {"http": {"url": agent.url, "api_key": "env:AGENT_KEY", "poll_interval": "50ms",
+                                          "stop_grace": "1s"}}  # fmt: skip
+        path.write_text(yaml.safe_dump(doc))
+        env_res = subprocess.run([*EVALSI, "run", "-f", str(path), "--collector", collector.api, "--json"],
+                                 capture_output=True, text=True, cwd=tmp_path, timeout=240,
+                                 env={**os.environ, "AGENT_KEY": "test-key"})  # fmt: skip
+        run = run_json(env_res)
+        assert agent.max_active <= 2  # the agent's limit caps the run's concurrency
+        assert {p["metadata"]["case_id"] for p in agent.posts} >= {"atif", "flaky", "polls"}
+        assert all(p["metadata"]["experiment_id"] == run["run_id"] for p in agent.posts)
+        assert agent.stops  # the hanging run was stopped
+    errors = {e["task_id"]: e["kind"] for e in run["infra_errors"]}
+    assert errors == {"fail": "target_error", "malformed": "malformed", "hang": "timeout"}
+    m = run["metrics"]["exact-match"]
+    assert (m["n"], m["mean"]) == (3, 1.0)
+    # the ATIF trajectory became spans: the subagent's own invoke_agent span, its model calls and tool call
+    scores = httpx.get(f"{collector.api}/api/v1/runs/{run['run_id']}/scores").json()["scores"]
+    [atif] = [s for s in scores if s["task_id"] == "atif"]
+    spans = httpx.get(f"{collector.api}/api/v1/traces/{atif['trace_id']}").json()["spans"]
+    names = sorted(s["name"] for s in spans)
+    assert "invoke_agent researcher" in names and "execute_tool web_search" in names
+    assert sum(1 for s in spans if s["step_type"] == "llm") >= 4
+
+
+def test_a_command_agent_gets_the_input_and_the_trace_context(tmp_path: Path, collector: Collector) -> None:
+    script = tmp_path / "cmd.py"
+    script.write_text(
+        "import os, sys\n"
+        "text = sys.stdin.read()\n"
+        "if 'boom' in text:\n"
+        "    sys.stderr.write('it broke')\n"
+        "    sys.exit(3)\n"
+        "print(os.environ['TRACEPARENT'].split('-')[1] + ' ' + text.upper())\n"
+    )
+    data = [{"id": "a", "input": "hello"}, {"id": "b", "input": "boom"}]
+    path = run_file(tmp_path, data=data, trials=1, gates=[])
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["target"] = {"command": {"argv": [sys.executable, "cmd.py"]}}
+    doc["spec"]["evaluators"] = [{"ref": "builtin/length"}]
+    path.write_text(yaml.safe_dump(doc))
+    run = run_json(evalsi("run", "-f", str(path), "--collector", collector.api, "--json", cwd=tmp_path))
+    [crash] = run["infra_errors"]
+    assert (crash["task_id"], crash["kind"]) == ("b", "crash") and "exit code 3: it broke" in crash["message"]
+    scores = httpx.get(f"{collector.api}/api/v1/runs/{run['run_id']}/scores").json()["scores"]
+    [a] = [s for s in scores if s["task_id"] == "a"]
+    spans = httpx.get(f"{collector.api}/api/v1/traces/{a['trace_id']}").json()["spans"]
+    [root] = [s for s in spans if not s["parent_span_id"]]
+    # the program saw the attempt's own trace id in TRACEPARENT, and its stdout is the answer
+    assert root["output"][0]["parts"][0]["content"] == f"{a['trace_id']} HELLO"
