@@ -112,6 +112,7 @@ def run_command(
     baseline: Annotated[str | None, typer.Option("--baseline", help="Compare with this run id (paired).")] = None,
     report: Annotated[list[Path] | None, typer.Option("--report", help="Write a report: out.md or out.html.")] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N tasks.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Another model for an openai or http target.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (every aggregate).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
 ) -> None:
@@ -119,6 +120,8 @@ def run_command(
     run's evaluators. Exit 0 when every gate holds, 1 when one fails, 2 when the run could not be done."""
     try:
         spec = load_run(file)
+        if model:
+            spec = spec.with_model(model)
         dataset = load_dataset(spec.path(spec.body.dataset.path), limit or spec.body.dataset.limit)
     except (RunSpecError, DatasetError) as e:
         raise _fail(str(e)) from None

@@ -210,6 +210,20 @@ class RunSpec:
     def body(self) -> RunBody:
         return self.doc.spec
 
+    def with_model(self, model: str) -> RunSpec:
+        """The same run with another model for the target (`evalsi run --model`): openai and http targets only."""
+        target = self.body.target
+        if target.openai is not None:
+            target = target.model_copy(update={"openai": target.openai.model_copy(update={"model": model})})
+        elif target.http is not None:
+            target = target.model_copy(update={"http": target.http.model_copy(update={"model": model})})
+        else:
+            raise RunSpecError([f"--model: a {target.kind} target has no model to override"])
+        doc = self.doc.model_copy(update={"spec": self.body.model_copy(update={"target": target})})
+        out = RunSpec(doc, self.base_dir, self.evaluators, {})
+        out.hash = self.hash  # the file's; the manifest records the target's model apart
+        return out
+
     def path(self, relative: str) -> Path:
         p = Path(relative).expanduser()
         return p if p.is_absolute() else self.base_dir / p

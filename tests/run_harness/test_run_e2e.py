@@ -339,3 +339,23 @@ def test_a_command_agent_gets_the_input_and_the_trace_context(tmp_path: Path, co
     [root] = [s for s in spans if not s["parent_span_id"]]
     # the program saw the attempt's own trace id in TRACEPARENT, and its stdout is the answer
     assert root["output"][0]["parts"][0]["content"] == f"{a['trace_id']} HELLO"
+
+
+def test_the_openai_agent_with_a_model_override_and_a_budget_that_stops_the_run(
+    tmp_path: Path, collector: Collector
+) -> None:
+    data = [{"id": f"t{i}", "input": f"What is {i} + 1?", "reference": str(i + 1)} for i in range(6)]
+    path = run_file(tmp_path, data=data, trials=1, gates=[], concurrency=1, budget={"tokens": 40})
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["target"] = {"openai": {"base_url": "stub", "model": "stub-1", "price": {"input": 1, "output": 2}}}
+    path.write_text(yaml.safe_dump(doc))
+    run = run_json(evalsi("run", "-f", str(path), "--model", "stub-2", "--collector", collector.api, "--json",
+                          cwd=tmp_path))  # fmt: skip
+    assert run["manifest"]["target"].endswith("#stub-2")
+    # attempts run one at a time until their tokens reach the budget of 40; the others never start
+    n, per_attempt = run["attempts"], run["metrics"]["tokens"]["mean"]
+    assert 0 < n < 6 and run["not_run"] == 6 - n
+    assert n * per_attempt >= 40 > (n - 1) * per_attempt
+    assert run["metrics"]["exact-match"]["mean"] == 1.0
+    res = evalsi("run", "-f", str(run_file(tmp_path)), "--model", "x", "--collector", collector.api, cwd=tmp_path)
+    assert res.returncode == 2 and "--model: a python target has no model to override" in res.stderr
