@@ -54,7 +54,7 @@ from evalsi.exporters.delivery import (
     spans_to_forward,
 )
 from evalsi.exporters.otlp_encode import rejected_in_answer, traces_request
-from evalsi.exporters.sending import Lane, SendQueue
+from evalsi.exporters.sending import Lane, SendQueue, score_lane, span_lane
 from evalsi.ids import is_canonical_trace_id
 from evalsi.score import Score, ScoreBatch
 from evalsi.span import Span, SpanBatch
@@ -197,23 +197,11 @@ class LangfuseExporter:
         self._cid = settings.id
         self._client: httpx.AsyncClient | None = None
         # two lanes, each with its own bound and sender: a flood of spans never pushes out a score
-        self._scores: Lane[_QueuedScore] = Lane(
-            "scores",
-            config.batch_size,
-            self._send_scores,
-            sent=counters.scores_sent,
-            failed=counters.scores_failed,
-            dropped=counters.scores_dropped,
-            capacity=config.queue_size,
+        self._scores: Lane[_QueuedScore] = score_lane(
+            counters, config.batch_size, self._send_scores, capacity=config.queue_size
         )
-        self._spans: Lane[Span] = Lane(
-            "spans",
-            config.span_batch_size,
-            self._send_spans,
-            sent=counters.spans_sent,
-            failed=counters.spans_failed,
-            dropped=counters.spans_dropped,
-            capacity=config.span_queue_size,
+        self._spans: Lane[Span] = span_lane(
+            counters, config.span_batch_size, self._send_spans, capacity=config.span_queue_size
         )
         self._queue = SendQueue(
             settings,

@@ -57,7 +57,7 @@ from evalsi.exporters.delivery import (
     spans_to_forward,
 )
 from evalsi.exporters.otlp_encode import traces_request
-from evalsi.exporters.sending import Lane, SendQueue
+from evalsi.exporters.sending import Lane, SendQueue, score_lane, span_lane
 from evalsi.ids import is_canonical_trace_id
 from evalsi.score import Score, ScoreBatch
 from evalsi.span import Span, SpanBatch
@@ -243,25 +243,15 @@ class MlflowExporter:
         self._experiment_id = config.experiment_id
         self._client: httpx.AsyncClient | None = None
         self._next_span_slot = 0.0  # monotonic time the next span batch may go, for `spans_per_second`
-        self._spans: Lane[Span] = Lane(
-            "spans",
-            config.batch_size,
-            self._pace_and_send,
-            sent=counters.spans_sent,
-            failed=counters.spans_failed,
-            dropped=counters.spans_dropped,
-            capacity=config.queue_size,
-            done=self._spans_done,
+        self._spans: Lane[Span] = span_lane(
+            counters, config.batch_size, self._pace_and_send, capacity=config.queue_size, done=self._spans_done
         )
         # a score goes once its trace has no spans queued here and its wait (for a trace MLflow lacks) is over;
         # one whose trace is missing is put back, so it counts as held while it is written
-        self._scores: Lane[_PendingScore] = Lane(
-            "scores",
+        self._scores: Lane[_PendingScore] = score_lane(
+            counters,
             config.batch_size,
             self._write_scores,
-            sent=counters.scores_sent,
-            failed=counters.scores_failed,
-            dropped=counters.scores_dropped,
             capacity=config.queue_size,
             wake_at=1,
             select=self._ready_scores,

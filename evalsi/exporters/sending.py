@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from evalsi.component import Refused, Settings
-from evalsi.exporters.delivery import sender_errors_counter
+from evalsi.exporters.delivery import ExporterCounters, sender_errors_counter
 from evalsi.supervise import supervise
 
 T = TypeVar("T")
@@ -357,3 +357,17 @@ class SendQueue:
                     f"{self._what} exporter did not drain in time", extra={"in_flight": in_flight, **self._log_extra}
                 )
         self._drop_left(self._lanes, "shutdown: dropping {kind} the senders left")
+
+
+def score_lane(counters: ExporterCounters, batch_size: int, send: Callable[[list[T]], Awaitable[None]],
+               **options: Any) -> Lane[T]:  # fmt: skip
+    """A lane of scores counted in an exporter's score counters (sent, send failed, enqueue failed)."""
+    return Lane("scores", batch_size, send, sent=counters.scores_sent, failed=counters.scores_failed,
+                dropped=counters.scores_dropped, **options)  # fmt: skip
+
+
+def span_lane(counters: ExporterCounters, batch_size: int, send: Callable[[list[T]], Awaitable[None]],
+              **options: Any) -> Lane[T]:  # fmt: skip
+    """A lane of spans counted in an exporter's span counters (sent, send failed, enqueue failed)."""
+    return Lane("spans", batch_size, send, sent=counters.spans_sent, failed=counters.spans_failed,
+                dropped=counters.spans_dropped, **options)  # fmt: skip

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -192,10 +194,19 @@ def _write_report(path: Path, run: dict[str, Any], scores: list[dict[str, Any]],
 # --- runs as data -------------------------------------------------------------------------------------------------
 
 
-def _api(collector: str | None, config: Path | None) -> tuple[str, InProcessCollector | None]:
-    """The API to read runs through: --collector, the configured one if it answers, else an in-process one."""
-    link, local = _link(collector, config)
-    return link.api_url, local
+@contextlib.contextmanager
+def _api(collector: str | None, config: Path | None) -> Iterator[str]:
+    """The API to read runs through: --collector, the configured one if it answers, else an in-process one (stopped
+    on leaving)."""
+    try:
+        link, local = _link(collector, config)
+    except CollectorError as e:
+        raise _fail(str(e)) from None
+    try:
+        yield link.api_url
+    finally:
+        if local is not None:
+            local.stop()
 
 
 def _get(api: str, path: str) -> Any:
@@ -215,15 +226,8 @@ def runs_list(
     config: ConfigOpt = None,
 ) -> None:
     """Runs, newest first."""
-    try:
-        api, local = _api(collector, config)
-    except CollectorError as e:
-        raise _fail(str(e)) from None
-    try:
+    with _api(collector, config) as api:
         runs = _get(api, f"/api/v1/runs?limit={limit}")["runs"]
-    finally:
-        if local is not None:
-            local.stop()
     if as_json:
         out.print_json(json.dumps(runs, default=str))
         return
@@ -248,15 +252,8 @@ def runs_show(
     config: ConfigOpt = None,
 ) -> None:
     """A run's manifest, aggregates and gates, as stored."""
-    try:
-        api, local = _api(collector, config)
-    except CollectorError as e:
-        raise _fail(str(e)) from None
-    try:
+    with _api(collector, config) as api:
         r = _get(api, f"/api/v1/runs/{run_id}")
-    finally:
-        if local is not None:
-            local.stop()
     run = {"run_id": r["run_id"], "name": r["name"], "status": r["status"], "manifest": r["manifest"], **r["summary"]}
     if as_json:
         out.print_json(json.dumps(run, default=str))
@@ -275,19 +272,12 @@ def compare_command(
 ) -> None:
     """Compare run B with run A, record by record (task and trial): McNemar for pass/fail, a paired bootstrap for
     numeric scores. Exit 1 when a metric regressed significantly."""
-    try:
-        api, local = _api(collector, config)
-    except CollectorError as e:
-        raise _fail(str(e)) from None
-    try:
+    with _api(collector, config) as api:
         scores = [
             [s for s in _get(api, f"/api/v1/runs/{r}/scores")["scores"] if str(s.get("policy", "")).startswith("run:")]
             for r in (run_a, run_b)
         ]
         seed = _get(api, f"/api/v1/runs/{run_b}")["manifest"].get("seed", 0)
-    finally:
-        if local is not None:
-            local.stop()
     for r, found in zip((run_a, run_b), scores, strict=True):
         if not found:
             raise _fail(f"run {r} has no scores", 1)

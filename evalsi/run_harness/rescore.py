@@ -17,6 +17,7 @@ from evalsi.run_harness.runner import (
     SCORE_WAIT_S,
     RunFailed,
     RunResult,
+    answer_of,
     new_run_id,
     observations,
     summarize,
@@ -53,13 +54,7 @@ class Rescore:
             resp = self._client.request(method, path, **kwargs)
         except httpx.HTTPError as e:
             raise RunFailed(f"the {self.link.where} did not answer {method} {path}: {e}") from None
-        if resp.status_code >= 300:
-            try:
-                detail = resp.json().get("detail", resp.text)
-            except ValueError:
-                detail = resp.text
-            raise RunFailed(f"the {self.link.where} answered {method} {path} with {resp.status_code}: {detail}")
-        return resp.json()
+        return answer_of(resp, self.link.where)
 
     def _references(self, manifest: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], str]:
         """The original dataset's references by task id, when the run file names the same data (same hash)."""

@@ -36,6 +36,18 @@ class RunFailed(Exception):
     """The run could not be carried out (collector unreachable, scoring refused); exit code 2."""
 
 
+def answer_of(resp: httpx.Response, where: str) -> Any:
+    """The JSON of a collector API answer; `RunFailed` with the API's own detail for anything but a 2xx."""
+    if resp.status_code >= 300:
+        try:
+            detail = resp.json().get("detail", resp.text)
+        except ValueError:
+            detail = resp.text
+        raise RunFailed(f"the {where} answered {resp.request.method} {resp.request.url.path} with "
+                        f"{resp.status_code}: {detail}")  # fmt: skip
+    return resp.json()
+
+
 def new_run_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
 
@@ -155,13 +167,7 @@ class Runner:
             resp = await self._client.request(method, path, **kwargs)
         except httpx.HTTPError as e:
             raise RunFailed(f"the {self.link.where} did not answer {method} {path}: {e}") from None
-        if resp.status_code >= 300:
-            try:
-                detail = resp.json().get("detail", resp.text)
-            except ValueError:
-                detail = resp.text
-            raise RunFailed(f"the {self.link.where} answered {method} {path} with {resp.status_code}: {detail}")
-        return resp.json()
+        return answer_of(resp, self.link.where)
 
     async def _record(self, status: str, manifest: dict[str, Any], summary: dict[str, Any]) -> None:
         body = {"run_id": self.run_id, "name": self.spec.name, "status": status, "manifest": manifest,
