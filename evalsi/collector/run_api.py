@@ -8,6 +8,7 @@ scoring a trace again replaces its scores instead of adding to them.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evalsi import cel
+from evalsi.collector.score_api import score_record
 from evalsi.evaluators import Evaluator, Params, Target, load_evaluators, run
 from evalsi.evaluators.judge_client import Judges
 from evalsi.ids import is_trace_id
@@ -24,6 +26,7 @@ from evalsi.store import TraceQueries
 from evalsi.trajectory import build_trajectory
 
 MAX_TRACES = 1000
+RUN_ID = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 MAX_WAIT_S = 300.0
 
 
@@ -63,7 +66,7 @@ class ScoreRunRequest(_Body):
 
 
 class RunRecord(_Body):
-    run_id: str = Field(min_length=1, max_length=200)
+    run_id: str = Field(pattern=RUN_ID.pattern)
     name: str = Field(min_length=1)
     status: str = Field(pattern="^(running|finished|interrupted|failed)$")
     manifest: dict[str, Any] = Field(default_factory=dict)
@@ -94,6 +97,8 @@ def _parse(model: type[_Body], body: Any) -> Any:
 def plan_scoring(run_id: str, body: Any) -> RunScoring:
     """Check a scoring request: every evaluator exists and takes its params (with the run's judge params merged
     into judge-based ones), every trace id is one."""
+    if not RUN_ID.fullmatch(run_id):
+        raise RunRequestError(400, f"invalid run id {run_id[:80]!r}: 1 to 200 letters, digits, '.', '_' or '-'")
     request: ScoreRunRequest = _parse(ScoreRunRequest, body)
     known = load_evaluators()
     evaluators = []
@@ -165,11 +170,8 @@ def score_traces(plan: RunScoring, traces: dict[str, list[Span]], judges: Judges
 
 
 def score_dict(s: Score) -> dict[str, Any]:
-    return {
-        "trace_id": s.trace_id, "span_id": s.span_id, "task_id": s.task_id, "trial": s.trial, "name": s.name,
-        "evaluator": s.evaluator, "value": s.value, "passed": s.passed, "label": s.label, "outcome": s.outcome,
-        "reason": s.reason, "explanation": s.explanation, "judge_cost_usd": s.judge_cost_usd, "source": s.source,
-    }  # fmt: skip
+    """A run's score as the API answers it: the stored score's record, with the task, the trial and the judge's cost."""
+    return {**score_record(s), "task_id": s.task_id, "trial": s.trial, "judge_cost_usd": s.judge_cost_usd}
 
 
 def parse_run_record(body: Any) -> RunRecord:

@@ -141,6 +141,7 @@ REFUSED_HTTP = {400: REFUSED_INVALID, 413: REFUSED_TOO_LARGE, 422: REFUSED_INVAL
 
 T = TypeVar("T")
 P = TypeVar("P")
+R = TypeVar("R")
 
 
 class ItemsRefused(SendFailed):
@@ -151,6 +152,23 @@ class ItemsRefused(SendFailed):
     def __init__(self, message: str, *, reason: str) -> None:
         super().__init__(message, retryable=False)
         self.reason = reason
+
+
+def cannot_encode(error: BaseException) -> ItemsRefused:
+    """The refusal of an item the exporter cannot encode for its backend."""
+    return ItemsRefused(f"cannot encode: {type(error).__name__}: {error}", reason=REFUSED_ENCODE)
+
+
+def encode_apart(
+    items: Sequence[T], encode: Callable[[Sequence[T], list[tuple[T, Exception]]], R]
+) -> tuple[R, list[T], list[tuple[T, ItemsRefused]]]:
+    """Encode `items` one by one with `encode(items, unencodable)`: the request, the items in it, and each item left
+    out (an id that is not hex, ...) with its refusal, to be dropped alone."""
+    unencodable: list[tuple[T, Exception]] = []
+    request = encode(items, unencodable)
+    left_out = {id(item) for item, _ in unencodable}
+    good = [item for item in items if id(item) not in left_out]
+    return request, good, [(item, cannot_encode(error)) for item, error in unencodable]
 
 
 def http_failure(what: str, resp: Any) -> SendFailed:
@@ -209,7 +227,7 @@ async def deliver_items(
         try:
             payload = prepare(part)
         except Exception as e:
-            refusal = ItemsRefused(f"cannot encode: {type(e).__name__}: {e}", reason=REFUSED_ENCODE)
+            refusal = cannot_encode(e)
         else:
             refusals: list[ItemsRefused] = []
 

@@ -38,7 +38,6 @@ from pydantic import Field, field_validator
 from evalsi.component import ComponentConfig, Settings, exporter
 from evalsi.duration import Duration
 from evalsi.exporters.delivery import (
-    REFUSED_ENCODE,
     REFUSED_INVALID,
     REFUSED_PARTIAL,
     RETRYABLE_HTTP,
@@ -47,7 +46,9 @@ from evalsi.exporters.delivery import (
     ItemsRefused,
     RetryConfig,
     SendFailed,
+    cannot_encode,
     deliver_items,
+    encode_apart,
     encode_json,
     http_failure,
     log_refused,
@@ -241,8 +242,8 @@ class LangfuseExporter:
                 body = score_body(score)
                 bodies.append(_QueuedScore(body["id"], score.trace_id, score.span_id, score.name, encode_json(body)))
             except Exception as e:  # an id Langfuse cannot link, NaN, bad UTF-8: counting beats a 400 later
-                refusal = ItemsRefused(f"cannot encode: {type(e).__name__}: {e}", reason=REFUSED_ENCODE)
-                self._refuse("scores", refusal, trace_id=score.trace_id, span_id=score.span_id, score=score.name)
+                ids = {"trace_id": score.trace_id, "span_id": score.span_id, "score": score.name}
+                self._refuse("scores", cannot_encode(e), **ids)
         # when full, the oldest go: ingest must never wait for Langfuse, and fresh verdicts matter most
         self._queue.offer(self._scores, bodies)
 
@@ -301,14 +302,9 @@ class LangfuseExporter:
             )
 
     async def _send_spans(self, spans: list[Span]) -> None:
-        # encode span by span: one that cannot be (an id that is not hex, ...) is left out, alone
-        unencodable: list[tuple[Span, Exception]] = []
-        request = traces_request(spans, unencodable)
-        for span, error in unencodable:
-            refusal = ItemsRefused(f"cannot encode: {type(error).__name__}: {error}", reason=REFUSED_ENCODE)
+        request, good, refused = encode_apart(spans, traces_request)
+        for span, refusal in refused:
             self._refuse("spans", refusal, trace_id=span.trace_id, span_id=span.span_id, span_name=span.name)
-        left_out = {id(span) for span, _ in unencodable}
-        good = [span for span in spans if id(span) not in left_out]
         if not good:
             return
         gzipped = self._config.compression == "gzip"

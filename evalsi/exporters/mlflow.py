@@ -42,14 +42,15 @@ from pydantic import Field, field_validator, model_validator
 from evalsi.component import ComponentConfig, Settings, exporter
 from evalsi.duration import Duration
 from evalsi.exporters.delivery import (
-    REFUSED_ENCODE,
     RETRYABLE_HTTP,
     ExporterCounters,
     ItemsRefused,
     RetryConfig,
     SendFailed,
+    cannot_encode,
     deliver,
     deliver_items,
+    encode_apart,
     encode_json,
     http_failure,
     log_refused,
@@ -299,8 +300,8 @@ class MlflowExporter:
                 body = assessment_body(score)
                 content = encode_json(body)
             except Exception as e:  # an id MLflow cannot link, NaN, bad UTF-8: counting beats a 400 later
-                refusal = ItemsRefused(f"cannot encode: {type(e).__name__}: {e}", reason=REFUSED_ENCODE)
-                self._refuse("scores", refusal, trace_id=score.trace_id, span_id=score.span_id, score=score.name)
+                ids = {"trace_id": score.trace_id, "span_id": score.span_id, "score": score.name}
+                self._refuse("scores", cannot_encode(e), **ids)
                 continue
             pending.append(
                 _PendingScore(
@@ -340,14 +341,9 @@ class MlflowExporter:
         self._next_span_slot = max(now, self._next_span_slot) + n / self._config.spans_per_second
 
     async def _send_spans(self, chunk: list[Span]) -> None:
-        # encode span by span: one that cannot be (an id that is not hex, ...) is left out, alone
-        unencodable: list[tuple[Span, Exception]] = []
-        request = traces_request(chunk, unencodable)
-        for span, error in unencodable:
-            refusal = ItemsRefused(f"cannot encode: {type(error).__name__}: {error}", reason=REFUSED_ENCODE)
+        request, good, refused = encode_apart(chunk, traces_request)
+        for span, refusal in refused:
             self._refuse("spans", refusal, trace_id=span.trace_id, span_id=span.span_id, span_name=span.name)
-        left_out = {id(span) for span, _ in unencodable}
-        good = [span for span in chunk if id(span) not in left_out]
         if not good:
             return
 

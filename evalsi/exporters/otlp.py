@@ -28,7 +28,6 @@ from pydantic import Field, field_validator
 from evalsi.component import ComponentConfig, Settings, exporter
 from evalsi.duration import Duration
 from evalsi.exporters.delivery import (
-    REFUSED_ENCODE,
     REFUSED_INVALID,
     REFUSED_PARTIAL,
     REFUSED_TOO_LARGE,
@@ -36,6 +35,7 @@ from evalsi.exporters.delivery import (
     RetryConfig,
     SendFailed,
     deliver_items,
+    encode_apart,
     http_failure,
     items_refused_counter,
     log_refused,
@@ -263,16 +263,10 @@ class OtlpExporter:
 
     async def _send(self, queue: Lane[Any], chunk: list[Any]) -> None:
         assert self._sender is not None
-        # encode item by item: one that cannot be (an id that is not hex, ...) is left out, alone
-        unencodable: list[tuple[Any, Exception]] = []
         method, encode = _SIGNALS[queue.kind]
-        request = encode(chunk, unencodable)
-        for item, error in unencodable:
-            self._refuse(
-                queue, item, ItemsRefused(f"cannot encode: {type(error).__name__}: {error}", reason=REFUSED_ENCODE)
-            )
-        left_out = {id(item) for item, _ in unencodable}
-        good = [item for item in chunk if id(item) not in left_out]
+        request, good, refused = encode_apart(chunk, encode)
+        for item, refusal in refused:
+            self._refuse(queue, item, refusal)
         if not good:
             return
 

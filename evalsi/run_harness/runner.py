@@ -293,14 +293,14 @@ class Runner:
         while True:
             try:
                 item = await asyncio.wait_for(queue.get(), timeout=1.0)
-            except TimeoutError:
-                item = ...  # type: ignore[assignment]
-            if item is None:
-                if batch:
-                    await self._score(batch, since_ns, tracer)
-                return
-            if item is not ...:
-                batch.append(item)  # type: ignore[arg-type]
+            except TimeoutError:  # nothing new: a batch waiting for 2 s goes anyway
+                pass
+            else:
+                if item is None:  # every attempt is done
+                    if batch:
+                        await self._score(batch, since_ns, tracer)
+                    return
+                batch.append(item)
             if len(batch) >= SCORE_BATCH or (batch and time.monotonic() - last >= 2.0):
                 await self._score(batch, since_ns, tracer)
                 batch, last = [], time.monotonic()

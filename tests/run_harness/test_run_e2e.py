@@ -359,3 +359,20 @@ def test_the_openai_agent_with_a_model_override_and_a_budget_that_stops_the_run(
     assert run["metrics"]["exact-match"]["mean"] == 1.0
     res = evalsi("run", "-f", str(run_file(tmp_path)), "--model", "x", "--collector", collector.api, cwd=tmp_path)
     assert res.returncode == 2 and "--model: a python target has no model to override" in res.stderr
+
+
+def test_the_run_api_refuses_bad_requests_with_a_400_naming_the_field(collector: Collector) -> None:
+    trace = {"trace_id": "ab" * 16, "task_id": "t", "trial": 0}
+    cases = [
+        ("/v1/runs/bad%20id/score", {"name": "n", "evaluators": [{"ref": "builtin/length"}], "traces": [trace]},
+         "invalid run id 'bad id'"),
+        ("/v1/runs/r1/score", {"name": "n", "evaluators": [{"ref": "builtin/nope"}], "traces": [trace]},
+         "evaluators.0.ref: unknown evaluator 'builtin/nope'"),
+        ("/v1/runs/r1/score", {"name": "n", "evaluators": [{"ref": "builtin/length"}],
+                               "traces": [{**trace, "trace_id": "xyz\\n"}]}, "traces.0.trace_id: not a trace id"),
+        ("/v1/runs", {"run_id": "x" * 201, "name": "n", "status": "running"}, "run_id"),
+        ("/v1/traces/select", {"where": "trace.x =="}, "where: invalid CEL expression"),
+    ]  # fmt: skip
+    for path, body, message in cases:
+        resp = httpx.post(collector.api + path, json=body, timeout=30)
+        assert resp.status_code == 400 and message in resp.json()["detail"], (path, resp.text)
