@@ -15,8 +15,6 @@ VARIABLES = ("metric", "compare")
 _CALL = re.compile(r"""(?P<string>"(?:[^"\\]|\\.)*"(?!\s*\))|'(?:[^'\\]|\\.)*'(?!\s*\)))"""
                    r"""|\b(?P<fn>metric|compare)\(\s*(?P<arg>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")\s*\)"""
                    r"""|\.(?P<k>passHatK|passAtK)\(\s*(?P<n>\d+)\s*\)""")  # fmt: skip
-_FIELDS = ("n", "mean", "low", "high", "p50", "p95", "variance", "errors", "skipped", "passAtK", "passHatK")
-_COMPARE_FIELDS = ("n", "delta", "low", "high", "pValue", "regressed", "improved")
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ SCORE_BATCH = 200
 SCORE_WAIT_S = 60.0
 BOOTSTRAP_DRAWS = 2_000_000
 """Bootstrap work per numeric metric (resamples times values); resamples go down for large runs, and are recorded."""
-HARNESS_METRICS = ("duration_ms", "tokens", "cost_usd")
 
 
 class RunFailed(Exception):
