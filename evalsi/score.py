@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Outcome = Literal["scored", "skipped", "error"]
-Source = Literal["code", "llm_judge", "human", "external"]
+Source = Literal["code", "llm_judge", "human", "external", "checker", "imported"]
+"""Who gave a score: an evaluator's code or judge, a person, an app (external), a task checker script of an offline
+run, or another harness whose results were imported."""
 
 
 @dataclass(slots=True)

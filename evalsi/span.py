@@ -11,7 +11,8 @@ from typing import Any, Literal, get_args
 SPAN_KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
 STATUS_CODES = ("UNSET", "OK", "ERROR")
 
-StepType = Literal["llm", "tool", "agent", "retriever", "embedding", "chain", "other"]
+StepType = Literal["llm", "tool", "agent", "retriever", "embedding", "chain", "user", "other"]
+"""What a span is a step of; `user` is a (simulated) user's turn in a conversation the harness drives."""
 """What a span is as a GenAI step; mappers set it from their convention's own names."""
 STEP_TYPES: tuple[StepType, ...] = get_args(StepType)
 TRAJECTORY_STEP_TYPES = frozenset(STEP_TYPES) - {"other"}

@@ -46,6 +46,8 @@ def _step(span: Span, parent: str | None, depth: int) -> dict[str, Any]:
         )
     elif span.step_type == "agent":
         step.update(agent_name=span.agent_name, input=span.input, output=span.output)
+    elif span.step_type == "user":
+        step.update(output=span.output, text=content.last_text(span.output))
     elif span.step_type == "retriever":
         step.update(documents=span.details.get("documents"), input=span.input)
     return step

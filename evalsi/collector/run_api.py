@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -45,6 +45,17 @@ class EvaluatorRef(_Body):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+class GivenScoreBody(_Body):
+    """A score the harness brings along for a trace: a task checker's verdict, an imported harness's scorer."""
+
+    name: str = Field(min_length=1, max_length=200)
+    value: float | None = None
+    passed: bool | None = None
+    label: str | None = Field(None, max_length=1000)
+    explanation: str | None = Field(None, max_length=20_000)
+    source: Literal["checker", "imported"] = "checker"
+
+
 class TraceToScore(_Body):
     trace_id: str
     task_id: str
@@ -53,11 +64,13 @@ class TraceToScore(_Body):
     """How many spans the harness sent: the trace is scored once that many are stored."""
     reference: dict[str, Any] = Field(default_factory=dict)
     context: list[str] = Field(default_factory=list)
+    scores: list[GivenScoreBody] = Field(default_factory=list, max_length=100)
+    """Stored as they are, keyed like the evaluators' scores (the run, the trial, the task)."""
 
 
 class ScoreRunRequest(_Body):
     name: str = Field(min_length=1)
-    evaluators: list[EvaluatorRef] = Field(min_length=1, max_length=50)
+    evaluators: list[EvaluatorRef] = Field(default_factory=list, max_length=50)
     judge: dict[str, Any] = Field(default_factory=dict)
     traces: list[TraceToScore] = Field(min_length=1, max_length=MAX_TRACES)
     since_unix_nano: int = Field(0, ge=0)
@@ -114,6 +127,8 @@ def plan_scoring(run_id: str, body: Any) -> RunScoring:
         except ValidationError as e:
             err = e.errors()[0]
             raise RunRequestError(400, f"evaluators.{i}.params: {err['msg']}") from None
+    if not request.evaluators and not any(t.scores for t in request.traces):
+        raise RunRequestError(400, "evaluators: give at least one evaluator, or scores with the traces")
     for i, t in enumerate(request.traces):
         if not is_trace_id(t.trace_id):
             raise RunRequestError(400, f"traces.{i}.trace_id: not a trace id: {t.trace_id!r}")
@@ -158,14 +173,22 @@ def score_traces(plan: RunScoring, traces: dict[str, list[Span]], judges: Judges
             spans, span=root, trajectory=build_trajectory(spans), reference=item.reference,
             context=item.context or None, judges=judges,
         )  # fmt: skip
+        found: list[Score] = []
         for _ref, ev, params in plan.evaluators:
             for s in run(ev, target, params):
-                s.trace_id, s.span_id = root.trace_id, root.span_id
-                s.session_id = root.session_id or ""
-                s.policy = plan.policy
-                s.run_id, s.trial, s.task_id = plan.run_id, item.trial, item.task_id
                 s.source = "llm_judge" if "judge" in ev.requires else "code"
-                out.append(s)
+                found.append(s)
+        for given in item.scores:
+            found.append(Score(
+                given.name, value=given.value, passed=given.passed, label=given.label, explanation=given.explanation,
+                evaluator=given.source, source=given.source,
+            ))  # fmt: skip
+        for s in found:
+            s.trace_id, s.span_id = root.trace_id, root.span_id
+            s.session_id = root.session_id or ""
+            s.policy = plan.policy
+            s.run_id, s.trial, s.task_id = plan.run_id, item.trial, item.task_id
+        out.extend(found)
     return out
 
 

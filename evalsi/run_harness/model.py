@@ -1,11 +1,13 @@
 """What an offline run is made of: the tasks of a dataset, and each attempt of a target at a task (its answer, its
-steps as LLM and tool calls, and the infrastructure error that stopped it, if any)."""
+steps as user turns, LLM and tool calls, the faults injected into them, the scores given outside the collector's
+evaluators such as a task checker's verdict, and the infrastructure error that stopped it, if any)."""
 
 from __future__ import annotations
 
 import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 Message = dict[str, Any]
@@ -25,6 +27,8 @@ class Task:
     context: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     line: int = 0
+    folder: Path | None = None
+    """The task folder (`task.yaml`, scripts, files) the task comes from, if any."""
 
     @property
     def input_text(self) -> str:
@@ -55,6 +59,17 @@ class LlmCall:
     error: str | None = None
 
 
+FaultKind = Literal["error", "timeout", "malformed", "latency"]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault injected into a tool call on purpose (`faults:` in the run spec): an `evalsi.fault` span event."""
+
+    kind: FaultKind
+    detail: str
+
+
 @dataclass
 class ToolCall:
     """One tool execution (an `execute_tool` span)."""
@@ -66,6 +81,21 @@ class ToolCall:
     start_ns: int
     end_ns: int
     error: str | None = None
+    faults: list[Fault] = field(default_factory=list)
+
+
+@dataclass
+class UserTurn:
+    """A (simulated) user's message in a multi-turn task: a `user` step of the trace. `stop` marks the turn that ends
+    the conversation; `model` is set when an LLM wrote it."""
+
+    text: str
+    start_ns: int
+    end_ns: int
+    stop: bool = False
+    model: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
 
 
 @dataclass
@@ -79,9 +109,11 @@ class SubAgent:
     output: str | None = None
 
 
-Step = LlmCall | ToolCall | SubAgent
+Step = LlmCall | ToolCall | SubAgent | UserTurn
 
-InfraKind = Literal["timeout", "target_error", "crash", "budget", "malformed", "not_stored"]
+InfraKind = Literal[
+    "timeout", "target_error", "crash", "budget", "malformed", "not_stored", "environment", "checker", "cassette_miss"
+]
 
 
 @dataclass(frozen=True)
@@ -94,6 +126,23 @@ class InfraError:
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.message}"
+
+
+@dataclass(frozen=True)
+class GivenScore:
+    """A score an attempt brings with it rather than one the collector's evaluators compute: a task checker's verdict
+    (source `checker`), or an imported harness's scorer (source `imported`). Stored with the run's key like the
+    others."""
+
+    name: str
+    value: float | None = None
+    passed: bool | None = None
+    label: str | None = None
+    explanation: str | None = None
+    source: str = "checker"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
 @dataclass
@@ -110,6 +159,7 @@ class Attempt:
     end_ns: int = 0
     error: InfraError | None = None
     trace_id: str = ""
+    scores: list[GivenScore] = field(default_factory=list)
 
     @property
     def output_text(self) -> str | None:
@@ -143,6 +193,17 @@ def _starts(steps: list[Step]) -> list[int]:
         out.append(step.start_ns)
         if isinstance(step, SubAgent):
             out.extend(_starts(step.steps))
+    return out
+
+
+def faults_of(steps: list[Step]) -> list[Fault]:
+    """Every fault injected into the attempt's tool calls, subagents' included."""
+    out: list[Fault] = []
+    for step in steps:
+        if isinstance(step, ToolCall):
+            out.extend(step.faults)
+        elif isinstance(step, SubAgent):
+            out.extend(faults_of(step.steps))
     return out
 
 

@@ -76,6 +76,31 @@ class CommandTarget(_Strict):
     cwd: str | None = None
 
 
+class McpServerSpec(_Strict):
+    """An MCP tool server whose tools the built-in agent may call: a local process over stdio (`command`) or a
+    streamable HTTP endpoint (`url`)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    command: list[str] | None = Field(None, min_length=1)
+    """argv of a stdio server, e.g. `[python, -m, my_server]` (relative paths are the run file's)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment of a stdio server, on top of PATH and HOME (`env:VAR` reads the variable)."""
+    cwd: str | None = None
+    url: str | None = None
+    """A streamable HTTP endpoint, e.g. `http://127.0.0.1:8000/mcp`."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    tools: list[str] | None = None
+    """Only these of the server's tools (default: all)."""
+    timeout: Duration = 30.0
+    """Per tool call, and for starting the server."""
+
+    @model_validator(mode="after")
+    def _one(self) -> McpServerSpec:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give exactly one of `command` (a stdio server) or `url` (streamable HTTP)")
+        return self
+
+
 class OpenAITarget(_Strict):
     """The built-in reference agent: a tool-calling loop over an OpenAI-compatible chat endpoint."""
 
@@ -87,6 +112,8 @@ class OpenAITarget(_Strict):
     system: str | None = None
     tools: list[str] = Field(default_factory=list)
     """Python functions `module:function`; each one's JSON schema comes from its type hints and docstring."""
+    mcp: list[McpServerSpec] = Field(default_factory=list)
+    """MCP tool servers; their tools join `tools`."""
     mock_tools: bool = False
     """Answer tool calls from the task's `metadata.tool_results` (`{tool name: result}`) instead of running them."""
     max_steps: int = Field(8, ge=1, le=100)
@@ -154,6 +181,89 @@ class GateSpec(_Strict):
     name: str | None = None
 
 
+class FaultSpec(_Strict):
+    """Faults injected into the built-in agent's tool calls, by rate (seeded: the same calls fail on every run with
+    the same seed) or by call number (1-based, counted per tool and attempt)."""
+
+    tool: str = "*"
+    """A tool name, or `*` for every tool."""
+    kind: Literal["error", "timeout", "malformed", "latency"]
+    """`error`: the call fails with `message`; `timeout`: it fails as timed out after `latency`; `malformed`: it
+    returns a result that is not what the tool returns; `latency`: it succeeds `latency` later."""
+    rate: float | None = Field(None, gt=0, le=1)
+    calls: list[int] | None = Field(None, min_length=1)
+    latency: Duration = 0.0
+    message: str | None = None
+
+    @model_validator(mode="after")
+    def _when(self) -> FaultSpec:
+        if (self.rate is None) == (self.calls is None):
+            raise ValueError("give exactly one of `rate` (0 < rate <= 1) or `calls` (call numbers, from 1)")
+        if self.calls is not None and min(self.calls) < 1:
+            raise ValueError("calls: call numbers start at 1")
+        if self.kind == "latency" and self.latency <= 0:
+            raise ValueError("latency: a `latency` fault needs a delay, e.g. `latency: 500ms`")
+        return self
+
+
+class LlmUserSpec(_Strict):
+    """A simulated user played by a model over an OpenAI-compatible endpoint (or `base_url: stub`)."""
+
+    base_url: str
+    model: str
+    api_key: str | None = Field(None, repr=False)
+    persona: str | None = None
+    """Who the user is; a task's `metadata.user.persona` wins."""
+    temperature: float = Field(0.0, ge=0, le=2)
+    price: dict[str, float] = Field(default_factory=dict)
+
+
+class UserSpec(_Strict):
+    """The user of multi-turn tasks: scripted turns, a Python function, or a model. Each task's `metadata.user`
+    (`instruction`, `persona`, `turns`) says what this user wants."""
+
+    scripted: list[str] | None = None
+    """Replies after the task's input, in order, for every task (a task's `metadata.user.turns` wins); the
+    conversation ends when they run out."""
+    python: str | None = None
+    """`module:function(task, messages)` returning the next user message, or None to end the conversation."""
+    llm: LlmUserSpec | None = None
+    max_turns: int = Field(10, ge=1, le=100)
+    """Agent replies at most; the conversation ends after this many."""
+    stop_marker: str = Field("###STOP###", min_length=1)
+    """A user message holding this ends the conversation."""
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, value: str | None) -> str | None:
+        return value if value is None else _function(value)
+
+    @model_validator(mode="after")
+    def _one(self) -> UserSpec:
+        given = [k for k in ("scripted", "python", "llm") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one kind of user (scripted, python or llm), not {', '.join(given)}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next((k for k in ("scripted", "python", "llm") if getattr(self, k) is not None), "scripted")
+
+
+class EnvironmentSpec(_Strict):
+    """Task folders' scripts (setup, check, teardown): they run as local processes, so only with `trust: local`."""
+
+    trust: Literal["none", "local"] = "none"
+    """`local`: run task scripts as subprocesses of this machine (process isolation only: no container, no VM)."""
+    setup_timeout: Duration = 120.0
+    check_timeout: Duration = 120.0
+    teardown_timeout: Duration = 60.0
+    pass_env: list[str] = Field(default_factory=list)
+    """Environment variables given to the scripts besides PATH, LANG and the task's own (the rest are scrubbed)."""
+    keep_workdirs: bool = False
+    """Keep each attempt's working directory (printed in the report) instead of deleting it."""
+
+
 class BudgetSpec(_Strict):
     usd: float | None = Field(None, gt=0)
     tokens: int | None = Field(None, gt=0)
@@ -171,6 +281,11 @@ class RunBody(_Strict):
     timeout: Duration = 300.0
     """Per attempt."""
     budget: BudgetSpec = BudgetSpec()
+    faults: list[FaultSpec] = Field(default_factory=list)
+    """Faults injected into tool calls (the built-in `openai` agent's tools, MCP's included)."""
+    user: UserSpec | None = None
+    """Makes every task a conversation with this user (tasks with `metadata.user` are conversations anyway)."""
+    environment: EnvironmentSpec = EnvironmentSpec()
     seed: int = 0
     """For bootstrap intervals (recorded in the manifest)."""
 

@@ -1,6 +1,7 @@
 """Each attempt as one OpenTelemetry trace, sent with the OpenTelemetry SDK's OTLP exporter to the collector: a root
-`invoke_agent` span, `chat` and `execute_tool` children (subagents as nested `invoke_agent`) following the GenAI
-semantic conventions, content included, tagged `evalsi.run_id`, `evalsi.trial` and `evalsi.task_id`."""
+`invoke_agent` span, `chat` and `execute_tool` children (subagents as nested `invoke_agent`, a simulated user's turns
+as `user_turn` spans) following the GenAI semantic conventions, content included, injected faults as `evalsi.fault`
+events on their tool spans, tagged `evalsi.run_id`, `evalsi.trial` and `evalsi.task_id`."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from opentelemetry.trace import Span as OtelSpan, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from evalsi import __version__
-from evalsi.run_harness.model import Attempt, LlmCall, Step, SubAgent, ToolCall, text_message
+from evalsi.run_harness.model import Attempt, LlmCall, Step, SubAgent, ToolCall, UserTurn, text_message
 
 SERVICE_NAME = "evalsi-run"
+FAULT_EVENT = "evalsi.fault"
 
 
 def _json(value: Any) -> str:
@@ -69,7 +71,9 @@ class RunTracer:
         if attempt.agent_name:
             root.update_name(f"invoke_agent {attempt.agent_name}")
             root.set_attribute("gen_ai.agent.name", attempt.agent_name)
-        root.set_attribute("gen_ai.input.messages", _json([text_message("user", attempt.task.input_text)]))
+        first = next((s for s in attempt.steps if isinstance(s, UserTurn)), None)
+        opening = attempt.task.input_text if attempt.task.input is not None or first is None else first.text
+        root.set_attribute("gen_ai.input.messages", _json([text_message("user", opening)]))
         if attempt.output_text is not None:
             root.set_attribute("gen_ai.output.messages", _json([text_message("assistant", attempt.output_text)]))
         if attempt.error is not None:
@@ -89,6 +93,9 @@ class RunTracer:
                 sent += 1
             elif isinstance(step, ToolCall):
                 self._tool(step, context)
+                sent += 1
+            elif isinstance(step, UserTurn):
+                self._user(step, context)
                 sent += 1
             elif isinstance(step, SubAgent):
                 span = self.tracer.start_span(
@@ -140,10 +147,32 @@ class RunTracer:
             f"execute_tool {call.name}", context=context, kind=SpanKind.INTERNAL, start_time=call.start_ns,
             attributes=attributes,
         )  # fmt: skip
+        for fault in call.faults:
+            span.add_event(
+                FAULT_EVENT, {"evalsi.fault.kind": fault.kind, "evalsi.fault.detail": fault.detail},
+                timestamp=call.start_ns,
+            )  # fmt: skip
         if call.error:
             span.set_attribute("error.type", "tool_error")
             span.set_status(Status(StatusCode.ERROR, call.error))
         span.end(end_time=max(call.end_ns, call.start_ns))
+
+    def _user(self, turn: UserTurn, context: Any) -> None:
+        """A user's turn: its message as the span's output (a user writes it), `evalsi.step.type: user`."""
+        attributes: dict[str, Any] = {
+            "evalsi.step.type": "user",
+            "gen_ai.output.messages": _json([text_message("user", turn.text)]),
+            "evalsi.user.stop": turn.stop,
+        }
+        if turn.model:
+            attributes["evalsi.user.model"] = turn.model
+        for key, count in (("input_tokens", turn.input_tokens), ("output_tokens", turn.output_tokens)):
+            if count is not None:
+                attributes[f"evalsi.user.{key}"] = count
+        span = self.tracer.start_span(
+            "user_turn", context=context, kind=SpanKind.INTERNAL, start_time=turn.start_ns, attributes=attributes
+        )
+        span.end(end_time=max(turn.end_ns, turn.start_ns))
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         return self.provider.force_flush(int(timeout_s * 1000))

@@ -21,7 +21,8 @@ from evalsi.run_harness.model import Attempt, LlmCall, Task, ToolCall
 from evalsi.run_harness.spec import OpenAITarget
 from evalsi.run_harness.stub_llm import StubLLM
 from evalsi.run_harness.targets.base import AttemptContext, AttemptFailed, TargetError
-from evalsi.run_harness.targets.openai import OpenAIAgent, function_schema, type_schema
+from evalsi.run_harness.targets.openai import OpenAIAgent
+from evalsi.run_harness.tools import function_schema, type_schema
 
 from . import tools
 

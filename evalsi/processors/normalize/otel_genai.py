@@ -72,6 +72,8 @@ EXCEPTION_TYPE = "exception.type"
 OTHER_ERROR = "_OTHER"
 
 EXECUTE_TOOL = "execute_tool"
+STEP_TYPE = "evalsi.step.type"
+"""Set by evalsi's own harness on spans the GenAI conventions have no operation for (a user's turn)."""
 RETRIEVAL = "retrieval"
 
 OPERATION_STEP_TYPES: dict[str, StepType] = {
@@ -279,6 +281,8 @@ class OtelGenAI:
         model = text(get(RESPONSE_MODEL) or get(REQUEST_MODEL))
         operation = get(OPERATION)
         step_type = OPERATION_STEP_TYPES.get(operation) if isinstance(operation, str) else None
+        if step_type is None and get(STEP_TYPE) == "user":  # the harness's user turns (no semconv operation yet)
+            step_type = "user"
         if step_type is None:
             step_type = "llm" if model else "other"
         span.step_type = step_type

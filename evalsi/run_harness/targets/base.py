@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from evalsi.run_harness.model import Attempt, InfraError, InfraKind, Task
+
+if TYPE_CHECKING:
+    from evalsi.run_harness.cassette import Tape
+    from evalsi.run_harness.faults import AttemptFaults
 
 
 class TargetError(Exception):
@@ -34,6 +39,12 @@ class AttemptContext:
     timeout_s: float
     traceparent: str
     run_id: str
+    workdir: Path | None = None
+    """The task folder's working directory for this attempt (set up by its `setup` script, checked after)."""
+    tape: Tape | None = None
+    """Where the built-in agent records or replays its model and tool calls (`--record`, `--replay`)."""
+    faults: AttemptFaults | None = None
+    """The faults injected into this attempt's tool calls."""
 
 
 class AgentTarget(Protocol):
@@ -51,6 +62,25 @@ class AgentTarget(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class Session(Protocol):
+    """One conversation of a target with a (simulated) user: `reply` answers the user's next message, adding the
+    agent's steps to `attempt`."""
+
+    attempt: Attempt
+
+    async def reply(self, text: str) -> str: ...
+
+
+class ConversationalTarget(AgentTarget, Protocol):
+    """A target that can hold a multi-turn conversation (the built-in agent; a Python function taking `messages`)."""
+
+    async def open_session(self, task: Task, ctx: AttemptContext) -> Session: ...
+
+
+def conversational(target: AgentTarget) -> bool:
+    return callable(getattr(target, "open_session", None))
 
 
 def grace_s(target: AgentTarget) -> float:

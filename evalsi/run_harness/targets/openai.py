@@ -14,32 +14,28 @@ or is called wrongly is the agent's behaviour: the model gets `{"error": "..."}`
 from __future__ import annotations
 
 import asyncio
-import collections.abc
 import contextlib
 import dataclasses
-import enum
-import functools
-import importlib
-import inspect
 import json
 import os
-import re
-import sys
 import time
-import types
-import typing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from evalsi.backoff import Backoff, retry_after
+from evalsi.run_harness.cassette import Kind
 from evalsi.run_harness.model import Attempt, LlmCall, Message, Task, ToolCall
 from evalsi.run_harness.spec import OpenAITarget
 from evalsi.run_harness.stub_llm import StubLLM
 from evalsi.run_harness.targets.base import AttemptContext, AttemptFailed, TargetError
+from evalsi.run_harness.tools import MockResults, Tool, json_safe, load_tool, result_text
+
+if TYPE_CHECKING:
+    from evalsi.run_harness.mcp_tools import McpTools
 
 STUB = "stub"
 """`base_url: stub` runs the bundled stub model (`evalsi.run_harness.stub_llm`) for the run."""
@@ -49,259 +45,6 @@ PROVIDER = "openai"
 DEFAULT_RETRIES = 3
 """Retries of a model call after a 5xx, a 429 or a failed connection (so 4 tries in all)."""
 DEFAULT_BACKOFF = Backoff(initial=0.5, maximum=8.0, max_retry_after=60.0)
-
-_JSON_TYPE = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null"}
-_ARRAYS = (list, tuple, set, frozenset, collections.abc.Sequence, collections.abc.Set, collections.abc.Iterable)
-_OBJECTS = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
-_ARGS_SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Params):\s*$")
-_ARG_LINE = re.compile(r"^\s+(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
-
-
-# --- tools --------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Tool:
-    """A tool the model may call: the Python function and what the model is told of it."""
-
-    name: str
-    function: Callable[..., Any]
-    description: str
-    parameters: dict[str, Any]
-    ref: str = ""
-
-    def definition(self) -> dict[str, Any]:
-        """The tool as the Chat Completions `tools` list holds it."""
-        fn: dict[str, Any] = {"name": self.name, "parameters": self.parameters}
-        if self.description:
-            fn["description"] = self.description
-        return {"type": "function", "function": fn}
-
-    async def call(self, arguments: dict[str, Any]) -> Any:
-        """Run the function with these keyword arguments: an async one on the loop, a sync one in a thread (so that
-        parallel tool calls run at the same time)."""
-        fn = self.function
-        if inspect.iscoroutinefunction(fn) or (
-            not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
-        ):
-            return await fn(**arguments)
-        result = await asyncio.to_thread(fn, **arguments)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
-
-
-def type_schema(tp: Any) -> dict[str, Any]:
-    """The JSON schema of a type hint: str, int, float, bool, None, list/tuple/set[...], dict[str, ...], Literal,
-    Enum, Optional and other unions, Annotated (a string in it is the description), Any. Raises TypeError for
-    anything else."""
-    if tp is Any or tp is inspect.Parameter.empty or tp is object:
-        return {}
-    if tp is None:
-        tp = type(None)
-    if isinstance(tp, type) and tp in _JSON_TYPE:
-        return {"type": _JSON_TYPE[tp]}
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Annotated:
-        schema = type_schema(args[0])
-        notes = [a for a in args[1:] if isinstance(a, str)]
-        return {**schema, "description": notes[0]} if notes else schema
-    if origin is Literal:
-        values = [v.value if isinstance(v, enum.Enum) else v for v in args]
-        kinds = {_JSON_TYPE.get(type(v)) for v in values}
-        return {"type": kinds.pop(), "enum": values} if len(kinds) == 1 and None not in kinds else {"enum": values}
-    if origin is Union or origin is types.UnionType:
-        present = [a for a in args if a is not type(None)]
-        schema = type_schema(present[0]) if len(present) == 1 else {"anyOf": [type_schema(a) for a in present]}
-        if len(present) == len(args) or not schema:
-            return schema
-        return _nullable(schema)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        values = [m.value for m in tp]
-        kinds = {_JSON_TYPE.get(type(v)) for v in values}
-        return {"type": kinds.pop(), "enum": values} if len(kinds) == 1 and None not in kinds else {"enum": values}
-    if tp in _ARRAYS or origin in _ARRAYS:
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            items = [type_schema(a) for a in args]
-            return {"type": "array", "prefixItems": items, "minItems": len(items), "maxItems": len(items)}
-        schema = {"type": "array"}
-        if args and type_schema(args[0]):
-            schema["items"] = type_schema(args[0])
-        if tp in (set, frozenset) or origin in (set, frozenset, collections.abc.Set):
-            schema["uniqueItems"] = True
-        return schema
-    if tp in _OBJECTS or origin in _OBJECTS:
-        schema = {"type": "object"}
-        if len(args) == 2 and type_schema(args[1]):
-            schema["additionalProperties"] = type_schema(args[1])
-        return schema
-    raise TypeError(f"no JSON schema for the type {tp!r}")
-
-
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    schema = dict(schema)
-    if "enum" in schema:
-        schema["enum"] = [*schema["enum"], None]
-    if isinstance(schema.get("type"), str):
-        schema["type"] = [schema["type"], "null"]
-    elif "anyOf" in schema:
-        schema["anyOf"] = [*schema["anyOf"], {"type": "null"}]
-    elif "enum" not in schema:
-        schema = {"anyOf": [schema, {"type": "null"}]}
-    return schema
-
-
-def _docstring(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
-    """The docstring's first line, and each parameter's description from a Google-style `Args:` section."""
-    doc = inspect.getdoc(fn) or ""
-    lines = doc.splitlines()
-    summary = lines[0].strip() if lines else ""
-    params: dict[str, str] = {}
-    current: str | None = None
-    current_indent = 0
-    in_args = False
-    for line in lines:
-        if _ARGS_SECTION.match(line):
-            in_args, current = True, None
-            continue
-        if not in_args:
-            continue
-        if line.strip() and not line[:1].isspace():
-            break  # the next section
-        m = _ARG_LINE.match(line)
-        indent = len(line) - len(line.lstrip())
-        if m and (current is None or indent <= current_indent):
-            current, current_indent = m.group(1).lstrip("*"), indent
-            params[current] = m.group(2).strip()
-        elif current and line.strip():
-            params[current] = f"{params[current]} {line.strip()}".strip()
-    return summary, params
-
-
-def function_schema(fn: Callable[..., Any], name: str | None = None) -> dict[str, Any]:
-    """What the model is told of a Python function: `{"name", "description", "parameters"}` (the `function` object
-    of a Chat Completions tool). Its `__tool_schema__`, when set, wins: that object, a whole tool
-    (`{"type": "function", "function": {...}}`), or only the parameters' schema. Otherwise: each parameter (not
-    `*args`/`**kwargs`) a property typed by its hint, required unless it has a default (given as `default` when it is
-    JSON), described from the docstring's `Args:` section; the description is the docstring's first line.
-
-    Raises TypeError when a parameter's type has no JSON schema, or the hints cannot be resolved."""
-    target: Any = fn
-    if isinstance(fn, functools.partial):
-        target = fn.func
-    elif isinstance(fn, type):
-        target = fn.__init__
-    elif not (inspect.isfunction(fn) or inspect.ismethod(fn) or inspect.isbuiltin(fn)):
-        target = type(fn).__call__
-    fn_name = name or getattr(fn, "__name__", None) or getattr(target, "__name__", None) or type(fn).__name__
-    summary, docs = _docstring(fn if isinstance(fn, type) else target)
-    given = getattr(fn, "__tool_schema__", None)
-    if given is not None:
-        if not isinstance(given, dict):
-            raise TypeError("__tool_schema__ is not a JSON object")
-        if isinstance(given.get("function"), dict):
-            given = given["function"]
-        if "parameters" in given or "name" in given:
-            out = {"name": given.get("name") or fn_name, "description": given.get("description", summary)}
-            out["parameters"] = given.get("parameters") or {"type": "object", "properties": {}}
-        else:
-            out = {"name": fn_name, "description": summary, "parameters": given}
-        json.dumps(out)  # it is sent as JSON: refuse what cannot be
-        return out
-    try:
-        hints = typing.get_type_hints(target, include_extras=True)
-    except Exception as e:
-        raise TypeError(f"cannot resolve its type hints: {type(e).__name__}: {e}") from None
-    properties: dict[str, Any] = {}
-    required: list[str] = []
-    for param in inspect.signature(fn).parameters.values():
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or param.name in ("self", "cls"):
-            continue
-        annotation = hints.get(param.name, param.annotation)
-        if isinstance(annotation, str):
-            raise TypeError(f"parameter {param.name!r}: cannot resolve the type hint {annotation!r}")
-        try:
-            schema = type_schema(annotation)
-        except TypeError as e:
-            raise TypeError(f"parameter {param.name!r}: {e}") from None
-        if param.name in docs and "description" not in schema:
-            schema["description"] = docs[param.name]
-        if param.default is param.empty:
-            required.append(param.name)
-        else:
-            try:
-                json.dumps(param.default)
-                schema["default"] = param.default
-            except (TypeError, ValueError):
-                pass
-        properties[param.name] = schema
-    parameters: dict[str, Any] = {"type": "object", "properties": properties}
-    if required:
-        parameters["required"] = required
-    return {"name": fn_name, "description": summary, "parameters": parameters}
-
-
-def load_tool(ref: str, path: Sequence[str | Path] = ()) -> Tool:
-    """Import `module:function` (the directories in `path` first on `sys.path`) and make its `Tool`; a problem is a
-    `TargetError` naming the tool."""
-    module_name, _, attr = ref.partition(":")
-    if not module_name or not attr:
-        raise TargetError(f"tool {ref!r}: expected `module:function`")
-    for directory in reversed([str(p) for p in path]):
-        if directory not in sys.path:
-            sys.path.insert(0, directory)
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:
-        raise TargetError(f"tool {ref!r}: cannot import {module_name}: {type(e).__name__}: {e}") from None
-    fn = module
-    for part in attr.split("."):
-        try:
-            fn = getattr(fn, part)
-        except AttributeError:
-            raise TargetError(f"tool {ref!r}: {module_name} has no {attr!r}") from None
-    if not callable(fn):
-        raise TargetError(f"tool {ref!r}: {module_name}.{attr} is not a function")
-    try:
-        schema = function_schema(fn)
-    except (TypeError, ValueError) as e:
-        raise TargetError(f"tool {ref!r}: no JSON schema: {e} (give the function a `__tool_schema__`)") from None
-    return Tool(schema["name"], fn, schema.get("description") or "", schema["parameters"], ref)
-
-
-def _json_safe(value: Any) -> Any:
-    try:
-        return json.loads(json.dumps(value, ensure_ascii=False, default=str))
-    except (TypeError, ValueError):
-        return str(value)
-
-
-def _content(result: Any) -> str:
-    """A tool result as a tool message's content: a string as is, anything else as JSON."""
-    return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
-
-
-class _Mocks:
-    """An attempt's mocked tool results, from `task.metadata.tool_results`: a value, or a list used in order."""
-
-    def __init__(self, results: Any) -> None:
-        self.results: dict[str, Any] = results if isinstance(results, dict) else {}
-        self.used: dict[str, int] = {}
-
-    def take(self, name: str) -> tuple[Any, str | None]:
-        """(the result, None), or (None, why there is none)."""
-        if name not in self.results:
-            known = ", ".join(sorted(self.results)) or "none"
-            return None, f"no mock result for tool {name!r} in metadata.tool_results (mocked: {known})"
-        value = self.results[name]
-        if not isinstance(value, list):
-            return value, None
-        i = self.used.get(name, 0)
-        self.used[name] = i + 1
-        if i >= len(value):
-            return None, f"no mock result left for tool {name!r}: call {i + 1}, {len(value)} given"
-        return value[i], None
-
 
 # --- the wire format ----------------------------------------------------------------------------------------------
 
@@ -422,6 +165,49 @@ class _Clients:
 # --- the agent ----------------------------------------------------------------------------------------------------
 
 
+class _Refused(Exception):
+    """A tool call the agent cannot make (unknown tool, arguments not an object, no mocked result left): its
+    message is the call's error as is."""
+
+
+async def _recordable(execute: Callable[[], Awaitable[Any]]) -> dict[str, Any]:
+    result, error = await _outcome(execute)
+    return {"result": result} if error is None else {"error": error}
+
+
+async def _outcome(execute: Callable[[], Awaitable[Any]]) -> tuple[Any, str | None]:
+    """A tool call's (result, error): a tool's exception is its error, as `Type: message`."""
+    try:
+        return await execute(), None
+    except _Refused as e:
+        return None, str(e)
+    except Exception as e:
+        return None, f"{type(e).__name__}: {e}"
+
+
+class _Session:
+    """The built-in agent's side of one conversation: the messages so far, as sent and in the GenAI shape."""
+
+    def __init__(self, agent: OpenAIAgent, task: Task, ctx: AttemptContext) -> None:
+        self.agent = agent
+        self.ctx = ctx
+        self.attempt = Attempt(task=task, trial=ctx.trial, agent_name=AGENT_NAME)
+        self.deadline = time.monotonic() + ctx.timeout_s
+        self.wire: list[dict[str, Any]] = []
+        self.sent: list[Message] = []
+        self.tokens = 0
+        self.mocks = MockResults(task.metadata.get("tool_results")) if agent.spec.mock_tools else None
+        system = agent.spec.system
+        if system:
+            self.wire.append({"role": "system", "content": system})
+            self.sent.append({"role": "system", "parts": [{"type": "text", "content": system}]})
+
+    async def reply(self, text: str) -> str:
+        self.wire.append({"role": "user", "content": text})
+        self.sent.append({"role": "user", "parts": [{"type": "text", "content": text}]})
+        return await self.agent._turn(self, self.ctx, self.attempt)
+
+
 class OpenAIAgent:
     """The reference agent for an `OpenAITarget` spec. `path`: directories put first on `sys.path` before the tools
     are imported (the run file's directory, say); `retries` and `backoff` (a template, copied per model call): how
@@ -450,6 +236,7 @@ class OpenAIAgent:
         self._clients = _Clients(client)
         self._prepared = False
         self._stub: StubLLM | None = None
+        self._mcp: McpTools | None = None
 
     # --- the target interface ---
 
@@ -488,6 +275,16 @@ class OpenAIAgent:
                     problems.append(f"task {task.id}{where}: metadata.tool_results is not an object {{tool: result}}")
         if problems:
             raise TargetError("\n".join(problems))
+        if self.spec.mcp and self._mcp is None:
+            from evalsi.run_harness.mcp_tools import McpTools  # the `mcp` SDK: only when a run uses MCP
+
+            self._mcp = McpTools(self.spec.mcp, Path(self.path[0]) if self.path else Path.cwd())
+            for tool in await self._mcp.open():
+                if tool.name in tools:
+                    problems.append(f"MCP tool {tool.ref!r}: {tools[tool.name].ref} is named {tool.name!r} too")
+                tools[tool.name] = tool
+            if problems:
+                raise TargetError("\n".join(problems))
         self._headers, self.tools = headers, tools
         self._tool_definitions = [t.definition() for t in tools.values()]
         self._prepared = True
@@ -495,11 +292,10 @@ class OpenAIAgent:
     async def attempt(self, task: Task, ctx: AttemptContext) -> Attempt:
         """Run the loop: ask the model, run the tools it calls, until it answers without calling one. A failure of
         the infrastructure raises `AttemptFailed` (with the attempt so far as its `attempt` attribute)."""
-        if not self._prepared:
-            await self.prepare([task])
-        attempt = Attempt(task=task, trial=ctx.trial, agent_name=AGENT_NAME)
+        session = await self.open_session(task, ctx)
+        attempt = session.attempt
         try:
-            attempt.output = await self._loop(task, ctx, attempt)
+            attempt.output = await session.reply(task.input_text)
         except AttemptFailed as e:
             attempt.end_ns = time.time_ns()
             attempt.error = e.error
@@ -508,8 +304,18 @@ class OpenAIAgent:
         attempt.end_ns = time.time_ns()
         return attempt
 
+    async def open_session(self, task: Task, ctx: AttemptContext) -> _Session:
+        """A conversation with a user: each `reply` runs the loop for the user's next message, the messages before
+        kept (tool calls and results included)."""
+        if not self._prepared:
+            await self.prepare([task])
+        return _Session(self, task, ctx)
+
     async def close(self) -> None:
         await self._clients.aclose()
+        if self._mcp is not None:
+            await self._mcp.aclose()
+            self._mcp = None
         self._prepared = False
         if self._stub is not None:
             self._stub.stop()
@@ -517,27 +323,38 @@ class OpenAIAgent:
 
     # --- the loop ---
 
-    async def _loop(self, task: Task, ctx: AttemptContext, attempt: Attempt) -> str:
+    async def complete(
+        self,
+        wire: list[dict[str, Any]],
+        deadline: float,
+        ctx: AttemptContext,
+        *,
+        kind: Kind = "model",
+        tools: bool = True,
+    ) -> tuple[_Reply, int, int]:
+        """One model call (through the attempt's cassette, if any): the parsed reply, its start and end (ns)."""
+        body: dict[str, Any] = {"model": self.spec.model, "messages": wire, "temperature": self.spec.temperature}
+        if tools and self._tool_definitions:
+            body["tools"] = self._tool_definitions
+        start = time.time_ns()
+        if ctx.tape is not None:
+            data, recorded = await ctx.tape.exchange(kind, body, lambda: self._post(body, deadline, ctx))
+        else:
+            data, recorded = await self._post(body, deadline, ctx), None
+        end = start + recorded if recorded is not None else time.time_ns()
+        try:
+            reply = _parse_reply(data, len(wire))
+        except ValueError as e:
+            raise AttemptFailed("malformed", f"POST {self.url}: {e}: {json.dumps(data)[:200]}") from None
+        return reply, start, end
+
+    async def _turn(self, session: _Session, ctx: AttemptContext, attempt: Attempt) -> str:
+        """The loop for one user message: model calls and tool runs until the model answers without a tool call."""
         spec = self.spec
-        deadline = time.monotonic() + ctx.timeout_s
-        wire: list[dict[str, Any]] = []  # the messages as sent
-        sent: list[Message] = []  # the same in the GenAI semconv shape
-        if spec.system:
-            wire.append({"role": "system", "content": spec.system})
-            sent.append({"role": "system", "parts": [{"type": "text", "content": spec.system}]})
-        question = task.input_text
-        wire.append({"role": "user", "content": question})
-        sent.append({"role": "user", "parts": [{"type": "text", "content": question}]})
-        mocks = _Mocks(task.metadata.get("tool_results")) if spec.mock_tools else None
-        tokens = 0
+        wire, sent = session.wire, session.sent
+        mocks = session.mocks
         for step in range(spec.max_steps):
-            start = time.time_ns()
-            data = await self._post(wire, deadline, ctx)
-            end = time.time_ns()
-            try:
-                reply = _parse_reply(data, step)
-            except ValueError as e:
-                raise AttemptFailed("malformed", f"POST {self.url}: {e}: {json.dumps(data)[:200]}") from None
+            reply, start, end = await self.complete(wire, session.deadline, ctx)
             parts: list[dict[str, Any]] = []
             if reply.text:
                 parts.append({"type": "text", "content": reply.text})
@@ -558,10 +375,14 @@ class OpenAIAgent:
                     finish_reason=reply.finish_reason,
                 )
             )
-            tokens += (reply.input_tokens or 0) + (reply.output_tokens or 0)
-            if spec.max_tokens is not None and tokens > spec.max_tokens:
-                raise AttemptFailed("budget", f"{tokens} tokens used in {step + 1} model calls, over max_tokens")
+            session.tokens += (reply.input_tokens or 0) + (reply.output_tokens or 0)
+            if spec.max_tokens is not None and session.tokens > spec.max_tokens:
+                raise AttemptFailed(
+                    "budget", f"{session.tokens} tokens used in {step + 1} model calls, over max_tokens"
+                )
             if not reply.tool_calls:
+                wire.append({"role": "assistant", "content": reply.text or ""})
+                sent.append({"role": "assistant", "parts": parts})
                 return reply.text or ""
             if step + 1 >= spec.max_steps:
                 break
@@ -576,11 +397,11 @@ class OpenAIAgent:
                 }
             )
             sent.append({"role": "assistant", "parts": parts})
-            calls = await self._run_tools(reply.tool_calls, mocks)
+            calls = await self._run_tools(reply.tool_calls, mocks, ctx)
             attempt.steps.extend(calls)
             for call in calls:
                 response = {"error": call.error} if call.error is not None else call.result
-                wire.append({"role": "tool", "tool_call_id": call.call_id, "content": _content(response)})
+                wire.append({"role": "tool", "tool_call_id": call.call_id, "content": result_text(response)})
                 sent.append(
                     {
                         "role": "tool",
@@ -599,43 +420,56 @@ class OpenAIAgent:
             (reply.input_tokens or 0) * price.get("input", 0.0) + (reply.output_tokens or 0) * price.get("output", 0.0)
         ) / 1e6
 
-    async def _run_tools(self, tool_calls: list[tuple[str, str, str]], mocks: _Mocks | None) -> list[ToolCall]:
-        """Run one reply's tool calls at the same time; their results in the order of the calls."""
-        if mocks is not None:  # results taken in call order, before anything runs
-            return [self._mocked(call_id, name, raw, mocks) for call_id, name, raw in tool_calls]
-        return list(await asyncio.gather(*(self._run_tool(*call) for call in tool_calls)))
+    async def _run_tools(
+        self, tool_calls: list[tuple[str, str, str]], mocks: MockResults | None, ctx: AttemptContext
+    ) -> list[ToolCall]:
+        """Run one reply's tool calls at the same time (mocked ones in call order); results in the order of the
+        calls."""
+        return list(await asyncio.gather(*(self._run_tool(*call, mocks, ctx) for call in tool_calls)))
 
-    def _mocked(self, call_id: str, name: str, raw: str, mocks: _Mocks) -> ToolCall:
+    async def _run_tool(
+        self, call_id: str, name: str, raw: str, mocks: MockResults | None, ctx: AttemptContext
+    ) -> ToolCall:
+        """One tool call: through the attempt's faults, then its cassette, then the tool (or its mocked result)."""
         start = time.time_ns()
         arguments = _arguments(raw)
-        result, error = mocks.take(name)
-        return ToolCall(name, call_id, arguments, _json_safe(result), start, time.time_ns(), error)
+        taken = mocks.take(name) if mocks is not None else None  # taken now: mocked lists are used in call order
 
-    async def _run_tool(self, call_id: str, name: str, raw: str) -> ToolCall:
-        start = time.time_ns()
-        arguments = _arguments(raw)
-        tool = self.tools.get(name)
-        error: str | None = None
-        result: Any = None
-        if tool is None:
-            error = f"unknown tool {name!r}; the tools are: {', '.join(self.tools) or 'none'}"
-        elif not isinstance(arguments, dict):
-            error = f"the arguments are not a JSON object: {raw[:200]}"
+        async def execute() -> Any:
+            if taken is not None:
+                result, why = taken
+                if why is not None:
+                    raise _Refused(why)
+                return json_safe(result)
+            tool = self.tools.get(name)
+            if tool is None:
+                raise _Refused(f"unknown tool {name!r}; the tools are: {', '.join(self.tools) or 'none'}")
+            if not isinstance(arguments, dict):
+                raise _Refused(f"the arguments are not a JSON object: {raw[:200]}")
+            return json_safe(await tool.call(arguments))
+
+        timing: list[int | None] = []
+
+        async def recorded() -> tuple[Any, str | None]:
+            if ctx.tape is None:
+                return await _outcome(execute)
+            request = {"name": name, "arguments": arguments}
+            outcome, duration = await ctx.tape.exchange("tool", request, lambda: _recordable(execute))
+            timing.append(duration)
+            return outcome.get("result"), outcome.get("error")
+
+        if ctx.faults is not None:
+            result, error, faults = await ctx.faults.call(name, recorded)
         else:
-            try:
-                result = _json_safe(await tool.call(arguments))
-            except Exception as e:
-                error = f"{type(e).__name__}: {e}"
-        return ToolCall(name, call_id, arguments, result, start, time.time_ns(), error)
+            (result, error), faults = await recorded(), []
+        end = start + timing[0] if timing and timing[0] is not None else time.time_ns()
+        return ToolCall(name, call_id, arguments, result, start, end, error, faults)
 
     # --- HTTP ---
 
-    async def _post(self, messages: list[dict[str, Any]], deadline: float, ctx: AttemptContext) -> Any:
+    async def _post(self, body: dict[str, Any], deadline: float, ctx: AttemptContext) -> Any:
         """POST the chat request, retrying 5xx, 429 and connection failures (as `Backoff` and Retry-After say, while
         the attempt has time); the reply's JSON."""
-        body: dict[str, Any] = {"model": self.spec.model, "messages": messages, "temperature": self.spec.temperature}
-        if self._tool_definitions:
-            body["tools"] = self._tool_definitions
         headers = dict(self._headers)
         if ctx.traceparent:
             headers["traceparent"] = ctx.traceparent
