@@ -36,6 +36,7 @@ app.command("run")(commands.run_command)
 app.add_typer(commands.runs_app, name="runs")
 app.command("compare")(commands.compare_command)
 app.command("rescore")(commands.rescore_command)
+app.add_typer(commands.import_app, name="import")
 
 # piped output gets a wide console so ids are never cut
 out = Console(width=None if sys.stdout.isatty() else 200)

@@ -74,8 +74,14 @@ KEY_METADATA = "evalsi.key"
 SCORE_KEY_NAMESPACE = uuid.UUID("0c6f1d2e-8a43-5b7e-b1f4-2d9e7a3c5b18")
 # how many traces' written keys are remembered; a trace evicted from this is read again before its next write
 KNOWN_TRACES = 10_000
-SOURCE_TYPES = {"llm_judge": "LLM_JUDGE", "human": "HUMAN", "code": "CODE", "external": "CODE", "checker": "CODE",
-                "imported": "CODE"}
+SOURCE_TYPES = {
+    "llm_judge": "LLM_JUDGE",
+    "human": "HUMAN",
+    "code": "CODE",
+    "external": "CODE",
+    "checker": "CODE",
+    "imported": "CODE",
+}
 _SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
 
 

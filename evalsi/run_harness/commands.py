@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextCo
 
 from evalsi.collector.config import ConfigError, load_config
 from evalsi.collector.query import api_url
+from evalsi.run_harness.cassette import Cassette
 from evalsi.run_harness.collector import CollectorError, CollectorLink, InProcessCollector, remote
 from evalsi.run_harness.compare import compare_scores
 from evalsi.run_harness.dataset import DatasetError, load_dataset
@@ -117,6 +118,16 @@ def run_command(
     model: Annotated[str | None, typer.Option("--model", help="Another model for an openai or http target.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (every aggregate).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
+    record: Annotated[
+        Path | None, typer.Option("--record", help="Keep every model and tool call in this cassette directory.")
+    ] = None,
+    replay: Annotated[
+        Path | None, typer.Option("--replay", help="Answer model and tool calls from this cassette (no network).")
+    ] = None,
+    from_step: Annotated[
+        int | None,
+        typer.Option("--from-step", min=0, help="With --replay: replay the first N calls, make the rest live."),
+    ] = None,
 ) -> None:
     """Run an agent over a dataset for N trials; its traces go through the collector, which scores them with the
     run's evaluators. Exit 0 when every gate holds, 1 when one fails, 2 when the run could not be done."""
@@ -124,8 +135,15 @@ def run_command(
         spec = load_run(file)
         if model:
             spec = spec.with_model(model)
-        dataset = load_dataset(spec.path(spec.body.dataset.path), limit or spec.body.dataset.limit)
-    except (RunSpecError, DatasetError) as e:
+        dataset = load_dataset(
+            spec.path(spec.body.dataset.path), limit or spec.body.dataset.limit, spec.body.dataset.format
+        )
+        cassette = (
+            Cassette(record_dir=record, replay_dir=replay, from_step=from_step)
+            if record or replay or from_step is not None
+            else None
+        )
+    except (RunSpecError, DatasetError, ValueError) as e:
         raise _fail(str(e)) from None
     for path in report or []:
         if path.suffix not in (".md", ".html"):
@@ -137,7 +155,7 @@ def run_command(
     display = _Display(len(dataset.tasks) * spec.body.trials, not quiet and not as_json)
     try:
         try:
-            result = asyncio.run(_run(spec, dataset, link, resume, baseline, display))
+            result = asyncio.run(_run(spec, dataset, link, resume, baseline, display, cassette))
         finally:
             display.close()
         run = result.to_dict()
@@ -159,11 +177,17 @@ def run_command(
 
 
 async def _run(
-    spec: RunSpec, dataset: Any, link: CollectorLink, resume: str | None, baseline: str | None, display: _Display
+    spec: RunSpec,
+    dataset: Any,
+    link: CollectorLink,
+    resume: str | None,
+    baseline: str | None,
+    display: _Display,
+    cassette: Cassette | None = None,
 ) -> Any:
     target = build_target(spec, link)
     runner = Runner(spec, dataset, target, link, run_id=resume, resume=resume is not None, baseline=baseline,
-                    progress=display.update)  # fmt: skip
+                    progress=display.update, cassette=cassette)  # fmt: skip
     return await runner.run()
 
 
@@ -363,3 +387,95 @@ def rescore_command(
         print_summary(out, out_run)
     if not result.passed:
         raise typer.Exit(GATE_FAILED)
+
+
+# --- importing other harnesses' results ---------------------------------------------------------------------------
+
+import_app = typer.Typer(help="Import other harnesses' results as runs (traces, scores, a run record).",
+                         no_args_is_help=True)  # fmt: skip
+
+EvaluatorOpt = Annotated[
+    list[str] | None,
+    typer.Option("--evaluator", "-e", help="Also score the imported traces with this evaluator (repeatable)."),
+]
+
+
+def _import(name: str, attempts: list[Any], evaluators: list[str], source: dict[str, Any], collector: str | None,
+            config: Path | None, as_json: bool) -> None:  # fmt: skip
+    from evalsi.run_harness.importing import import_run
+
+    try:
+        link, local = _link(collector, config)
+    except CollectorError as e:
+        raise _fail(str(e)) from None
+    total = len([a for a in attempts if a.error is None])
+    display = _Display(total, not as_json)
+    done = Progress(total=total)
+
+    def step(n: int) -> None:
+        done.done += n
+        display.update(done)
+
+    try:
+        try:
+            result = asyncio.run(import_run(link, name, attempts, evaluators=[{"ref": r} for r in evaluators],
+                                            source=source, progress=step))  # fmt: skip
+        finally:
+            display.close()
+    except (RunFailed, CollectorError) as e:
+        raise _fail(str(e)) from None
+    finally:
+        if local is not None:
+            local.stop()
+    run = result.to_dict()
+    if as_json:
+        out.print_json(json.dumps(run, default=str))
+    else:
+        print_summary(out, run)
+        out.print(f"imported as run {result.run_id}; `evalsi runs show {result.run_id}` reads it")
+
+
+@import_app.command("atif")
+def import_atif(
+    files: Annotated[list[Path], typer.Argument(help="ATIF trajectory files (JSON), one attempt each.")],
+    evaluator: EvaluatorOpt = None,
+    name: Annotated[str, typer.Option("--name", help="The run's name.")] = "atif-import",
+    dataset: Annotated[
+        Path | None, typer.Option("--dataset", help="Tasks whose ids match the files' session ids: references.")
+    ] = None,
+    collector: CollectorOpt = None,
+    config: ConfigOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Import ATIF trajectories (subagents included) as a run scored by the given evaluators."""
+    from evalsi.run_harness.importing import read_atif_files
+
+    if not evaluator:
+        raise _fail("give at least one --evaluator: ATIF trajectories carry no scores of their own")
+    try:
+        references = {t.id: t for t in load_dataset(dataset).tasks} if dataset else None
+        _, attempts = read_atif_files(files, references)
+    except DatasetError as e:
+        raise _fail(str(e)) from None
+    source = {"format": "atif", "files": [str(f) for f in files], "dataset": str(dataset) if dataset else None}
+    _import(name, attempts, evaluator, source, collector, config, as_json)
+
+
+@import_app.command("inspect")
+def import_inspect(
+    log: Annotated[Path, typer.Argument(help="An Inspect AI eval log (.eval or .json).")],
+    evaluator: EvaluatorOpt = None,
+    name: Annotated[str | None, typer.Option("--name", help="The run's name (default: the Inspect task's).")] = None,
+    collector: CollectorOpt = None,
+    config: ConfigOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Import an Inspect AI eval log: samples become tasks, epochs trials, its scorers' verdicts scores."""
+    from evalsi.run_harness.importers.inspect_log import InspectImportError, read_inspect_log
+
+    try:
+        imported = read_inspect_log(log)
+    except InspectImportError as e:
+        raise _fail(str(e)) from None
+    source = imported.source
+    _import(name or imported.name, imported.attempts, evaluator or [], source, collector, config, as_json)

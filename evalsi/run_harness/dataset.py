@@ -11,18 +11,12 @@ from typing import Any
 
 import orjson
 
-from evalsi.run_harness.model import Task
+from evalsi.run_harness.model import DatasetError, Task
+
+__all__ = ["Dataset", "DatasetError", "load_dataset"]
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-KNOWN = frozenset({"id", "input", "reference", "context", "metadata", "output", "trace_id", "expected_output"})
-
-
-class DatasetError(ValueError):
-    """A dataset that cannot be run; `errors` lists every bad row as `<file>:<line>: message`."""
-
-    def __init__(self, errors: list[str]) -> None:
-        self.errors = errors
-        super().__init__("\n".join(errors))
+KNOWN = frozenset({"id", "input", "reference", "context", "metadata", "output", "trace_id", "expected_output", "task"})
 
 
 @dataclass(frozen=True)
@@ -82,12 +76,36 @@ def _decoded(value: Any) -> Any:
     return value
 
 
+def _from_folder(path: Path, line: int, row: dict[str, Any], errors: list[str]) -> dict[str, Any] | None:
+    """A row naming a task folder (`task: tasks/fix-bug`, relative to the dataset): the folder's task, the row's
+    own fields on top."""
+    from evalsi.run_harness.environment import load_task_folder
+
+    folder = Path(str(row["task"])).expanduser()
+    folder = folder if folder.is_absolute() else path.parent / folder
+    found: list[str] = []
+    task = load_task_folder(folder, line, found)
+    if task is None:
+        errors.extend(f"{path}:{line}: task: {e}" for e in found)
+        return None
+    base = {"id": task.id, "input": task.input, "reference": task.reference, "context": task.context,
+            "metadata": task.metadata, "folder": task.folder}  # fmt: skip
+    return {**base, **{k: v for k, v in row.items() if k != "task"}}
+
+
 def _task(path: Path, line: int, row: Any, errors: list[str], seen: dict[str, int]) -> Task | None:
     where = f"{path}:{line}"
     if not isinstance(row, dict):
         errors.append(f"{where}: a record must be an object, not {type(row).__name__}")
         return None
     row = {k: _decoded(v) for k, v in row.items()}
+    folder = None
+    if row.get("task") is not None:
+        from_folder = _from_folder(path, line, row, errors)
+        if from_folder is None:
+            return None
+        folder = from_folder.pop("folder")
+        row = from_folder
     unknown = sorted(k for k in row if k not in KNOWN)
     if unknown:
         errors.append(f"{where}: unknown field {unknown[0]!r} (fields: id, input, reference, context, metadata)")
@@ -103,7 +121,10 @@ def _task(path: Path, line: int, row: Any, errors: list[str], seen: dict[str, in
         errors.append(f"{where}: id {task_id!r} is already used on line {seen[task_id]}")
     seen[task_id] = line
     task_input = row.get("input")
-    if task_input is None or task_input == "":
+    conversation = (
+        isinstance((row.get("metadata") or {}).get("user"), dict) if isinstance(row.get("metadata"), dict) else False
+    )
+    if (task_input is None and not conversation) or task_input == "":
         errors.append(f"{where}: input is missing")
         return None
     reference = row.get("reference")
@@ -123,15 +144,34 @@ def _task(path: Path, line: int, row: Any, errors: list[str], seen: dict[str, in
     if not isinstance(metadata, dict):
         errors.append(f"{where}: metadata must be an object")
         return None
-    return Task(task_id, task_input, reference, context, metadata, line)
+    return Task(task_id, task_input, reference, context, metadata, line, folder)
 
 
-def load_dataset(path: Path, limit: int | None = None) -> Dataset:
-    """Every task of the file (the first `limit`); raises `DatasetError` listing each bad row."""
+def _tree_hash(directory: Path) -> str:
+    digest = hashlib.sha256()
+    for p in sorted(directory.rglob("*")):
+        if p.is_file():
+            digest.update(str(p.relative_to(directory)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def load_dataset(path: Path, limit: int | None = None, kind: str = "auto") -> Dataset:
+    """Every task of the file (the first `limit`): a JSONL/JSON/CSV/Parquet file, a directory of task folders, or
+    (`kind="tau"`) a τ-bench-style task file; raises `DatasetError` listing each bad row."""
+    if path.is_dir():
+        from evalsi.run_harness.environment import load_task_folders
+
+        tasks = load_task_folders(path)
+        return Dataset(path, tasks[:limit] if limit else tasks, _tree_hash(path))
     try:
         data = path.read_bytes()
     except OSError as e:
         raise DatasetError([f"{path}: cannot read: {e.strerror}"]) from None
+    if kind == "tau":
+        from evalsi.run_harness.tau import load_tau_tasks
+
+        tasks = load_tau_tasks(path)
+        return Dataset(path, tasks[:limit] if limit else tasks, hashlib.sha256(data).hexdigest())
     errors: list[str] = []
     seen: dict[str, int] = {}
     tasks = [t for line, row in _rows(path, data) if (t := _task(path, line, row, errors, seen)) is not None]

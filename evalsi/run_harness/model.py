@@ -16,6 +16,14 @@ Message = dict[str, Any]
 "response"}]}` (what `gen_ai.input.messages` / `gen_ai.output.messages` hold)."""
 
 
+class DatasetError(ValueError):
+    """A dataset that cannot be run; `errors` lists every bad row as `<file>:<line>: message`."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = errors
+        super().__init__("\n".join(errors))
+
+
 @dataclass(frozen=True)
 class Task:
     """One dataset record. `reference` is what evaluators read (`expected_output`, `expected_tools`,

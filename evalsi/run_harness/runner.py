@@ -14,15 +14,27 @@ from typing import Any
 import httpx
 
 from evalsi import __version__
+from evalsi.run_harness.cassette import Cassette
 from evalsi.run_harness.collector import CollectorLink
 from evalsi.run_harness.compare import compare_scores
 from evalsi.run_harness.dataset import Dataset
+from evalsi.run_harness.environment import TaskEnvironment, check_trust, has_scripts, script
+from evalsi.run_harness.faults import FaultPlan
 from evalsi.run_harness.gates import GateResult, check_gates, compile_gate
-from evalsi.run_harness.model import Attempt, InfraError, Task
+from evalsi.run_harness.model import Attempt, InfraError, Task, UserTurn, faults_of
 from evalsi.run_harness.spec import RunSpec
 from evalsi.run_harness.stats import MetricSummary, Observation, aggregate
-from evalsi.run_harness.targets.base import AgentTarget, AttemptContext, AttemptFailed, concurrency_limit, grace_s
+from evalsi.run_harness.targets.base import (
+    AgentTarget,
+    AttemptContext,
+    AttemptFailed,
+    TargetError,
+    concurrency_limit,
+    conversational,
+    grace_s,
+)
 from evalsi.run_harness.tracing import RunTracer
+from evalsi.run_harness.users import SimulatedUser, converse, is_conversation, make_user
 
 SCORE_BATCH = 200
 """Attempts scored per request to the collector."""
@@ -45,6 +57,29 @@ def answer_of(resp: httpx.Response, where: str) -> Any:
         raise RunFailed(f"the {where} answered {resp.request.method} {resp.request.url.path} with "
                         f"{resp.status_code}: {detail}")  # fmt: skip
     return resp.json()
+
+
+def score_request(
+    name: str,
+    evaluators: list[dict[str, Any]],
+    judge: dict[str, Any],
+    since_ns: int,
+    batch: list[tuple[Attempt, int]],
+) -> dict[str, Any]:
+    """The body of `POST /v1/runs/{id}/score` for attempts already traced (each with the spans it sent): the
+    evaluators to run, and each trace's task, trial, reference and given scores (a checker's, an import's)."""
+    return {
+        "name": name,
+        "evaluators": evaluators,
+        "judge": judge,
+        "since_unix_nano": min([since_ns, *(a.earliest_ns() - 60_000_000_000 for a, _ in batch)]),
+        "wait_s": SCORE_WAIT_S,
+        "traces": [
+            {"trace_id": a.trace_id, "task_id": a.task.id, "trial": a.trial, "spans": sent,
+             "reference": a.task.reference, "context": a.task.context, "scores": [g.to_dict() for g in a.scores]}
+            for a, sent in batch
+        ],
+    }  # fmt: skip
 
 
 def new_run_id(name: str) -> str:
@@ -86,6 +121,10 @@ class RunResult:
     comparison: dict[str, dict[str, Any]] | None = None
     wall_s: float = 0.0
     agent_s: float = 0.0
+    faults: dict[str, int] = field(default_factory=dict)
+    """Injected faults by kind."""
+    workdirs: list[str] = field(default_factory=list)
+    """Working directories kept (`environment.keep_workdirs`)."""
 
     @property
     def passed(self) -> bool:
@@ -103,6 +142,8 @@ class RunResult:
             "comparison": self.comparison,
             "wall_s": round(self.wall_s, 3),
             "agent_s": round(self.agent_s, 3),
+            "faults": self.faults,
+            "workdirs": self.workdirs,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -139,6 +180,7 @@ class Runner:
         resume: bool = False,
         baseline: str | None = None,
         progress: Callable[[Progress], None] | None = None,
+        cassette: Cassette | None = None,
     ) -> None:
         self.spec = spec
         self.dataset = dataset
@@ -158,6 +200,10 @@ class Runner:
         self._spent_tokens = 0
         self._stop_reason: str | None = None
         self._grace = 0.0
+        self.cassette = cassette
+        self.faults = FaultPlan(spec.body.faults, spec.body.seed)
+        self.environment = TaskEnvironment(spec.body.environment)
+        self._user: SimulatedUser | None = None
 
     # --- the collector's API -----------------------------------------------------------------------------------
 
@@ -192,13 +238,26 @@ class Runner:
             return f"the run's budget of {budget.tokens} tokens is spent ({self._spent_tokens})"
         return None
 
+    async def _agent(self, task: Task, ctx: AttemptContext) -> Attempt:
+        """The target's attempt: a conversation with the run's user for a multi-turn task, else one call."""
+        if is_conversation(task, self.spec.body.user):
+            assert self._user is not None
+            return await converse(self.target, self._user, task, ctx, self.spec.body.user)
+        return await self.target.attempt(task, ctx)
+
     async def _attempt(self, tracer: RunTracer, task: Task, trial: int) -> tuple[Attempt, int]:
         root, traceparent = tracer.begin(task.id, trial, "")
-        ctx = AttemptContext(trial=trial, timeout_s=self.spec.body.timeout, traceparent=traceparent, run_id=self.run_id)
+        tape = self.cassette.tape(task.id, trial) if self.cassette is not None else None
+        ctx = AttemptContext(trial=trial, timeout_s=self.spec.body.timeout, traceparent=traceparent, run_id=self.run_id,
+                             tape=tape, faults=self.faults.for_attempt(task.id, trial))  # fmt: skip
+        if self.environment.applies(task):
+            work = self.environment.run(task, ctx, lambda c: self._agent(task, c))
+        else:
+            work = self._agent(task, ctx)
         t0 = time.perf_counter_ns()
         try:
             # the target stops its agent at the timeout itself; past its grace, the runner gives up on it
-            attempt = await asyncio.wait_for(self.target.attempt(task, ctx), self.spec.body.timeout + self._grace)
+            attempt = await asyncio.wait_for(work, self.spec.body.timeout + self._grace)
         except AttemptFailed as e:
             attempt = e.attempt if e.attempt is not None else Attempt(task, trial)
             attempt.error = e.error
@@ -207,29 +266,22 @@ class Runner:
         except Exception as e:  # a target's bug: this attempt fails, the run goes on
             attempt = Attempt(task, trial, error=InfraError("crash", f"{type(e).__name__}: {e}"))
         self._agent_ns += time.perf_counter_ns() - t0
+        if tape is not None:
+            tape.save()
         attempt.trial = trial
         if not attempt.end_ns:
             attempt.end_ns = time.time_ns()
         self._spent_usd += attempt.cost_usd
-        self._spent_tokens += attempt.tokens
+        self._spent_tokens += attempt.tokens + sum(
+            (s.input_tokens or 0) + (s.output_tokens or 0) for s in attempt.steps if isinstance(s, UserTurn)
+        )
         sent = tracer.finish(root, attempt)
         return attempt, sent
 
     async def _score(self, batch: list[tuple[Attempt, int]], since_ns: int, tracer: RunTracer) -> None:
         await asyncio.to_thread(tracer.flush)
         spec = self.spec.body
-        body = {
-            "name": self.spec.name,
-            "evaluators": [s.model_dump() for s in spec.evaluators],
-            "judge": spec.judge,
-            "since_unix_nano": min([since_ns, *(a.earliest_ns() - 60_000_000_000 for a, _ in batch)]),
-            "wait_s": SCORE_WAIT_S,
-            "traces": [
-                {"trace_id": a.trace_id, "task_id": a.task.id, "trial": a.trial, "spans": sent,
-                 "reference": a.task.reference, "context": a.task.context}
-                for a, sent in batch
-            ],
-        }  # fmt: skip
+        body = score_request(self.spec.name, [s.model_dump() for s in spec.evaluators], spec.judge, since_ns, batch)
         answer = await self._api("POST", f"/v1/runs/{self.run_id}/score", json=body)
         self._scores.extend(answer["scores"])
         self._missing.update(answer.get("missing", {}))
@@ -241,8 +293,7 @@ class Runner:
         manifest = manifest_of(self.spec, self.dataset, self.target, self.run_id)
         done: set[tuple[str, int]] = await self._done_pairs() if self.resume else set()
         pairs = [(t, k) for t in self.dataset.tasks for k in range(spec.trials) if (t.id, k) not in done]
-        await self.target.prepare(self.dataset.tasks)
-        self._grace = grace_s(self.target) + 5.0 if grace_s(self.target) else 0.0
+        await self._prepare()
         workers = min(spec.concurrency, concurrency_limit(self.target) or spec.concurrency, max(1, len(pairs)))
         await self._record("running", manifest, {})
         tracer = RunTracer(self.link.otlp_url, self.run_id, self.spec.name)
@@ -278,10 +329,36 @@ class Runner:
             await asyncio.to_thread(tracer.flush)
             tracer.shutdown()
             await self.target.close()
+            if self._user is not None:
+                await self._user.close()
         result = await self._result(manifest, len(done), not_run, time.monotonic() - started)
         await self._record("finished", manifest, result.summary())
         await self._client.aclose()
         return result
+
+    async def _prepare(self) -> None:
+        """Check the run can be done before the first attempt: something scores it, its task scripts are trusted,
+        its target can hold its conversations; then prepare the target and the user."""
+        spec, tasks = self.spec.body, self.dataset.tasks
+        if not spec.evaluators and not any(t.folder is not None and script(t.folder, "check") for t in tasks):
+            raise TargetError(
+                "spec.evaluators: nothing scores this run: list evaluators, or use task folders with a `check` script"
+            )
+        check_trust(tasks, spec.environment)
+        await self.target.prepare(tasks)
+        talks = [t for t in tasks if is_conversation(t, spec.user)]
+        if talks and not conversational(self.target):
+            raise TargetError(
+                f"{len(talks)} task(s) are conversations (a `user` in the run spec or in the task's metadata), e.g. "
+                f"{talks[0].id!r}; a {self.target.identity.split(':', 1)[0]} target cannot hold one (use the built-in "
+                "`openai` agent, or a `python` function taking `messages`)"
+            )
+        if talks:
+            self._user = make_user(spec.user, self.spec.base_dir)
+        self._grace = grace_s(self.target) + 5.0 if grace_s(self.target) else 0.0
+        if any(has_scripts(t) for t in tasks):  # the scripts' time comes on top of the agent's
+            env = spec.environment
+            self._grace += env.setup_timeout + env.check_timeout + env.teardown_timeout
 
     async def _scoring_loop(
         self, queue: asyncio.Queue[tuple[Attempt, int] | None], since_ns: int, tracer: RunTracer
@@ -330,7 +407,15 @@ class Runner:
             run_id=self.run_id, name=self.spec.name, manifest=manifest, metrics=metrics, gates=gates,
             infra_errors=infra, attempts=len(self._attempts), skipped_resumed=resumed, not_run=not_run,
             scores=scores, comparison=comparison, wall_s=wall_s, agent_s=self._agent_ns / 1e9,
+            faults=self._fault_counts(), workdirs=[str(p) for p in self.environment.kept],
         )  # fmt: skip
+
+    def _fault_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for a in self._attempts:
+            for fault in faults_of(a.steps):
+                counts[fault.kind] = counts.get(fault.kind, 0) + 1
+        return counts
 
     def _metrics(self, scores: list[dict[str, Any]]) -> dict[str, MetricSummary]:
         by_name = observations(scores)

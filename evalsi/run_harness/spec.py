@@ -165,7 +165,9 @@ class TargetSpec(_Strict):
 
 class DatasetSpec(_Strict):
     path: str
-    """JSONL, JSON, CSV or Parquet (by extension), relative to the run file."""
+    """JSONL, JSON, CSV or Parquet (by extension), or a directory of task folders; relative to the run file."""
+    format: Literal["auto", "tau"] = "auto"
+    """`tau`: a τ-bench-style task file (`instruction`, `actions`, `outputs`): conversations with the simulated user."""
     limit: int | None = Field(None, ge=1)
     """Run only the first N tasks."""
 
@@ -273,7 +275,8 @@ class RunBody(_Strict):
     target: TargetSpec
     dataset: DatasetSpec
     trials: int = Field(1, ge=1, le=100)
-    evaluators: list[EvaluatorSpec] = Field(min_length=1)
+    evaluators: list[EvaluatorSpec] = Field(default_factory=list)
+    """Scored on each attempt's trace; a run with none needs tasks whose `check` script scores them."""
     judge: dict[str, Any] = Field(default_factory=dict)
     """Judge params given to every judge-based evaluator (its own params win)."""
     gates: list[GateSpec] = Field(default_factory=list)

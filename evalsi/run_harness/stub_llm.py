@@ -10,6 +10,8 @@ model, the same answer for the same request.
 - it holds arithmetic ("What is 2 + 3?"): the number ("5");
 - anything else: "I don't know."
 
+A model whose name holds `retry-tools` calls a `get_weather` that failed again, up to twice, before answering.
+
 `usage` counts about 1.3 tokens a word. Faults are injected by the `x-stub-fault` header or by the model's name
 (each pattern is searched for anywhere in it, so `stub-slow-50ms-fail-503-twice` has two):
 
@@ -155,7 +157,17 @@ def _tool_names(tools: Any) -> set[str]:
     return names
 
 
-def _weather_reply(messages: list[Any], last_user: int, cities: list[str], digest: str) -> dict[str, Any]:
+def _weather_call(digest: str, i: int, city: str) -> dict[str, Any]:
+    return {
+        "id": f"call_{hashlib.sha1(f'{digest}:{i}'.encode()).hexdigest()[:16]}",
+        "type": "function",
+        "function": {"name": WEATHER_TOOL, "arguments": json.dumps({"city": city})},
+    }
+
+
+def _weather_reply(
+    messages: list[Any], last_user: int, cities: list[str], digest: str, retries: int = 0
+) -> dict[str, Any]:
     calls: dict[str, str] = {}  # tool call id -> city
     results: dict[str, str] = {}  # tool call id -> content
     for m in messages[last_user + 1 :]:
@@ -174,17 +186,16 @@ def _weather_reply(messages: list[Any], last_user: int, cities: list[str], diges
             results[str(m.get("tool_call_id"))] = text_of(m.get("content"))
     answered = [(calls[i], results[i]) for i in calls if i in results]
     if not answered:
-        tool_calls = [
-            {
-                "id": f"call_{hashlib.sha1(f'{digest}:{i}'.encode()).hexdigest()[:16]}",
-                "type": "function",
-                "function": {"name": WEATHER_TOOL, "arguments": json.dumps({"city": city})},
-            }
-            for i, city in enumerate(cities)
-        ]
+        tool_calls = [_weather_call(digest, i, city) for i, city in enumerate(cities)]
         return {"role": "assistant", "content": None, "tool_calls": tool_calls}
+    latest = dict(answered)  # each city's last result
+    tries = {city: sum(1 for c in calls.values() if c == city) for city in latest}
+    again = [c for c, content in latest.items() if _render(content)[0] and tries[c] <= retries]
+    if again:  # `retry-tools` in the model's name: call a failed tool again
+        return {"role": "assistant", "content": None,
+                "tool_calls": [_weather_call(digest, i, city) for i, city in enumerate(again)]}  # fmt: skip
     sentences = []
-    for city, content in answered:
+    for city, content in latest.items():
         error, words = _render(content)
         if error:
             sentences.append(f"I could not get the weather in {city}: {words}.")
@@ -203,7 +214,8 @@ def reply(body: dict[str, Any]) -> dict[str, Any]:
     question = text_of(messages[last_user].get("content")) if last_user >= 0 else ""
     cities = weather_cities(question)
     if cities and WEATHER_TOOL in _tool_names(body.get("tools")):
-        message = _weather_reply(messages, last_user, cities, digest)
+        retries = 2 if "retry-tools" in model else 0
+        message = _weather_reply(messages, last_user, cities, digest, retries)
     elif cities:
         message = {"role": "assistant", "content": f"I cannot check the weather in {', '.join(cities)} without a tool."}
     else:

@@ -49,10 +49,12 @@ class RunTracer:
         )  # fmt: skip
         self.tracer = self.provider.get_tracer("evalsi.run_harness", __version__)
 
-    def begin(self, task_id: str, trial: int, agent_name: str) -> tuple[OtelSpan, str]:
-        """Start an attempt's root span now; returns it and its W3C traceparent (for the target to join)."""
+    def begin(self, task_id: str, trial: int, agent_name: str, start_ns: int | None = None) -> tuple[OtelSpan, str]:
+        """Start an attempt's root span (now, or at `start_ns` for an imported one); returns it and its W3C
+        traceparent (for the target to join)."""
         root = self.tracer.start_span(
             f"invoke_agent {agent_name}" if agent_name else "invoke_agent",
+            start_time=start_ns,
             kind=SpanKind.INTERNAL,
             attributes={
                 "gen_ai.operation.name": "invoke_agent",

@@ -1,5 +1,6 @@
-"""The `agent` pack: tool-call errors, tool selection, argument validity, loops, step budgets, trajectory match and
-task success, judged from a trace's trajectory (`processors/normalize/trajectory.py`) and its spans."""
+"""The `agent` pack: tool-call errors and recovery from them, tool selection, argument validity, loops, step
+budgets, trajectory match, τ-bench-style expected actions and task success, judged from a trace's trajectory
+(`evalsi/trajectory.py`) and its spans."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, Literal
 
 import orjson
 from jsonschema import Draft202012Validator
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from evalsi.evaluators.base import Params, Target, evaluator
 from evalsi.evaluators.schema import compiled, json_type, violations
@@ -678,4 +679,296 @@ def task_success(target: Target, params: TaskSuccessParams) -> Score:
         passed=not failures,
         label="failure" if failures else "success",
         explanation=f"final output {' and '.join(failures or checks)}",
+    )
+
+
+# --- builtin/tool-error-recovery ---------------------------------------------------------------------------------
+
+
+class ToolErrorRecoveryParams(Params):
+    any_tool: bool = False  # a later successful call of any tool recovers a failure, not only one of the same tool
+    min_rate: float = Field(1.0, ge=0.0, le=1.0)  # passed when at least this share of failed calls is recovered
+
+
+def _failed_agent(target: Target) -> str | None:
+    """The run's own agent step (one with no agent above it) that ended in error, as text; None when none did."""
+    steps = _steps(target)
+    by_id = {s.get("span_id"): s for s in steps}
+    for step in steps:
+        if step.get("type") != "agent" or not step.get("error"):
+            continue
+        parent = by_id.get(step.get("parent_span_id"))
+        while parent is not None and parent.get("type") != "agent":
+            parent = by_id.get(parent.get("parent_span_id"))
+        if parent is None:  # no agent above it: the run's own agent
+            kind = step.get("error_type") or step.get("status_message")
+            return f"agent step {step.get('name')!r} failed" + (f" ({kind})" if kind else "")
+    return None
+
+
+@evaluator("builtin/tool-error-recovery", requires=("trajectory",), params=ToolErrorRecoveryParams)
+def tool_error_recovery(target: Target, params: ToolErrorRecoveryParams) -> Score:
+    """Failed tool calls the agent got past (a later success, then an answer): share recovered (0..1, higher better)."""
+    name = "tool-error-recovery"
+    calls = _tool_calls(target)
+    failed = [i for i, c in enumerate(calls) if c.get("error")]
+    if not failed:
+        executed = sum(1 for c in calls if c.get("error") is not None)
+        if not calls:
+            why = "no tool calls"
+        elif not executed:
+            why = f"{len(calls)} tool call(s) requested, but no tool span records how they ended"
+        else:
+            why = f"none of {executed} executed tool call(s) failed"
+        return _skip(name, "no failed tool calls", why)
+    # walking back: which tools succeed after each call (a call with no recorded outcome is no success)
+    succeeded_after: list[frozenset[str]] = [frozenset()] * len(calls)
+    later: set[str] = set()
+    for i in range(len(calls) - 1, -1, -1):
+        succeeded_after[i] = frozenset(later)
+        if calls[i].get("error") is False:
+            later.add(str(calls[i].get("name")))
+    run_failure = _failed_agent(target)
+    final = (target.trajectory or {}).get("final_output")
+    if run_failure is None and (final is None or not str(final).strip()):
+        if not target.has_content:  # an answer may have been given, but not recorded
+            return _skip(name, "no content", "whether the run ended with a final output is not recorded")
+        run_failure = "the run ended without a final output"
+    recovered: Counter[str] = Counter()
+    unrecovered: Counter[str] = Counter()
+    for i in failed:
+        tool = str(calls[i].get("name"))
+        retried = bool(succeeded_after[i]) if params.any_tool else tool in succeeded_after[i]
+        (recovered if retried and run_failure is None else unrecovered)[tool] += 1
+    k, n = recovered.total(), len(failed)
+    explanation = f"{k} of {n} failed tool call(s) recovered" + (f" ({_counted(recovered)})" if recovered else "")
+    if unrecovered:
+        why = run_failure or f"no later successful call of {'any tool' if params.any_tool else 'the same tool'}"
+        explanation += f"; not recovered: {_counted(unrecovered)} ({why})"
+    return Score(
+        name,
+        value=k / n,
+        passed=k / n >= params.min_rate,
+        label=f"{k}/{n} recovered",
+        explanation=explanation,
+        metadata={"failed": n, "recovered": k},
+    )
+
+
+# --- builtin/expected-actions ------------------------------------------------------------------------------------
+
+
+class ExpectedAction(Params):
+    """One action the agent must take: a tool call's name and arguments (τ-bench's `kwargs` too); arguments
+    given as a JSON string are parsed; no arguments: any arguments."""
+
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any] | None = Field(None, validation_alias=AliasChoices("arguments", "kwargs"))
+
+    @field_validator("arguments", mode="before")
+    @classmethod
+    def _parsed(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                raise ValueError("a string that is not JSON") from None
+            if not isinstance(value, dict):
+                raise ValueError(f"a JSON {json_type(value)}, not an object")
+        return value
+
+
+_ACTIONS: TypeAdapter[list[ExpectedAction]] = TypeAdapter(list[ExpectedAction])
+
+
+class ExpectedActionsParams(Params):
+    expected_actions: list[ExpectedAction] | None = None  # else the reference's `expected_actions`
+    expected_outputs: list[str] | None = None  # else the reference's `expected_outputs`
+    ordered: bool = False  # the expected actions must be taken in their order (other calls may come between)
+    allow_extra: bool = True  # else more calls of an expected action's tool than expected fail it
+
+
+def _reference_actions(value: Any) -> list[ExpectedAction]:
+    try:
+        return _ACTIONS.validate_python(value)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
+            problems.append(f"reference.expected_actions{where}: {err['msg'].removeprefix('Value error, ')}")
+        raise ValueError("; ".join(problems)) from None
+
+
+def _reference_outputs(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"reference.expected_outputs must be a list of strings, got {_json_text(value)}")
+    return value
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """JSON equality: 1 equals 1.0, true is not 1, objects compare key by key whatever their order."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(v, b[k]) for k, v in a.items())
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and bool(a == b)
+
+
+def _parsed_arguments(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return arguments
+    return arguments
+
+
+def _takes(call: tuple[str, Any], action: ExpectedAction) -> bool:
+    return call[0] == action.name and (action.arguments is None or _json_equal(call[1], action.arguments))
+
+
+def _matched_any_order(actual: list[tuple[str, Any]], expected: list[ExpectedAction]) -> tuple[list[bool], set[int]]:
+    """Each expected action paired with a call of its own, as many as possible: which are, and the calls used.
+    Actions with arguments go first: equal arguments are an equivalence, so this greedy pairing is a largest one."""
+    matched = [False] * len(expected)
+    used: set[int] = set()
+    for j in sorted(range(len(expected)), key=lambda j: expected[j].arguments is None):
+        i = next((i for i, call in enumerate(actual) if i not in used and _takes(call, expected[j])), None)
+        if i is not None:
+            matched[j] = True
+            used.add(i)
+    return matched, used
+
+
+def _matched_in_order(actual: list[tuple[str, Any]], expected: list[ExpectedAction]) -> list[bool]:
+    """The expected actions in a longest run of them the calls take in order (a longest common subsequence)."""
+    n, m = len(expected), len(actual)
+    best = [[0] * (m + 1) for _ in range(n + 1)]  # best[j][i]: most of expected[j:] taken in order by actual[i:]
+    for j in range(n - 1, -1, -1):
+        for i in range(m - 1, -1, -1):
+            take = 1 + best[j + 1][i + 1] if _takes(actual[i], expected[j]) else 0
+            best[j][i] = max(take, best[j + 1][i], best[j][i + 1])
+    matched = [False] * n
+    j = i = 0
+    while j < n and i < m:
+        if best[j][i] == 0:
+            break
+        if _takes(actual[i], expected[j]) and best[j][i] == 1 + best[j + 1][i + 1]:
+            matched[j] = True
+            j, i = j + 1, i + 1
+        elif best[j][i] == best[j][i + 1]:
+            i += 1
+        else:
+            j += 1
+    return matched
+
+
+def _pair(action: ExpectedAction) -> tuple[str, Any]:
+    return action.name, action.arguments
+
+
+def _action_text(name: str, arguments: Any) -> str:
+    return f"{name}({_arguments_text(arguments, 60)})" if arguments is not None else name
+
+
+def _said(text: str) -> str:
+    """An answer or an expected output as τ-bench compares them: lowercase, commas removed."""
+    return text.lower().replace(",", "")
+
+
+def _answer_texts(target: Target) -> list[str]:
+    """The final output and every assistant message the trace's LLM calls wrote."""
+    final = (target.trajectory or {}).get("final_output")
+    texts = [str(final)] if final else []
+    for step in _steps(target):
+        if step.get("type") != "llm":
+            continue
+        for message in step.get("output") or ():
+            if isinstance(message, dict) and message.get("role", "assistant") == "assistant":
+                texts += [
+                    p["content"]
+                    for p in message.get("parts") or ()
+                    if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("content"), str)
+                ]
+    return texts
+
+
+@evaluator("builtin/expected-actions", requires=("trajectory",), params=ExpectedActionsParams)
+def expected_actions(target: Target, params: ExpectedActionsParams) -> Score:
+    """τ-bench-style action match: expected tool calls (name, equal arguments) and outputs found, share (0..1)."""
+    name = "expected-actions"
+    reference = target.reference
+    if params.expected_actions is not None:
+        expected = list(params.expected_actions)
+    elif reference.get("expected_actions") is not None:
+        expected = _reference_actions(reference["expected_actions"])
+    else:
+        expected = None
+    if params.expected_outputs is not None:
+        outputs: list[str] | None = params.expected_outputs
+    elif reference.get("expected_outputs") is not None:
+        outputs = _reference_outputs(reference["expected_outputs"])
+    else:
+        outputs = None
+    if expected is None and outputs is None:
+        return _skip(
+            name, "no reference", "set params.expected_actions or expected_outputs, or the reference's expected_actions"
+        )
+    expected, outputs = expected or [], outputs or []
+    if not expected and not outputs:
+        return _skip(name, "nothing expected", "expected_actions and expected_outputs are both empty")
+
+    # a call whose tool failed did not take effect: it is not an action taken
+    actual = [
+        (str(c.get("name")), _parsed_arguments(c.get("arguments"))) for c in _tool_calls(target) if not c.get("error")
+    ]
+    with_arguments = {a.name for a in expected if a.arguments is not None}
+    if any(tool in with_arguments and arguments is None for tool, arguments in actual):
+        return _skip(name, "no tool arguments", "arguments are to be matched, but the trace does not record them")
+    if outputs and not target.has_content:
+        return _skip(name, "no content", "outputs are to be found, but the trace records no message content")
+
+    anywhere, used = _matched_any_order(actual, expected)
+    matched = _matched_in_order(actual, expected) if params.ordered else anywhere
+    said = [_said(t) for t in _answer_texts(target)]
+    found = [any(_said(o) in t for t in said) for o in outputs]
+    names = {a.name for a in expected}
+    extra = [] if params.allow_extra else [c for i, c in enumerate(actual) if i not in used and c[0] in names]
+
+    parts = []
+    unmatched = [j for j, ok in enumerate(matched) if not ok]
+    # in order: an action taken, but not where the order wants it, is out of order rather than missing
+    late = [j for j in unmatched if params.ordered and anywhere[j]]
+    if late:
+        parts.append(f"out of order: {_counted(Counter(_action_text(*_pair(expected[j])) for j in late))}")
+    missing = [j for j in unmatched if j not in late]
+    if missing:
+        parts.append(f"missing: {_counted(Counter(_action_text(*_pair(expected[j])) for j in missing))}")
+    not_found = [o for o, ok in zip(outputs, found, strict=True) if not ok]
+    if not_found:
+        parts.append(f"output not found: {', '.join(_json_text(o, 60) for o in not_found)}")
+    if extra:
+        parts.append(f"extra: {_counted(Counter(_action_text(*c) for c in extra))}")
+    k = sum(matched) + sum(found)
+    n = len(expected) + len(outputs)
+    if not parts:
+        taken = f"{len(expected)} action(s) taken{' in order' if params.ordered and len(expected) > 1 else ''}"
+        parts.append(f"all {n} expected found: {taken}, {len(outputs)} output(s) given")
+    return Score(
+        name,
+        value=k / n,
+        passed=k == n and not extra,
+        label=f"{k}/{n} matched" + (f", {len(extra)} extra" if extra else ""),
+        explanation="; ".join(parts),
+        metadata={
+            "actions": len(expected),
+            "actions_matched": sum(matched),
+            "outputs": len(outputs),
+            "outputs_found": sum(found),
+            "extra": len(extra),
+        },
     )

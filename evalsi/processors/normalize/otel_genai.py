@@ -119,7 +119,7 @@ TEXT_DETAILS: tuple[tuple[str, str], ...] = (
     (OUTPUT_TYPE, "output_type"),
 )
 
-_MARKER_ATTRIBUTES = frozenset((OPERATION, SYSTEM, PROVIDER, REQUEST_MODEL))
+_MARKER_ATTRIBUTES = frozenset((OPERATION, SYSTEM, PROVIDER, REQUEST_MODEL, STEP_TYPE))
 
 
 def error_type(value: Any) -> str | None:

@@ -80,7 +80,8 @@ class ConversationalTarget(AgentTarget, Protocol):
 
 
 def conversational(target: AgentTarget) -> bool:
-    return callable(getattr(target, "open_session", None))
+    """Whether the target can hold a conversation (after `prepare`)."""
+    return callable(getattr(target, "open_session", None)) and bool(getattr(target, "holds_conversations", True))
 
 
 def grace_s(target: AgentTarget) -> float:

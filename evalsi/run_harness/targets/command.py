@@ -20,6 +20,7 @@ STDERR_TAIL = 2000
 class CommandAgent:
     def __init__(self, config: CommandTarget, base_dir: Path, otlp_endpoint: str | None = None) -> None:
         self.config = config
+        self.base_dir = base_dir
         self.cwd = str(base_dir / config.cwd) if config.cwd else str(base_dir)
         self.identity = "command:" + " ".join(config.argv)
         self.otlp_endpoint = otlp_endpoint
@@ -34,9 +35,14 @@ class CommandAgent:
             env.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", self.otlp_endpoint)
         data = task.input if isinstance(task.input, str) else json.dumps(task.input, ensure_ascii=False)
         attempt = Attempt(task, ctx.trial)
+        argv, cwd = list(self.config.argv), self.cwd
+        if ctx.workdir is not None:  # a task folder's attempt runs in its working directory
+            env["EVALSI_WORKDIR"] = cwd = str(ctx.workdir)
+            argv = [str(self.base_dir / a) if not os.path.isabs(a) and (self.base_dir / a).is_file() else a
+                    for a in argv]  # fmt: skip
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self.config.argv, cwd=self.cwd, env=env,
+                *argv, cwd=cwd, env=env,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             )  # fmt: skip
         except OSError as e:

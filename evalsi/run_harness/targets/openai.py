@@ -284,6 +284,8 @@ class OpenAIAgent:
                     problems.append(f"MCP tool {tool.ref!r}: {tools[tool.name].ref} is named {tool.name!r} too")
                 tools[tool.name] = tool
             if problems:
+                await self._mcp.aclose()
+                self._mcp = None
                 raise TargetError("\n".join(problems))
         self._headers, self.tools = headers, tools
         self._tool_definitions = [t.definition() for t in tools.values()]

@@ -84,46 +84,87 @@ def _messages(value: Any, role: str) -> list[dict[str, Any]]:
     return [text_message(role, value if isinstance(value, str) else str(value))]
 
 
+def read_result(attempt: Attempt, result: Any, start_ns: int) -> str | None:
+    """Put a function's result in the attempt: its steps (a `trajectory`) added, its output set; the output text."""
+    if isinstance(result, dict) and ("output" in result or "trajectory" in result):
+        if "trajectory" in result:
+            attempt.steps.extend(steps_from(result["trajectory"], start_ns))
+        result = result.get("output")
+    if isinstance(result, str):
+        attempt.output = result
+    elif result is not None:
+        attempt.output_json = result
+    return attempt.output_text
+
+
+class _Session:
+    """A conversation with a function taking `messages`: each reply calls it with the user's message and the
+    conversation so far (`{"role", "content"}` dicts, the new message last)."""
+
+    def __init__(self, agent: PythonAgent, task: Task, ctx: AttemptContext) -> None:
+        self.agent = agent
+        self.ctx = ctx
+        self.attempt = Attempt(task, ctx.trial)
+        self.messages: list[dict[str, str]] = []
+
+    async def reply(self, text: str) -> str:
+        self.messages.append({"role": "user", "content": text})
+        start = time.time_ns()
+        result = await self.agent.call(text, self.ctx, messages=list(self.messages))
+        answer = read_result(self.attempt, result, start) or ""
+        self.messages.append({"role": "assistant", "content": answer})
+        return answer
+
+
 class PythonAgent:
     def __init__(self, config: PythonTarget, base_dir: Path) -> None:
         self.config = config
         self.base_dir = base_dir
         self.identity = f"python:{config.function}"
         self._fn: Callable[..., Any] | None = None
-        self._takes_traceparent = False
+        self._params: set[str] = set()
+
+    @property
+    def holds_conversations(self) -> bool:
+        """A function taking `messages` (the conversation so far) can hold a multi-turn conversation."""
+        return "messages" in self._params
 
     async def prepare(self, tasks: list[Task]) -> None:
         search = [*(self.base_dir / p for p in self.config.path), self.base_dir]
         self._fn = import_function(self.config.function, search)
         try:
-            params = inspect.signature(self._fn).parameters
+            self._params = set(inspect.signature(self._fn).parameters)
         except (TypeError, ValueError):
-            params = {}  # type: ignore[assignment]
-        self._takes_traceparent = "traceparent" in params
+            self._params = set()
 
-    async def attempt(self, task: Task, ctx: AttemptContext) -> Attempt:
+    async def call(self, task_input: Any, ctx: AttemptContext, **extra: Any) -> Any:
+        """The function's result for one input (`traceparent` and `workdir` given when it takes them)."""
         assert self._fn is not None
-        kwargs = {"traceparent": ctx.traceparent} if self._takes_traceparent else {}
-        attempt = Attempt(task, ctx.trial)
+        kwargs = dict(extra)
+        if "traceparent" in self._params:
+            kwargs["traceparent"] = ctx.traceparent
+        if "workdir" in self._params and ctx.workdir is not None:
+            kwargs["workdir"] = str(ctx.workdir)
         try:
             if inspect.iscoroutinefunction(self._fn):
-                result = await self._fn(task.input, **kwargs)
-            else:
-                result = await asyncio.to_thread(self._fn, task.input, **kwargs)
+                return await self._fn(task_input, **kwargs)
+            return await asyncio.to_thread(self._fn, task_input, **kwargs)
         except AttemptFailed:
             raise
         except Exception as e:
             raise AttemptFailed("crash", f"{self.config.function} raised {type(e).__name__}: {e}") from None
+
+    async def attempt(self, task: Task, ctx: AttemptContext) -> Attempt:
+        attempt = Attempt(task, ctx.trial)
+        result = await self.call(task.input, ctx)
         attempt.end_ns = time.time_ns()
-        if isinstance(result, dict) and ("output" in result or "trajectory" in result):
-            if "trajectory" in result:
-                attempt.steps = steps_from(result["trajectory"], attempt.start_ns)
-            result = result.get("output")
-        if isinstance(result, str):
-            attempt.output = result
-        elif result is not None:
-            attempt.output_json = result
+        read_result(attempt, result, attempt.start_ns)
         return attempt
+
+    async def open_session(self, task: Task, ctx: AttemptContext) -> _Session:
+        if not self.holds_conversations:
+            raise AttemptFailed("target_error", f"{self.config.function} takes no `messages`: it cannot converse")
+        return _Session(self, task, ctx)
 
     async def close(self) -> None:
         return None

@@ -1,0 +1,1 @@
+"""Importers: results of other harnesses as evalsi runs."""
