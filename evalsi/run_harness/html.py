@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from evalsi.run_harness.report import HEADERS, _num, metric_rows
+from evalsi.run_harness.report import HEADERS, _num, faults_text, metric_rows
 
 MAX_EXAMPLES = 200
 """Failing scores shown; the rest are counted."""
@@ -176,6 +176,8 @@ def _header(run: dict[str, Any], failing: int) -> str:
         ("infrastructure errors", _num(len(infra))),
         ("failing scores", _num(failing)),
     ]
+    if run.get("faults"):
+        facts.append(("injected faults", faults_text(run["faults"])))
     facts_html = "".join(f"<span>{_e(k)}: <b>{_e(v)}</b></span>" for k, v in facts)
     return (
         f'<header><h1>Run <span class="mono">{_e(run.get("run_id"))}</span></h1>'

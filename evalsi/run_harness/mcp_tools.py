@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -167,6 +168,8 @@ class _Server:
         if problems:
             raise TargetError("\n".join(problems))
         argv = [self._path(arg, base_dir) for arg in spec.command]
+        if argv[0] in ("python", "python3"):  # the Python evalsi runs on (its venv, with `mcp` installed)
+            argv[0] = sys.executable
         return StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=cwd)
 
     @staticmethod

@@ -44,6 +44,11 @@ def metric_rows(run: dict[str, Any]) -> list[list[str]]:
 HEADERS = ["metric", "kind", "n", "mean", "95% interval", "p50", "p95", "pass@k", "pass^k", "errors", "skipped"]
 
 
+def faults_text(faults: dict[str, int]) -> str:
+    """Injected faults by kind: `12 (error 9, latency 3)`."""
+    return f"{sum(faults.values())} (" + ", ".join(f"{k} {n}" for k, n in sorted(faults.items())) + ")"
+
+
 def print_summary(console: Console, run: dict[str, Any]) -> None:
     table = Table(title=f"run {run['run_id']}", title_justify="left")
     for h in HEADERS:
@@ -57,6 +62,8 @@ def print_summary(console: Console, run: dict[str, Any]) -> None:
         f"wall {run['wall_s']:.1f}s, agent {run['agent_s']:.1f}s",
         highlight=False,
     )
+    if run.get("faults"):
+        console.print(f"injected faults: {faults_text(run['faults'])}", highlight=False)
     for e in run["infra_errors"][:10]:
         console.print(f"  infra {e['kind']}: task {e['task_id']} trial {e['trial']}: {e['message']}", highlight=False)
     if len(run["infra_errors"]) > 10:
@@ -107,6 +114,8 @@ def markdown(run: dict[str, Any]) -> str:
                 f"| {name} | {c['n']} | {c['delta']:+.3f} | [{c['low']:+.3f}, {c['high']:+.3f}] | {c['pValue']:.3g} "
                 f"| {verdict} |"
             )
+    if run.get("faults"):
+        lines += ["", f"Injected faults: {faults_text(run['faults'])}"]
     if run["infra_errors"]:
         lines += ["", f"## Infrastructure errors ({len(run['infra_errors'])})", ""]
         lines += [

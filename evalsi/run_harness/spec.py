@@ -82,7 +82,8 @@ class McpServerSpec(_Strict):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     command: list[str] | None = Field(None, min_length=1)
-    """argv of a stdio server, e.g. `[python, -m, my_server]` (relative paths are the run file's)."""
+    """argv of a stdio server, e.g. `[python, -m, my_server]` (relative paths are the run file's; `python` is the
+    Python evalsi runs on)."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment of a stdio server, on top of PATH and HOME (`env:VAR` reads the variable)."""
     cwd: str | None = None

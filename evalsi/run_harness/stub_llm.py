@@ -10,7 +10,9 @@ model, the same answer for the same request.
 - it holds arithmetic ("What is 2 + 3?"): the number ("5");
 - anything else: "I don't know."
 
-A model whose name holds `retry-tools` calls a `get_weather` that failed again, up to twice, before answering.
+Asked with the harness's simulated-user prompt (`You play a user ...`), it plays the user: the goal's text first,
+then the stop marker. A model whose name holds `retry-tools` calls a `get_weather` that failed again, up to
+twice, before answering.
 
 `usage` counts about 1.3 tokens a word. Faults are injected by the `x-stub-fault` header or by the model's name
 (each pattern is searched for anywhere in it, so `stub-slow-50ms-fail-503-twice` has two):
@@ -59,6 +61,8 @@ _WORD = re.compile(r"\S+")
 _TIMES = {"once": 1, "twice": 2, "thrice": 3, "always": -1}
 _FAIL = re.compile(r"fail-(\d{3})(?:-(once|twice|thrice|always|\d+))?")
 _SLOW = re.compile(r"slow-(\d+(?:\.\d+)?)(ms|s)\b")
+_USER_GOAL = re.compile(r"Your goal[^\n]*:\n(.+?)\n\n", re.S)
+_USER_STOP = re.compile(r"reply with (\S+) alone")
 _RETRY_AFTER = re.compile(r"retry-after-(\d+(?:\.\d+)?)")
 _OPS: dict[type, Callable[..., float]] = {
     ast.Add: operator.add,
@@ -204,16 +208,34 @@ def _weather_reply(
     return {"role": "assistant", "content": " ".join(sentences)}
 
 
+def _simulated_user(messages: list[Any]) -> dict[str, Any] | None:
+    """Playing the harness's simulated user (its system prompt): the goal as the first message, then the stop
+    marker."""
+    system = messages[0] if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system" else {}
+    prompt = text_of(system.get("content"))
+    if "You play a user" not in prompt:
+        return None
+    goal = _USER_GOAL.search(prompt)
+    stop = _USER_STOP.search(prompt)
+    said = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+    if said == 0 and goal:
+        return {"role": "assistant", "content": goal.group(1).strip()}
+    return {"role": "assistant", "content": stop.group(1) if stop else "###STOP###"}
+
+
 def reply(body: dict[str, Any]) -> dict[str, Any]:
     """The Chat Completions answer to a request body (no faults): the rules above, deterministic."""
     messages = body.get("messages")
     messages = messages if isinstance(messages, list) else []
     model = body.get("model") if isinstance(body.get("model"), str) else "stub"
     digest = hashlib.sha1(json.dumps([model, messages], sort_keys=True, default=str).encode()).hexdigest()
+    as_user = _simulated_user(messages)
     last_user = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), default=-1)
     question = text_of(messages[last_user].get("content")) if last_user >= 0 else ""
     cities = weather_cities(question)
-    if cities and WEATHER_TOOL in _tool_names(body.get("tools")):
+    if as_user is not None:
+        message = as_user
+    elif cities and WEATHER_TOOL in _tool_names(body.get("tools")):
         retries = 2 if "retry-tools" in model else 0
         message = _weather_reply(messages, last_user, cities, digest, retries)
     elif cities:

@@ -103,8 +103,20 @@ class LlmUser:
                          price=llm.price),
             path=[base_dir],
         )  # fmt: skip
+        self._ready: asyncio.Lock | None = None
+        self._prepared = False
+
+    async def _prepare(self) -> None:
+        """Read the key, start the bundled stub for `base_url: stub`: once, before the first turn."""
+        if self._ready is None:
+            self._ready = asyncio.Lock()
+        async with self._ready:
+            if not self._prepared:
+                await self.client.prepare([])
+                self._prepared = True
 
     async def reply(self, task: Task, messages: list[Message], ctx: AttemptContext) -> UserTurn:
+        await self._prepare()
         start = time.time_ns()
         goal = user_goal(task)
         persona = goal.get("persona") or self.persona or ""

@@ -1,0 +1,2 @@
+# runs in the attempt's fresh working directory, before the agent
+printf "Ada\n" > name.txt
