@@ -51,3 +51,22 @@ def test_the_atif_example_imports(work: Path) -> None:
     run = evalsi(work, "import", "atif", "trajectory.json", "--dataset", "atif_references.jsonl",
                  "-e", "builtin/exact-match", "-e", "builtin/tool-call-error-rate")  # fmt: skip
     assert run["metrics"]["exact-match"]["mean"] == 1.0 and run["attempts"] == 1
+
+
+def test_the_documented_tool_and_fault_fragments_are_valid() -> None:
+    """The `mcp:` and `faults:` fragments of docs/harness.md parse as the run spec parses them."""
+    import re
+
+    import yaml
+
+    from evalsi.run_harness.spec import FaultSpec, McpServerSpec
+
+    text = (ROOT / "docs" / "harness.md").read_text()
+    fragments = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, re.S)]
+    mcp = [f["mcp"] for f in fragments if isinstance(f, dict) and set(f) == {"mcp"}]
+    faults = [f["faults"] for f in fragments if isinstance(f, dict) and set(f) == {"faults"}]
+    assert mcp and faults
+    for server in mcp[0]:
+        McpServerSpec.model_validate(server)
+    for fault in faults[0]:
+        FaultSpec.model_validate(fault)
