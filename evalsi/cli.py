@@ -90,6 +90,7 @@ def validate(
 ) -> None:
     """Check a config file (-c) or a run file (-f) without starting anything; print OK or every error."""
     from evalsi.run_harness.dataset import DatasetError, load_dataset
+    from evalsi.run_harness.runner import run_problems
     from evalsi.run_harness.spec import RunSpecError, load_run
 
     if config is None and run_file is None:
@@ -103,7 +104,8 @@ def validate(
     if run_file is not None:
         try:
             spec = load_run(run_file)
-            load_dataset(spec.path(spec.body.dataset.path), spec.body.dataset.limit)
+            dataset = load_dataset(spec.path(spec.body.dataset.path), spec.body.dataset.limit, spec.body.dataset.format)
+            problems.extend(f"{run_file}: {p}" for p in run_problems(spec, dataset.tasks))
         except (RunSpecError, DatasetError) as e:
             problems.append(str(e))
     if problems:

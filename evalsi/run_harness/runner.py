@@ -82,6 +82,33 @@ def score_request(
     }  # fmt: skip
 
 
+def _cannot_converse(talks: list[Task], kind: str) -> str:
+    return (
+        f"{len(talks)} task(s) are conversations (a `user` in the run spec or in the task's metadata), e.g. "
+        f"{talks[0].id!r}; a {kind} target cannot hold one (use the built-in `openai` agent, or a `python` function "
+        "taking `messages`)"
+    )
+
+
+def run_problems(spec: RunSpec, tasks: list[Task]) -> list[str]:
+    """What makes a run impossible before any attempt (also what `evalsi validate -f` reports): nothing scores it,
+    task scripts the spec does not trust, conversations for a target that cannot hold one."""
+    body = spec.body
+    problems = []
+    if not body.evaluators and not any(t.folder is not None and script(t.folder, "check") for t in tasks):
+        problems.append(
+            "spec.evaluators: nothing scores this run: list evaluators, or use task folders with a `check` script"
+        )
+    try:
+        check_trust(tasks, body.environment)
+    except TargetError as e:
+        problems.append(str(e))
+    talks = [t for t in tasks if is_conversation(t, body.user)]
+    if talks and body.target.kind in ("command", "http"):
+        problems.append(_cannot_converse(talks, body.target.kind))
+    return problems
+
+
 def new_run_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
 
@@ -340,19 +367,13 @@ class Runner:
         """Check the run can be done before the first attempt: something scores it, its task scripts are trusted,
         its target can hold its conversations; then prepare the target and the user."""
         spec, tasks = self.spec.body, self.dataset.tasks
-        if not spec.evaluators and not any(t.folder is not None and script(t.folder, "check") for t in tasks):
-            raise TargetError(
-                "spec.evaluators: nothing scores this run: list evaluators, or use task folders with a `check` script"
-            )
-        check_trust(tasks, spec.environment)
+        problems = run_problems(self.spec, tasks)
+        if problems:
+            raise TargetError("\n".join(problems))
         await self.target.prepare(tasks)
         talks = [t for t in tasks if is_conversation(t, spec.user)]
         if talks and not conversational(self.target):
-            raise TargetError(
-                f"{len(talks)} task(s) are conversations (a `user` in the run spec or in the task's metadata), e.g. "
-                f"{talks[0].id!r}; a {self.target.identity.split(':', 1)[0]} target cannot hold one (use the built-in "
-                "`openai` agent, or a `python` function taking `messages`)"
-            )
+            raise TargetError(_cannot_converse(talks, self.target.identity.split(":", 1)[0]))
         if talks:
             self._user = make_user(spec.user, self.spec.base_dir)
         self._grace = grace_s(self.target) + 5.0 if grace_s(self.target) else 0.0

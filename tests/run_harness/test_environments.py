@@ -134,6 +134,11 @@ def test_task_scripts_run_only_when_the_spec_trusts_them(tmp_path: Path) -> None
     res = evalsi("run", "-f", str(path), "--json", cwd=tmp_path)
     assert res.returncode == 2
     assert "spec.environment.trust" in res.stderr and "trust: local" in res.stderr
+    # `evalsi validate` says so too, with the run file's name, and that nothing scores the run without a checker
+    (tmp_path / "tasks" / "upper" / "check.py").unlink()
+    res = evalsi("validate", "-f", str(path), cwd=tmp_path)
+    assert res.returncode == 1
+    assert f"{path}: spec.environment.trust" in res.stderr and "spec.evaluators: nothing scores this run" in res.stderr
 
 
 def test_a_multi_turn_task_with_a_scripted_user_is_one_trace_of_turns(tmp_path: Path, collector: Collector) -> None:
@@ -278,3 +283,24 @@ def test_a_target_that_cannot_converse_is_refused_before_the_run(tmp_path: Path)
                                 "dataset": "data.jsonl", "evaluators": [{"ref": "builtin/length"}]})  # fmt: skip
     res = evalsi("run", "-f", str(path), cwd=tmp_path)
     assert res.returncode == 2 and "cannot hold one" in res.stderr
+
+
+def test_an_mcp_servers_tools_serve_the_built_in_agent_and_their_calls_are_tool_spans(
+    tmp_path: Path, collector: Collector
+) -> None:
+    (tmp_path / "data.jsonl").write_text(json.dumps({"id": "paris", "input": "What is the weather in Paris?"}) + "\n")
+    server = HERE / "mcp_server_for_tests.py"
+    target = {"openai": {"base_url": "stub", "model": "stub",
+                         "mcp": [{"name": "weather", "command": ["python", str(server)]}]}}  # fmt: skip
+    path = write_run(tmp_path, {"target": target, "dataset": "data.jsonl",
+                                "evaluators": [{"ref": "builtin/tool-call-error-rate"}]})  # fmt: skip
+    run = run_json(evalsi("run", "-f", str(path), "--collector", collector.api, "--json", cwd=tmp_path))
+    assert run["infra_errors"] == [] and run["metrics"]["tool-call-error-rate"]["mean"] == 1.0
+    [score] = scores_of(collector, run["run_id"])
+    spans = spans_of(collector, score["trace_id"])
+    [tool] = [s for s in spans if s["step_type"] == "tool"]
+    assert tool["tool_name"] == "get_weather"
+    assert tool["attributes"]["gen_ai.tool.call.arguments"] == '{"city":"Paris"}'
+    assert "sunny" in tool["attributes"]["gen_ai.tool.call.result"]
+    [root] = [s for s in spans if not s["parent_span_id"]]
+    assert "sunny" in root["output"][0]["parts"][0]["content"]
