@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from evalsi.run_harness.model import DatasetError, Task
+from evalsi.run_harness.records import jsonl_rows
 
 __all__ = ["Dataset", "DatasetError", "load_dataset"]
 
@@ -32,18 +33,7 @@ def _rows(path: Path, data: bytes) -> list[tuple[int, Any]]:
     `input` keeps its own shape (a columnar reader unifies objects across rows); CSV and Parquet with polars."""
     kind = FORMATS.get(path.suffix.lower())
     if kind == "jsonl":
-        rows: list[tuple[int, Any]] = []
-        errors: list[str] = []
-        for number, line in enumerate(data.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((number, orjson.loads(line)))
-            except orjson.JSONDecodeError as e:
-                errors.append(f"{path}:{number}: not JSON: {e}")
-        if errors:
-            raise DatasetError(errors)
-        return rows
+        return jsonl_rows(path, data)
     if kind == "json":
         try:
             doc = orjson.loads(data)

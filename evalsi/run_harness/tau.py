@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from evalsi.run_harness.model import DatasetError, Task
+from evalsi.run_harness.records import jsonl_rows
 
 _JSONL = frozenset((".jsonl", ".ndjson"))
 
@@ -28,18 +29,7 @@ def _records(path: Path, data: bytes) -> list[tuple[int, Any]]:
             if not isinstance(doc, list):
                 raise DatasetError([f"{path}: expected a JSON array of tasks (or JSONL), not {_kind(doc)}"])
             return list(enumerate(doc, 1))
-    records: list[tuple[int, Any]] = []
-    errors: list[str] = []
-    for number, line in enumerate(data.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append((number, orjson.loads(line)))
-        except orjson.JSONDecodeError as e:
-            errors.append(f"{path}:{number}: not JSON: {e}")
-    if errors:
-        raise DatasetError(errors)
-    return records
+    return jsonl_rows(path, data)
 
 
 def _actions(value: Any, where: str, errors: list[str]) -> list[dict[str, Any]]:

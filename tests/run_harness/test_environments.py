@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from running_collector import Collector, serve_config, start_collector
+from running_collector import Collector
 
 from evalsi.span import span_from_canonical
 from evalsi.trajectory import build_trajectory
@@ -47,14 +47,6 @@ print("checking...")
 print(json.dumps({"passed": ok, "score": 1.0 if ok else 0.0, "details": {"answer": answer, "home": os.environ["HOME"],
                   "secret": os.environ.get("EVALSI_TEST_SECRET")}}))
 """
-
-
-@pytest.fixture(scope="module")
-def collector(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    tmp = tmp_path_factory.mktemp("collector")
-    c = start_collector(tmp, serve_config(tmp / "store"))
-    yield c
-    c.stop()
 
 
 def write_run(tmp: Path, spec: dict[str, Any], name: str = "env") -> Path:

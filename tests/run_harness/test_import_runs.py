@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from running_collector import Collector, serve_config, start_collector
+from running_collector import Collector
 
 from evalsi.span import span_from_canonical
 from evalsi.trajectory import build_trajectory
@@ -17,14 +16,6 @@ from evalsi.trajectory import build_trajectory
 from .harness_server import atif_document
 from .test_inspect_import import logs  # noqa: F401  (the fixture: real Inspect logs written in a subprocess)
 from .test_run_e2e import evalsi, run_json
-
-
-@pytest.fixture(scope="module")
-def collector(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    tmp = tmp_path_factory.mktemp("collector")
-    c = start_collector(tmp, serve_config(tmp / "store"))
-    yield c
-    c.stop()
 
 
 def test_atif_files_with_subagents_become_a_scored_run(tmp_path: Path, collector: Collector) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from running_collector import EVALSI, Collector, serve_config, start_collector
+from running_collector import EVALSI, Collector, serve_config
 
 from .harness_server import Capabilities, HarnessServer
 
@@ -83,14 +83,6 @@ def run_file(tmp: Path, *, gates: list[str] | None = None, data: list[dict[str, 
 
 def evalsi(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*EVALSI, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def collector(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    tmp = tmp_path_factory.mktemp("collector")
-    c = start_collector(tmp, serve_config(tmp / "store"))
-    yield c
-    c.stop()
 
 
 def run_json(res: subprocess.CompletedProcess[str]) -> dict[str, Any]:
