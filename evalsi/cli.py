@@ -96,9 +96,12 @@ def validate(
     if config is None and run_file is None:
         raise _fail("give a config (-c evalsi.yaml) or a run file (-f run.yaml) to check")
     problems = []
+    notes = []
     if config is not None:
         try:
-            load_config(config)
+            loaded = load_config(config)
+            if loaded.workers_note:
+                notes.append(loaded.workers_note)
         except ConfigError as e:
             problems.append(str(e))
     if run_file is not None:
@@ -112,6 +115,8 @@ def validate(
         err.print("\n".join(problems), highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     out.print(f"OK: {', '.join(str(p) for p in (config, run_file) if p is not None)}")
+    for note in notes:
+        out.print(f"  {note}", highlight=False)
 
 
 @app.command()

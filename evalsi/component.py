@@ -110,6 +110,31 @@ class Component(Protocol):
         ...
 
 
+class WorkerPeers(Protocol):
+    """In a pipeline worker: how a processor reaches the collector process (see `collector/workers`)."""
+
+    ledger: Any
+    """The judges' budget ledger, kept in the collector process for every worker (`JudgeLedger`)."""
+
+    def hand_evaluated(self, processor: str, scores: list[Any], windows: list[Any]) -> None:
+        """Scores and window records of `processor`'s policies, for the collector's scores pipeline and windows;
+        raises `Refused` while the collector has not taken the previous ones."""
+        ...
+
+    def hand_session_trace(self, processor: str, spans: list[Any]) -> None:
+        """A completed trace that belongs to a session, for the collector, where every worker's traces of a
+        session meet."""
+        ...
+
+
+class CollectorPeers(Protocol):
+    """In the collector process, with pipeline workers: how a processor reaches the workers."""
+
+    def route_feedback(self, processor: str, scores: list[Any]) -> None:
+        """Hand feedback scores to the workers holding their traces (sharded by trace id, as spans are)."""
+        ...
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the service gives every component besides its config."""
@@ -117,6 +142,10 @@ class Settings:
     id: str  # "type" or "type/name", as written in the config
     metrics: SelfMetrics
     logger: logging.Logger
+    worker: WorkerPeers | None = None
+    """Set in a pipeline worker process (`service.workers` > 1)."""
+    collector: CollectorPeers | None = None
+    """Set in the collector process when pipelines run in workers."""
 
 
 @dataclass(frozen=True)
@@ -129,13 +158,16 @@ class Factory:
     store: StoreType | None = None
     """Set for an exporter type that owns a store: its row encoder for workers and its reader for the CLI."""
     decode: Decoder | None = None
+    """Set for a receiver whose requests can go to pipeline workers still encoded: how a worker decodes them."""
     single_process: str | None = None
+    """Why a processor of this type cannot run in pipeline workers (`service.workers` > 1), or None when it can."""
     needs: BatchKind | None = None
     """The span batches a processor acts on (others pass through): a processor that hands them on must precede it."""
     makes: tuple[BatchKind, ...] = ()
     """The span batches a processor hands on beyond what it takes (e.g. whole traces from spans)."""
-    """Why a processor of this type cannot run in pipeline workers (`service.workers` > 1), or None when it can."""
-    """Set for a receiver whose requests can go to pipeline workers still encoded: how a worker decodes them."""
+    meets: bool = False
+    """With pipeline workers, a processor whose worker instances meet in the collector process: it has an instance
+    there too (`Settings.collector`), which combines what every worker's instance hands it (`Settings.worker`)."""
 
 
 REGISTRY: dict[tuple[Kind, str], Factory] = {}
@@ -176,13 +208,16 @@ def processor(
     single_process: str | None = None,
     needs: BatchKind | None = None,
     makes: tuple[BatchKind, ...] = (),
+    meets: bool = False,
 ) -> Callable[[T], T]:
     """Register a processor: `cls(config, settings, next: Next)`. It is a Consumer (and a LogConsumer when it
     takes logs); one instance serves every pipeline that lists its id. `single_process` says why it cannot run
     in pipeline workers, if it cannot. `needs` is the kind of span batch it acts on (it passes the others on), and
     `makes` the kinds it hands on beyond what it takes: config validation checks that what a processor needs is made
-    before it in its traces pipeline."""
-    return _register("processor", type_name, config, signals, single_process=single_process, needs=needs, makes=makes)
+    before it in its traces pipeline. `meets`: with workers, it has an instance in the collector process too."""
+    return _register(
+        "processor", type_name, config, signals, single_process=single_process, needs=needs, makes=makes, meets=meets
+    )
 
 
 def exporter(

@@ -181,6 +181,15 @@ class BatchKind(StrEnum):
     or forwarded again."""
 
 
+def trace_shard(trace_id: str, n: int) -> int:
+    """Which of `n` pipeline workers owns a trace (hex id): the low 64 bits (random in W3C ids) modulo `n`, as the
+    receivers shard encoded requests (`receivers/otlp/decode.shard_of`)."""
+    try:
+        return int(trace_id[16:], 16) % n if n > 1 else 0
+    except ValueError:
+        return 0
+
+
 @dataclass(slots=True)
 class SpanBatch:
     """The unit that moves between components: spans from one or more OTLP requests.
@@ -207,6 +216,5 @@ class SpanBatch:
             return [self]
         shards: list[list[Span]] = [[] for _ in range(n)]
         for span in self.spans:
-            # the low 64 bits of a W3C trace id are random, so a modulo spreads evenly
-            shards[int(span.trace_id[16:], 16) % n].append(span)
+            shards[trace_shard(span.trace_id, n)].append(span)
         return [SpanBatch(s, self.revision, self.kind) for s in shards]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -18,11 +19,14 @@ class FakeJudge:
         self.script: list[tuple[int, Any, dict[str, str]]] = []
         self.verdict: str = json.dumps({"score": 0.9, "passed": True, "label": "correct", "explanation": "Paris."})
         self.usage = {"prompt_tokens": 1000, "completion_tokens": 500, "total_tokens": 1500}
+        self.delay_s = 0.0
+        """How long each answer takes (a slow judge)."""
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                time.sleep(owner.delay_s)
                 owner.requests.append({"path": self.path, **body})
                 owner.headers.append({k.lower(): v for k, v in self.headers.items()})
                 if owner.script:

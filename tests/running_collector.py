@@ -35,6 +35,7 @@ def serve_config(store: Path) -> dict[str, Any]:
             },
             "api": {"endpoint": "127.0.0.1:0"},
             "telemetry": {"metrics": {"address": "127.0.0.1:0"}, "logs": {"encoding": "json"}},
+            "workers": 1,  # one process unless a test asks for workers (the default, auto, is tested on its own)
         },
     }
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -54,10 +55,16 @@ def _scores(c: Collector, trace_id: str) -> dict[str, dict[str, Any]]:
     return {s["name"]: s for s in doc}
 
 
-def test_policy_scores_selected_traces_with_honest_outcomes(tmp_path: Path) -> None:
+WORKERS = pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-workers"])
+"""The evaluation tests run in one process and with two pipeline workers: the same scores either way."""
+
+
+@WORKERS
+def test_policy_scores_selected_traces_with_honest_outcomes(tmp_path: Path, workers: int) -> None:
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "support.yaml").write_text(POLICY)
     cfg = serve_config(tmp_path / "store")
+    cfg["service"]["workers"] = workers
     cfg["processors"]["tail_sampling"] = {"decision_wait": "300ms"}
     cfg["processors"]["evaluate"] = {"policies": ["policies/*.yaml"]}
     pipelines = cfg["service"]["pipelines"]
@@ -149,13 +156,15 @@ spec:
 """
 
 
-def test_judge_runs_where_cheap_checks_pass_and_stops_at_its_budget(tmp_path: Path) -> None:
+@WORKERS
+def test_judge_runs_where_cheap_checks_pass_and_stops_at_its_budget(tmp_path: Path, workers: int) -> None:
     from fake_judge import FakeJudge
 
     fake = FakeJudge()
     fake.thread.start()
     (tmp_path / "judged.yaml").write_text(JUDGE_POLICY.format(endpoint=fake.url))
     cfg = serve_config(tmp_path / "store")
+    cfg["service"]["workers"] = workers  # with two, the budget is still one: the collector process keeps it
     cfg["processors"]["tail_sampling"] = {"decision_wait": "300ms"}
     cfg["processors"]["evaluate"] = {"policies": ["judged.yaml"]}
     pipelines = cfg["service"]["pipelines"]
@@ -189,8 +198,10 @@ def test_judge_runs_where_cheap_checks_pass_and_stops_at_its_budget(tmp_path: Pa
         assert c.stop() == 0
 
 
-def test_evaluation_results_sent_as_otlp_log_events_are_stored_as_external_scores(tmp_path: Path) -> None:
+@WORKERS
+def test_evaluation_results_sent_as_otlp_log_events_are_stored_as_external_scores(tmp_path: Path, workers: int) -> None:
     cfg = serve_config(tmp_path / "store")
+    cfg["service"]["workers"] = workers
     cfg["processors"]["evaluate"] = {}
     pipelines = cfg["service"]["pipelines"]
     pipelines["logs"]["processors"] = ["normalize", "evaluate"]

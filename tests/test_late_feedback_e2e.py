@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -64,9 +65,14 @@ def _wait(condition: Any, timeout: float = 30) -> bool:
     return False
 
 
-def test_negative_feedback_brings_a_sampled_out_trace_into_the_policy_and_the_dataset(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-workers"])
+def test_negative_feedback_brings_a_sampled_out_trace_into_the_policy_and_the_dataset(
+    tmp_path: Path, workers: int
+) -> None:
+    """With two workers the feedback goes from the collector process to the worker holding its trace."""
     (tmp_path / "complaints.yaml").write_text(POLICY)
     cfg = serve_config(tmp_path / "store")
+    cfg["service"]["workers"] = workers
     cfg["processors"]["tail_sampling"] = {"decision_wait": "300ms"}
     cfg["processors"]["evaluate"] = {
         "policies": ["complaints.yaml"], "datasets_dir": str(tmp_path / "datasets"),
@@ -112,14 +118,16 @@ def test_negative_feedback_brings_a_sampled_out_trace_into_the_policy_and_the_da
         assert _wait(lambda: [s["name"] for s in _scores(c, good)] == ["thumbs_up"])
         assert [s["name"] for s in _scores(c, unknown)] == ["stars"]
         unmatched = 'evalsi_late_signals_unmatched_total{processor="evaluate",reason="unknown_trace"}'
-        assert _metric(c, unmatched) == 1
-        assert _metric(c, 'evalsi_late_signals_matched_total{processor="evaluate",when="late"}') == 2
-        assert _metric(c, scored) == 2
+        # (with workers, their counts reach the exposition within a second)
+        assert _wait(lambda: _metric(c, unmatched) == 1)
+        assert _wait(lambda: _metric(c, 'evalsi_late_signals_matched_total{processor="evaluate",when="late"}') == 2)
+        assert _wait(lambda: _metric(c, scored) == 2)
 
         # the same complaint again: nothing runs, is scored or promoted twice
         again = httpx.post(c.api + "/v1/feedback", json={"trace_id": bad, "name": "comment", "value": "wrong city"})
         assert again.status_code == 200
         assert _wait(lambda: _metric(c, 'evalsi_late_signals_matched_total{processor="evaluate",when="late"}') == 3)
+        time.sleep(1.2)  # a worker's counts are a second behind at most
         assert _metric(c, scored) == 2
         assert len(dataset.read_text().splitlines()) == 1
         stats = json.loads(c.cli("policies", "stats", "--policy", "complaints", "--json").stdout)["stats"]

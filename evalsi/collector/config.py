@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from evalsi.collector.builtin import load_builtin_components
 from evalsi.component import REGISTRY, SIGNALS, ComponentConfig, Kind
@@ -56,9 +56,22 @@ class TelemetryConfig(_Strict):
 
 class ServiceConfig(_Strict):
     pipelines: dict[str, PipelineConfig] = Field(default_factory=dict)
-    workers: int = Field(default=1, ge=1, le=64)
-    """Processes the traces and logs pipelines run in, sharded by trace id (1: all in the collector process)."""
+    workers: int | Literal["auto"] = Field(default="auto")
+    """Processes the traces and logs pipelines run in, sharded by trace id (0 or 1: all in the collector process).
+    `auto` (the default): one per core when there is more than one core and the config can run in workers, else
+    one process; the ready line and `evalsi validate` say what was chosen and why."""
     worker_max_in_flight: int = Field(default=32, ge=1)
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value: Any) -> Any:
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{value!r} is not a number of workers (0 to 64) or auto")
+        if not 0 <= value <= 64:
+            raise ValueError(f"{value} is not from 0 to 64 (or auto)")
+        return value
     """Requests a worker may hold not yet taken by its pipelines before the receivers answer 429."""
     api: ApiConfig = Field(default_factory=ApiConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
@@ -74,6 +87,8 @@ class Config:
     service: ServiceConfig
     components: dict[tuple[Kind, str], ComponentConfig] = field(default_factory=dict)
     source: str = ""
+    workers_note: str = ""
+    """What `service.workers: auto` chose, and why (empty when a number was given)."""
 
     def component(self, kind: Kind, component_id: str) -> ComponentConfig:
         return self.components[(kind, component_id)]
@@ -189,12 +204,38 @@ def parse_config(raw: Any, source: str = "", base_dir: Path | None = None) -> Co
             except ValidationError as e:
                 errors.extend(m for m in _pydantic_errors(e, (section, cid)) if m.split(": ", 1)[0] not in unset)
 
+    workers_note = ""
     if service is not None:
         errors.extend(_pipeline_errors(service, sections))
+        service, workers_note = _chosen_workers(service)
         errors.extend(_worker_errors(service))
     if errors or service is None:
         raise ConfigError(errors, source)
-    return Config(service=service, components=components, source=source)
+    return Config(service=service, components=components, source=source, workers_note=workers_note)
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _chosen_workers(service: ServiceConfig) -> tuple[ServiceConfig, str]:
+    """`workers` as a number, and what was chosen and why (for `auto`)."""
+    workers = service.workers
+    if isinstance(workers, int):
+        return service.model_copy(update={"workers": max(1, workers)}), ""
+    n = cores()
+    if n <= 1:
+        return service.model_copy(update={"workers": 1}), "workers: auto -> one process (one core)"
+    trial = service.model_copy(update={"workers": n})
+    why = _worker_errors(trial)
+    if why:
+        reason = why[0].split(": ", 1)[-1].split(";")[0]
+        return service.model_copy(update={"workers": 1}), f"workers: auto -> one process ({reason})"
+    return trial, f"workers: auto -> {n} pipeline workers ({n} cores)"
 
 
 def _worker_errors(service: ServiceConfig) -> list[str]:

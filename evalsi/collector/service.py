@@ -27,6 +27,19 @@ from evalsi.telemetry import SelfMetrics
 log = logging.getLogger("evalsi.service")
 
 
+def _meet_sessions(hub: Any, config: Config, upstream: list[str]) -> None:
+    """Sessions assembled where the workers' traces meet, with the session settings of the tail_sampling before
+    the processor in its pipeline (when the processor evaluates sessions)."""
+    meet = getattr(hub, "meet_sessions", None)
+    if meet is None:
+        return
+    for pid in reversed(upstream):
+        cfg = config.component("processor", pid)
+        if all(hasattr(cfg, k) for k in ("session_timeout", "max_sessions", "max_session_spans")):
+            meet(cfg.session_timeout, cfg.max_sessions, cfg.max_session_spans)
+            return
+
+
 def _upstream_first(edges: dict[str, set[str]]) -> list[str]:
     """Processor ids ordered so each comes before every processor it feeds, in any pipeline (Kahn's algorithm)."""
     incoming = {n: 0 for n in edges}
@@ -65,6 +78,8 @@ class Service:
         self.judges = Judges(self.metrics) if worker_store is None else None
         self.pool: WorkerPool | None = None  # set in the collector process when pipelines run in workers
         self.heads: dict[str, dict[Signal, Any]] = {}  # what each receiver feeds, by signal
+        self.hubs: dict[str, Any] = {}
+        """With workers, in the collector process: the instances where workers' processors meet (`meets`)."""
         self.receivers: dict[str, Any] = {}
         self.processors: list[tuple[str, Any]] = []  # upstream before downstream
         self.exporters: dict[str, Any] = {}
@@ -84,7 +99,17 @@ class Service:
         return consumer
 
     def _settings(self, kind: Kind, cid: str) -> Settings:
-        return Settings(id=cid, metrics=self.metrics, logger=logging.getLogger(f"evalsi.{kind}.{cid}"))
+        worker = getattr(self.worker_store, "peers", None) if self.worker_store is not None else None
+        in_workers = self.config.service.workers > 1 and self.worker_store is None
+        return Settings(
+            id=cid, metrics=self.metrics, logger=logging.getLogger(f"evalsi.{kind}.{cid}"), worker=worker,
+            collector=self if in_workers else None,
+        )  # fmt: skip
+
+    def route_feedback(self, processor: str, scores: list[Any]) -> None:
+        """`CollectorPeers`: feedback to the pipeline workers holding its traces."""
+        if self.pool is not None:
+            self.pool.route_feedback(processor, scores)
 
     def _create(self, kind: Kind, cid: str, *args: Any) -> Any:
         factory = REGISTRY[(kind, type_of(cid))]
@@ -128,6 +153,21 @@ class Service:
             if data == "scores":
                 # a processorless pipeline's exporters one by one, so two pipelines sharing one get each score once
                 score_heads += [downstream] if pipe.processors else [self.exporters[eid] for eid in pipe.exporters]
+        if self.config.service.workers > 1 and self.worker_store is None:
+            # processors whose worker instances meet here (evaluate): an instance in this process too
+            for name, pipe in self.config.service.pipelines.items():
+                if type_of(name) == "scores":
+                    continue
+                for i, pid in enumerate(pipe.processors):
+                    factory = REGISTRY[("processor", type_of(pid))]
+                    if not factory.meets:
+                        continue
+                    if pid not in processors:
+                        processor_next[pid] = Next()
+                        processors[pid] = self._create("processor", pid, processor_next[pid])
+                        edges[pid] = set()
+                    self.hubs[pid] = processors[pid]
+                    _meet_sessions(processors[pid], self.config, pipe.processors[:i])
         self.processors = [(pid, processors[pid]) for pid in _upstream_first(edges)]
         if score_heads:
             self.scores = self._fan("scores", list(dict.fromkeys(score_heads)))
@@ -148,7 +188,11 @@ class Service:
 
     def _build_receivers_for_workers(self) -> None:
         """The receivers hand requests still encoded to the pool, which shards them over the worker processes."""
-        self.pool = WorkerPool(self.config, self.store_exporter, self.metrics, pipeline=type(self))
+        self.pool = WorkerPool(self.config, self.store_exporter, self.metrics, pipeline=type(self), hubs=self.hubs)
+        for hub in self.hubs.values():  # one judge budget for the workers and the sessions evaluated here
+            judges = getattr(hub, "judges", None)
+            if judges is not None:
+                judges.ledger = self.pool.ledger
         pipelines = self.config.service.pipelines
         for rid in dict.fromkeys(r for n, p in pipelines.items() if type_of(n) != "scores" for r in p.receivers):
             nxt = Next()
@@ -174,6 +218,7 @@ class Service:
             "version": __version__,
             "pid": os.getpid(),
             "workers": self.pool.pids if self.pool else [],
+            "workers_chosen": self.config.workers_note or None,
             "receivers": {rid: getattr(r, "endpoints", {}) for rid, r in self.receivers.items()},
             "api": self.api.endpoint if self.api else None,
             "metrics": self.telemetry.endpoint if self.telemetry else None,
@@ -246,8 +291,12 @@ class Service:
             if where.startswith("receivers."):
                 await comp.shutdown()
         await self._drain_fans()
+        # the workers drain first: what they hand on last still reaches the processors here (evaluate's windows)
         for where, comp in self._started:
-            if where.startswith(("processors.", "service.workers")):
+            if where == "service.workers":
+                await comp.shutdown()
+        for where, comp in self._started:
+            if where.startswith("processors."):
                 await comp.shutdown()
         await self._drain_fans()
         for where, comp in self._started:

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
@@ -240,6 +240,59 @@ class BudgetSpend:
     usd: float = 0.0
 
 
+class JudgeLedger(Protocol):
+    """What judges spend, per budget slot `(params id, window index)`, and when each judge's next call may start.
+    A params id is `<policy>#<stage>` for loaded policies, so every process names a stage's budget alike."""
+
+    def reserve(self, slot: tuple[str, int], max_calls: int | None, max_tokens: int | None,
+                max_usd: float | None) -> bool: ...  # fmt: skip
+
+    def charge(self, slot: tuple[str, int], tokens: int, usd: float) -> None: ...
+
+    def next_call(self, judge: str, interval_s: float) -> float:
+        """Take the judge's next call slot: the monotonic time the call may start (now or later)."""
+        ...
+
+
+class LocalLedger:
+    """A ledger in this process, thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.budgets: dict[tuple[str, int], BudgetSpend] = {}
+        """(params id, window index) -> spend. A params object is one policy's cascade stage: its budget is that
+        stage's, shared by every trace the policy evaluates in the window."""
+        self._next_call: dict[str, float] = {}  # params id -> monotonic time its next call may start
+
+    def reserve(self, slot: tuple[str, int], max_calls: int | None, max_tokens: int | None,
+                max_usd: float | None) -> bool:  # fmt: skip
+        with self._lock:
+            for old in [k for k in self.budgets if k[0] == slot[0] and k[1] < slot[1]]:
+                del self.budgets[old]
+            spend = self.budgets.setdefault(slot, BudgetSpend())
+            if (
+                (max_calls is not None and spend.calls >= max_calls)
+                or (max_tokens is not None and spend.tokens >= max_tokens)
+                or (max_usd is not None and spend.usd >= max_usd)
+            ):
+                return False
+            spend.calls += 1
+            return True
+
+    def charge(self, slot: tuple[str, int], tokens: int, usd: float) -> None:
+        with self._lock:
+            spend = self.budgets.setdefault(slot, BudgetSpend())
+            spend.tokens += tokens
+            spend.usd += usd
+
+    def next_call(self, judge: str, interval_s: float) -> float:
+        with self._lock:
+            now = time.monotonic()
+            at = max(now, self._next_call.get(judge, 0.0))
+            self._next_call[judge] = at + interval_s
+            return at
+
+
 # --- the call ------------------------------------------------------------------------------------------------
 
 
@@ -289,14 +342,13 @@ class Judges:
     cache and budget spend are its own, so two `Judges` (two services, two tests) never share a verdict or a budget.
     """
 
-    def __init__(self, metrics: SelfMetrics, *, cache_size: int = CACHE_SIZE) -> None:
+    def __init__(
+        self, metrics: SelfMetrics, *, cache_size: int = CACHE_SIZE, ledger: JudgeLedger | None = None
+    ) -> None:
         self.cache = VerdictCache(cache_size)
-        self._lock = threading.Lock()  # budget spend and rate-limit slots
-        self.budgets: dict[tuple[str, int], BudgetSpend] = {}
-        """(params id, window index) -> spend. Each loaded policy validates its own params, so a params object is
-        one policy's cascade stage: its budget is that stage's, shared by every trace the policy evaluates in the
-        window."""
-        self._next_call: dict[str, float] = {}  # params id -> monotonic time its next call may start
+        self.ledger: JudgeLedger = ledger if ledger is not None else LocalLedger()
+        """Budget spend and rate-limit slots: this process's own, or the collector's for pipeline workers (one
+        budget, one rate limit, however many processes judge)."""
         self._clients: dict[float, httpx.Client] = {}
         self._clients_lock = threading.Lock()
         self.budget_exhausted = metrics.counter(
@@ -325,32 +377,16 @@ class Judges:
     def _reserve(self, params: JudgeConfig, slot: tuple[str, int]) -> bool:
         """Take one call from the budget, or False when any limit is spent."""
         b = params.budget
-        with self._lock:
-            for old in [k for k in self.budgets if k[0] == slot[0] and k[1] < slot[1]]:
-                del self.budgets[old]
-            spend = self.budgets.setdefault(slot, BudgetSpend())
-            if (
-                (b.max_calls is not None and spend.calls >= b.max_calls)
-                or (b.max_tokens is not None and spend.tokens >= b.max_tokens)
-                or (b.max_usd is not None and spend.usd >= b.max_usd)
-            ):
-                return False
-            spend.calls += 1
-            return True
+        return self.ledger.reserve(slot, b.max_calls, b.max_tokens, b.max_usd)
 
     def _charge(self, slot: tuple[str, int], tokens: int, usd: float) -> None:
-        with self._lock:
-            spend = self.budgets.setdefault(slot, BudgetSpend())
-            spend.tokens += tokens
-            spend.usd += usd
+        self.ledger.charge(slot, tokens, usd)
 
     def _wait_for_rate(self, params: JudgeConfig) -> None:
         if params.rate_limit_per_s is None:
             return
-        with self._lock:
-            now = time.monotonic()
-            at = max(now, self._next_call.get(params._id, 0.0))
-            self._next_call[params._id] = at + 1.0 / params.rate_limit_per_s
+        now = time.monotonic()
+        at = self.ledger.next_call(params._id, 1.0 / params.rate_limit_per_s)
         if at > now:
             time.sleep(at - now)
 

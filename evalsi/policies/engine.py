@@ -575,6 +575,41 @@ class Policy:
             self.stats.promote_duplicates += 1
 
 
+@dataclass(slots=True)
+class WindowRecord:
+    """What a pipeline worker's policy put in its window for one trace: sent to the collector process, whose windows
+    see every worker's traces (so alerts fire once, over all of them)."""
+
+    policy: str
+    trace_id: str
+    new_trace: bool
+    scores: list[Score]
+    shed: bool = False
+
+
+class RecordingWindow:
+    """Stands for a policy's window in a pipeline worker: records what would be added, aggregates nothing."""
+
+    def __init__(self, policy: str, sink: list[WindowRecord]) -> None:
+        self.policy = policy
+        self.sink = sink
+
+    def add(self, trace_id: str, scores: Iterable[Score], *, new_trace: bool = True) -> None:
+        self.sink.append(WindowRecord(self.policy, trace_id, new_trace, list(scores)))
+
+    def add_shed(self, trace_id: str) -> None:
+        self.sink.append(WindowRecord(self.policy, trace_id, False, [], shed=True))
+
+    def check(self, now: float, final: bool = False) -> list[AlertEvent]:
+        return []
+
+    def roll(self, now: float) -> tuple[list[WindowStats], list[AlertEvent]]:
+        return [], []
+
+    def snapshot(self) -> list[WindowStats]:
+        return []
+
+
 class PolicySet:
     """The loaded policies. `evaluate_trace` / `evaluate_session` return scores; alerts that fired and windows
     that closed wait in `drain_alerts()` / `drain_windows()` for the caller to send or store."""
@@ -719,13 +754,62 @@ class PolicySet:
         return out
 
     def close_windows(self, now: float | None = None) -> list[WindowStats]:
-        """Close the windows that ended by `now` (a timer calls this when traffic is quiet); returns what closed,
-        which is also left for `drain_windows()`. `now=math.inf` closes every window (shutdown)."""
-        return self._roll(time.time() if now is None else now)
+        """Close the windows that ended by `now` (a timer calls this when traffic is quiet), and check the alerts
+        of open windows that changed since their last check (a check skipped within `check_interval` happens
+        here); returns what closed, which is also left for `drain_windows()`. `now=math.inf` closes every window
+        (shutdown)."""
+        now = time.time() if now is None else now
+        closed = self._roll(now)
+        if math.isfinite(now):
+            for p in self.policies:
+                fired = p.window.check(now)
+                p.stats.alerts += len(fired)
+                self._alerts.extend(fired)
+        return closed
 
     def windows(self) -> list[WindowStats]:
         """The open windows' aggregates, every policy, evaluator and score name."""
         return [w for p in self.policies for w in p.window.snapshot()]
+
+    def record_windows(self) -> None:
+        """In a pipeline worker: windows record what they would aggregate (`drain_window_records`) for the
+        collector process's windows (`observe`)."""
+        self._records: list[WindowRecord] = []
+        for p in self.policies:
+            p.window = RecordingWindow(p.name, self._records)  # type: ignore[assignment]
+
+    def drain_window_records(self) -> list[WindowRecord]:
+        records = getattr(self, "_records", None)
+        if not records:
+            return []
+        n = len(records)  # records appended meanwhile (another thread) stay for the next drain
+        out = records[:n]
+        del records[:n]
+        return out
+
+    def shed(self, trace_id: str) -> None:
+        """Evaluation shed a trace: every policy's window counts it (`window.shed`)."""
+        for p in self.policies:
+            p.window.add_shed(trace_id)
+
+    def observe(self, records: Iterable[WindowRecord], now: float | None = None) -> None:
+        """In the collector process: put what the workers' policies did in the windows, check the alerts."""
+        now = time.time() if now is None else now
+        self._roll(now)
+        touched: dict[str, Policy] = {}
+        for r in records:
+            p = self.by_name.get(r.policy)
+            if p is None:
+                continue
+            if r.shed:
+                p.window.add_shed(r.trace_id)
+                continue
+            p.window.add(r.trace_id, r.scores, new_trace=r.new_trace)
+            touched[p.name] = p
+        for p in touched.values():
+            fired = p.window.check(now)
+            p.stats.alerts += len(fired)
+            self._alerts.extend(fired)
 
     def drain_alerts(self) -> list[AlertEvent]:
         out = list(self._alerts)

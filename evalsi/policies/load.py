@@ -237,6 +237,9 @@ def parse_policy(
     errors.extend(problems)
     if problems or model is None:
         return None
+    for i, stage in enumerate(stages):
+        if stage is not None and hasattr(stage.params, "_id"):  # a judge's budget slot: the same in every process
+            stage.params._id = f"{model.metadata.name}#{i}"
     return Policy(
         model.metadata.name,
         stages=[s for s in stages if s is not None],

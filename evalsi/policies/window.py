@@ -68,6 +68,8 @@ class WindowStats:
     skipped: int
     errors: int
     example_trace_ids: list[str] = field(default_factory=list)
+    shed: int = 0
+    """Traces the policy would have looked at in this window but evaluation shed (`overload: shed`)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
@@ -244,6 +246,7 @@ class PolicyWindow:
 
     def _reset(self) -> None:
         self.count = 0
+        self.shed = 0
         self.trace_ids: deque[str] = deque(maxlen=EXAMPLES)
         self.series: dict[tuple[str, str], Series] = {}
         self.by_name: dict[str, Series] = {}
@@ -297,7 +300,7 @@ class PolicyWindow:
         return series.percentile(float(key[1:]))
 
     def _activation(self, rule: AlertRule) -> dict[str, Any]:
-        window: dict[str, Any] = {"count": self.count, **{k: {} for k in _FUNCTIONS.values()}}
+        window: dict[str, Any] = {"count": self.count, "shed": self.shed, **{k: {} for k in _FUNCTIONS.values()}}
         if rule.whole:
             wanted = [(k, name) for name in self.by_name for k in _FUNCTIONS.values()]
         else:
@@ -347,4 +350,11 @@ class PolicyWindow:
     def snapshot(self) -> list[WindowStats]:
         if self.start is None:
             return []
-        return [s.stats(self.policy, self.start, self.end) for s in self.series.values()]
+        out = [s.stats(self.policy, self.start, self.end) for s in self.series.values()]
+        for stats in out:
+            stats.shed = self.shed
+        return out
+
+    def add_shed(self, trace_id: str) -> None:
+        """A trace evaluation shed: counted in the window (`window.shed`), so its aggregates say what they miss."""
+        self.shed += 1

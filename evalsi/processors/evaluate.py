@@ -25,8 +25,9 @@ from evalsi.duration import Duration
 from evalsi.evaluators.judge_client import Judges
 from evalsi.log_record import LogBatch, LogRecord
 from evalsi.policies import Notifier, PolicyError, PolicySet, load_policies
-from evalsi.policies.engine import PolicyDecision
+from evalsi.policies.engine import PolicyDecision, WindowRecord
 from evalsi.policies.feedback import is_feedback
+from evalsi.processors.tail_sampling.buffer import SessionBuffer
 from evalsi.score import Score, ScoreBatch
 from evalsi.span import BatchKind, Span, SpanBatch
 from evalsi.supervise import supervise
@@ -56,7 +57,11 @@ class EvaluateConfig(ComponentConfig):
     datasets_dir: str = ".evalsi/datasets"
     """Where `promote` appends its JSONL datasets."""
     queue_size: int = Field(default=10_000, gt=0)
-    """Completed traces waiting for evaluation at most; past it a trace is counted and not evaluated."""
+    """Completed traces waiting for evaluation at most; past it, `overload` says what happens."""
+    overload: Literal["backpressure", "shed"] = "backpressure"
+    """With `queue_size` traces waiting: `backpressure` refuses more (tail sampling keeps them, and past its own
+    limits the receivers answer 429/503 with Retry-After), `shed` leaves the trace out of evaluation, counted in
+    `evalsi_evaluate_traces_shed_total` and in each policy's window (`shed`), so its intervals say what they miss."""
     late_signals: LateSignalsConfig = Field(default_factory=LateSignalsConfig)
     """The buffer of recent traces for policies that read `feedback` (only those policies' selected traces)."""
 
@@ -141,29 +146,38 @@ def score_from_event(record: LogRecord) -> Score | None:
     return score
 
 
-@processor(
-    "evaluate",
-    config=EvaluateConfig,
-    signals=("traces", "logs", "scores"),
-    single_process="policy windows, alerts and judge budgets are per process",
-    needs=BatchKind.TRACE,
-)
+@processor("evaluate", config=EvaluateConfig, signals=("traces", "logs", "scores"), needs=BatchKind.TRACE, meets=True)
 class Evaluate:
     """Spans go on at once; whole traces queue for evaluation on one worker thread (the policy engine keeps
     windows and budgets, so it runs single-threaded), and their scores follow into the scores pipeline. A slow
     judge therefore never holds up ingest; a full queue is counted, never silent.
 
     Late feedback (human and external scores) queues behind the traces already waiting, so it finds a trace that
-    completed before it. The buffer of recent traces belongs to the engine thread: only it reads and writes it."""
+    completed before it. The buffer of recent traces belongs to the engine thread: only it reads and writes it.
+
+    With pipeline workers (`service.workers` > 1) one instance runs in each worker and one in the collector process.
+    A worker evaluates the traces it assembled; its policies' windows only record what they would add, and the
+    records go with the scores to the collector (`Settings.worker`), whose instance puts them in the real windows,
+    fires the alerts (once, over every worker's traces), and hands the scores to the scores pipeline. Sessions are
+    assembled there too, from every worker's traces that carry a session id; feedback goes from there to the
+    worker holding its trace (`Settings.collector`); judge budgets are kept there for all workers."""
 
     def __init__(self, config: EvaluateConfig, settings: Settings, next: Next) -> None:
         self.config = config
         self.settings = settings
         self.next = next
-        self.judges = Judges(settings.metrics)
+        self.worker = settings.worker
+        self.collector = settings.collector
+        self.judges = Judges(settings.metrics, ledger=self.worker.ledger if self.worker is not None else None)
         """The judge runtime of this processor's policies: verdict cache, budget spend, HTTP clients, metrics."""
         self.policies = _load(config, self.judges)
         self.policies.negative_below = config.late_signals.negative_below
+        if self.worker is not None:
+            self.policies.record_windows()  # the collector process's windows aggregate every worker's
+        self._session_stages = any(p.session_stages for p in self.policies.policies)
+        self.sessions: SessionBuffer | None = None
+        """In the collector process with workers: every worker's traces of a session, until it is quiet (the
+        service sets it from the pipeline's tail_sampling settings)."""
         self._is_feedback = is_feedback
         self._late = bool(self.policies.late) and config.late_signals.max_traces > 0
         self._recent: OrderedDict[str, _Recent] = OrderedDict()  # by completion: the oldest first
@@ -171,6 +185,7 @@ class Evaluate:
         self._early: OrderedDict[str, tuple[float, list[Score]]] = OrderedDict()  # feedback before its trace
         self._notifier: Notifier | None = None
         self._queue: deque[_Work] = deque()
+        self._in_engine = 0  # works handed to the engine thread and not yet done
         self._wake = asyncio.Event()
         self._stopping = False
         self._engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"evalsi-{settings.id}")
@@ -186,9 +201,9 @@ class Evaluate:
         self._dropped_scores = m.counter(
             "evalsi_evaluate_scores_dropped", "Scores no scores pipeline would take.", ["processor"]
         ).labels(sid)
-        self._dropped_traces = m.counter(
-            "evalsi_evaluate_traces_dropped",
-            "Completed traces not evaluated because the evaluation queue was full.",
+        self._shed_traces = m.counter(
+            "evalsi_evaluate_traces_shed",
+            "Completed traces left out of evaluation because the queue was full (`overload: shed`).",
             ["processor"],
         ).labels(sid)
         self._queue_size = m.gauge(
@@ -222,7 +237,7 @@ class Evaluate:
         ).labels(sid)
 
     async def start(self) -> None:
-        if self.next.scores is None:
+        if self.next.scores is None and self.worker is None:
             self.settings.logger.warning(
                 "evaluate: no scores pipeline in service.pipelines; scores are counted and dropped "
                 "(add `scores: {exporters: [clickhouse]}`)"
@@ -233,6 +248,8 @@ class Evaluate:
             supervise(f"{cid} evaluation", self._work_loop, log=log, metrics=metrics),
             supervise(f"{cid} windows", self._close_windows_loop, log=log, metrics=metrics),
         ]
+        if self.sessions is not None:
+            self._tasks.append(supervise(f"{cid} sessions", self._sessions_loop, log=log, metrics=metrics))
 
     def _send_alerts(self) -> None:
         for event in self.policies.drain_alerts():
@@ -342,6 +359,18 @@ class Evaluate:
         return scores
 
     async def _hand_on(self, scores: list[Score]) -> None:
+        if self.worker is not None:  # to the collector process, with what the policies' windows would hold
+            windows = self.policies.drain_window_records()
+            if not scores and not windows:
+                return
+            while True:
+                try:
+                    self.worker.hand_evaluated(self.settings.id, scores, windows)
+                    return
+                except Refused as e:
+                    await asyncio.sleep(min(e.retry_after, 0.2))
+        if not scores:
+            return
         if self.next.scores is None:
             self._dropped_scores.inc(len(scores))
             return
@@ -370,21 +399,28 @@ class Evaluate:
             # long (a big request decodes in it), and one trace per turn would cap evaluation at a few dozen/s
             works = [self._queue.popleft() for _ in range(min(len(self._queue), ENGINE_CHUNK))]
             self._queue_size.set(len(self._queue))
-            scores = await loop.run_in_executor(self._engine, self._evaluate_all, works)
-            if scores:
-                await self._hand_on(scores)
+            self._in_engine = len(works)
+            try:
+                scores = await loop.run_in_executor(self._engine, self._evaluate_all, works)
+            finally:
+                self._in_engine = 0
+            await self._hand_on(scores)
             now = time.monotonic()
             for work in works:
                 if work.unit != "feedback":
                     self._freshness.observe(now - work.completed)
 
+    def _full(self) -> bool:
+        """Traces waiting or being evaluated reach `queue_size`."""
+        return len(self._queue) + self._in_engine >= self.config.queue_size
+
+    def _shed(self, spans: list[Span]) -> None:
+        """`overload: shed`: the trace is not evaluated; counted, and recorded in each policy's window."""
+        self._shed_traces.inc()
+        self.policies.shed(spans[0].trace_id)
+        self.settings.logger.debug("evaluate: queue full; trace %s shed", spans[0].trace_id)
+
     def _enqueue(self, unit: WorkUnit, spans: list[Span]) -> None:
-        if len(self._queue) >= self.config.queue_size:
-            self._dropped_traces.inc()
-            self.settings.logger.warning(
-                "evaluate: queue full (%d traces); trace %s not evaluated", len(self._queue), spans[0].trace_id
-            )
-            return
         self._queue.append(_Work(unit, spans, time.monotonic()))
         self._queue_size.set(len(self._queue))
         self._wake.set()
@@ -407,11 +443,64 @@ class Evaluate:
             traces: dict[str, list[Span]] = {}
             for span in batch.spans:
                 traces.setdefault(span.trace_id, []).append(span)
+            if self._full() and self.config.overload == "backpressure":
+                raise Refused(
+                    f"evaluate: {len(self._queue) + self._in_engine} traces wait for evaluation (queue_size); "
+                    "retry later",
+                    retry_after=0.5,
+                )
             for spans in traces.values():
+                if self.config.overload == "shed" and self._full():
+                    self._shed(spans)
+                    continue
                 self._enqueue("trace", spans)
-        elif batch.kind is BatchKind.SESSION and batch.spans:
-            self._enqueue("session", batch.spans)
+                if self.worker is not None and self._session_stages:
+                    if any(s.session_id for s in spans):  # whole sessions meet in the collector process
+                        self.worker.hand_session_trace(self.settings.id, spans)
+        elif batch.kind is BatchKind.SESSION and batch.spans and self.worker is None:
+            self._enqueue("session", batch.spans)  # a worker's sessions hold its own traces only: not evaluated
         await self.next.consume(batch)
+
+    # --- the collector process's side, with pipeline workers ---------------------------------------------------
+
+    async def take_evaluated(self, scores: list[Score], windows: list[WindowRecord]) -> None:
+        """A worker's scores and window records: the windows and alerts here, the scores to the scores pipeline."""
+        if windows:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._engine, self._observe, windows)
+        if scores:
+            await self._hand_on(scores)
+
+    def _observe(self, windows: list[WindowRecord]) -> None:
+        self.policies.observe(windows)
+        self._send_alerts()
+
+    def meet_sessions(self, timeout: float, max_sessions: int, max_spans: int) -> None:
+        """Assemble sessions here from every worker's traces (the pipeline's tail_sampling session settings), when
+        some policy evaluates sessions."""
+        if self._session_stages:
+            self.sessions = SessionBuffer(timeout, max_sessions, max_spans)
+
+    def take_session_trace(self, spans: list[Span]) -> None:
+        """A worker's completed trace of a session: held until the session is quiet, then evaluated here."""
+        if self.sessions is None:
+            return
+        session_id = next((s.session_id for s in spans if s.session_id), None)
+        if session_id:
+            self.sessions.add(session_id, spans, time.monotonic())
+            for session, _why in self.sessions.evict():
+                self._enqueue("session", session.spans)
+
+    async def _sessions_loop(self) -> None:
+        assert self.sessions is not None
+        while True:
+            await asyncio.sleep(0.25)
+            for session in self.sessions.due(time.monotonic()):
+                self._enqueue("session", session.spans)
+
+    def take_feedback(self, scores: list[Score]) -> None:
+        """In a worker: feedback for traces of this worker, routed here by the collector process."""
+        self._enqueue_feedback(scores)
 
     async def consume_logs(self, batch: LogBatch) -> None:
         """Evaluation results other tools sent as `gen_ai.evaluation.result` events are stored as external scores."""
@@ -427,21 +516,30 @@ class Evaluate:
 
     async def consume_scores(self, batch: ScoreBatch) -> None:
         """In the `scores` pipeline: scores go on; the human and external ones (`POST /v1/feedback`) also take the
-        late path. Handed on first, so a refused batch (which the sender sends again) never runs it twice."""
+        late path (in the worker holding the trace, with workers). Handed on first, so a refused batch (which the
+        sender sends again) never runs it twice."""
         await self.next.consume_scores(batch)
+        if self.collector is not None:
+            feedback = [s for s in batch.scores if self._is_feedback(s)] if self._late else []
+            if feedback:
+                self.collector.route_feedback(self.settings.id, feedback)
+            return
         self._enqueue_feedback(batch.scores)
 
     async def shutdown(self) -> None:
         """Evaluate everything queued, close the open windows (their alerts still go out), then stop."""
+        if self.sessions is not None:  # every open session is evaluated before the work loop ends
+            for session in self.sessions.drain():
+                self._enqueue("session", session.spans)
         self._stopping = True
         self._wake.set()
-        work, ticker = self._tasks or (None, None)
+        work, *timers = self._tasks or [None]
         if work is not None:
             await work
-        if ticker is not None:
-            ticker.cancel()
+        for timer in timers:
+            timer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await ticker
+                await timer
         await asyncio.get_running_loop().run_in_executor(self._engine, self._close_windows, math.inf)
         self._engine.shutdown(wait=True)
         self.judges.close()

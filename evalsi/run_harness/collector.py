@@ -55,8 +55,9 @@ def remote(api_url: str) -> CollectorLink:
 
 
 def _loopback(raw: dict[str, Any]) -> dict[str, Any]:
-    """The config with every OTLP receiver on OTLP/HTTP at a free loopback port, the API there too, and no
-    self-metrics server: an in-process collector must not clash with one already serving."""
+    """The config with every OTLP receiver on OTLP/HTTP at a free loopback port, the API there too, no
+    self-metrics server (an in-process collector must not clash with one already serving), and one process unless
+    the config asks for workers (a run's traces need no more; workers would cost seconds to start)."""
     out = dict(raw)
     receivers = dict(out.get("receivers") or {})
     for rid in receivers:
@@ -65,6 +66,8 @@ def _loopback(raw: dict[str, Any]) -> dict[str, Any]:
     out["receivers"] = receivers
     service = dict(out.get("service") or {})
     service["api"] = {"endpoint": "127.0.0.1:0"}
+    if service.get("workers", "auto") == "auto":
+        service["workers"] = 1
     telemetry = dict(service.get("telemetry") or {})
     telemetry["metrics"] = {"level": "none"}
     service["telemetry"] = telemetry

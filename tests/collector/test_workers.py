@@ -22,7 +22,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from prometheus_client.parser import text_string_to_metric_families
 from running_collector import Collector, serve_config, start_collector
 
-from evalsi.collector.config import ConfigError, parse_config
+from evalsi.collector.config import ConfigError, cores as config_cores, parse_config
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 T0 = time.time_ns() - 60_000_000_000
@@ -168,16 +168,50 @@ def test_a_worker_that_dies_is_restarted_and_the_collector_goes_on(two_workers: 
     assert c.stop() == 0
 
 
-def test_configs_that_cannot_run_in_workers_are_refused_by_key_path() -> None:
+def test_evaluate_runs_in_workers_and_bad_worker_counts_are_refused_by_key_path() -> None:
     base = serve_config(Path("/tmp/unused"))
     base["service"]["workers"] = 2
+    base["processors"]["tail_sampling"] = {}
     base["processors"]["evaluate"] = {"policies": []}
-    base["service"]["pipelines"]["traces"]["processors"] = ["normalize", "evaluate"]
-    with pytest.raises(ConfigError) as e:
-        parse_config(base)
-    assert any(err.startswith("service.pipelines.traces.processors.1: processor 'evaluate'") for err in e.value.errors)
+    base["service"]["pipelines"]["traces"]["processors"] = ["normalize", "tail_sampling", "evaluate"]
+    assert parse_config(base).service.workers == 2
+    for bad in (65, -1, "many"):
+        base["service"]["workers"] = bad
+        with pytest.raises(ConfigError) as e:
+            parse_config(base)
+        assert any(err.startswith("service.workers:") for err in e.value.errors), e.value.errors
+    base["service"]["workers"] = 0  # no workers: one process
+    assert parse_config(base).service.workers == 1
+
+
+def test_workers_auto_is_the_default_and_says_what_it_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    from evalsi.collector import config as config_module
+
     base = serve_config(Path("/tmp/unused"))
-    base["service"]["workers"] = 0
-    with pytest.raises(ConfigError) as e:
-        parse_config(base)
-    assert any(err.startswith("service.workers:") for err in e.value.errors)
+    del base["service"]["workers"]
+    monkeypatch.setattr(config_module, "cores", lambda: 4)
+    chosen = parse_config(base)
+    assert (chosen.service.workers, chosen.workers_note) == (4, "workers: auto -> 4 pipeline workers (4 cores)")
+    monkeypatch.setattr(config_module, "cores", lambda: 1)
+    chosen = parse_config(base)
+    assert (chosen.service.workers, chosen.workers_note) == (1, "workers: auto -> one process (one core)")
+    # a config that cannot run in workers runs in one process, saying why
+    monkeypatch.setattr(config_module, "cores", lambda: 2)
+    base["exporters"]["clickhouse/second"] = {"endpoint": "chdb:///tmp/unused-2"}
+    base["service"]["pipelines"]["logs"]["exporters"] = ["clickhouse/second"]
+    chosen = parse_config(base)
+    assert chosen.service.workers == 1 and "one store, not 2" in chosen.workers_note
+
+
+@pytest.mark.skipif(config_cores() < 2, reason="workers: auto runs one process on one core")
+def test_serve_runs_the_pipelines_in_workers_by_default(tmp_path: Path) -> None:
+    cfg = serve_config(tmp_path / "store")
+    del cfg["service"]["workers"]  # the default: auto
+    c = start_collector(tmp_path, cfg)
+    try:
+        assert c.ready is not None
+        n = config_cores()
+        assert c.ready["workers_chosen"] == f"workers: auto -> {n} pipeline workers ({n} cores)"
+        assert len(c.ready["workers"]) == config_cores()
+    finally:
+        assert c.stop() == 0

@@ -47,6 +47,8 @@ class StoreLink:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._stopping = False
+        self.peers: WorkerPeers | None = None
+        """How the worker's processors reach the collector process (set by the worker runtime)."""
 
     def _send(self, kind: RowKind, rows: Rows) -> None:
         if not self._room.acquire(blocking=False):
@@ -149,3 +151,72 @@ class StoreLink:
                 self._flush_logs()
             except Refused:
                 await asyncio.sleep(0.05)
+
+
+# evaluated results a worker may have sent and the collector not yet handed to its scores pipeline
+EVALUATED_IN_FLIGHT = 8
+LEDGER_TIMEOUT_S = 30.0
+
+
+class RemoteLedger:
+    """In a worker, the judges' ledger: every reservation, charge and rate-limit slot is asked of the collector
+    process, which keeps one ledger for all workers (`JudgeLedger`). Called from the evaluation thread; each call
+    waits for its answer (a judge call takes far longer than the round trip)."""
+
+    def __init__(self, outbox: queue.SimpleQueue[Any]) -> None:
+        self._outbox = outbox
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._waiting: dict[int, tuple[threading.Event, list[Any]]] = {}
+
+    def _ask(self, op: str, *args: Any) -> Any:
+        event, answer = threading.Event(), []
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+            self._waiting[seq] = (event, answer)
+        self._outbox.put(("ledger", seq, op, args))
+        if not event.wait(LEDGER_TIMEOUT_S):
+            with self._lock:
+                self._waiting.pop(seq, None)
+            raise TimeoutError(f"the collector process did not answer the judge ledger's {op} in {LEDGER_TIMEOUT_S}s")
+        return answer[0]
+
+    def answered(self, seq: int, value: Any) -> None:
+        """The collector's answer (the worker's receive thread)."""
+        with self._lock:
+            waiting = self._waiting.pop(seq, None)
+        if waiting is not None:
+            waiting[1].append(value)
+            waiting[0].set()
+
+    def reserve(self, slot: tuple[str, int], max_calls: int | None, max_tokens: int | None,
+                max_usd: float | None) -> bool:  # fmt: skip
+        return bool(self._ask("reserve", slot, max_calls, max_tokens, max_usd))
+
+    def charge(self, slot: tuple[str, int], tokens: int, usd: float) -> None:
+        self._ask("charge", slot, tokens, usd)
+
+    def next_call(self, judge: str, interval_s: float) -> float:
+        return float(self._ask("next_call", judge, interval_s))
+
+
+class WorkerPeers:
+    """In a worker, how processors reach the collector process (`component.WorkerPeers`): evaluated scores with
+    their window records, traces of sessions, and the judges' ledger, over the worker's pipe."""
+
+    def __init__(self, outbox: queue.SimpleQueue[Any]) -> None:
+        self._outbox = outbox
+        self._room = threading.Semaphore(EVALUATED_IN_FLIGHT)
+        self.ledger = RemoteLedger(outbox)
+
+    def hand_evaluated(self, processor: str, scores: list[Any], windows: list[Any]) -> None:
+        if not self._room.acquire(blocking=False):
+            raise Refused("the collector process has not taken the last scores yet", retry_after=0.05)
+        self._outbox.put(("evaluated", processor, scores, windows))
+
+    def evaluated_taken(self) -> None:
+        self._room.release()
+
+    def hand_session_trace(self, processor: str, spans: list[Any]) -> None:
+        self._outbox.put(("session_trace", processor, spans))

@@ -21,8 +21,9 @@ from evalsi.collector.workers.pipe import receive_message, send_message, widen_p
 from evalsi.collector.workers.worker import PipelineFactory, worker_main
 from evalsi.component import Refused
 from evalsi.encoded import EncodedBatch
+from evalsi.evaluators.judge_client import LocalLedger
 from evalsi.log_record import LogBatch
-from evalsi.span import SpanBatch
+from evalsi.span import SpanBatch, trace_shard
 from evalsi.store import RowKind, StoreExporter
 from evalsi.telemetry import SelfMetrics
 
@@ -48,7 +49,12 @@ class WorkerPool:
     """The collector side of the workers: starts them, shards requests to them, and queues their store tables."""
 
     def __init__(
-        self, config: Config, store: StoreExporter | None, metrics: SelfMetrics, pipeline: PipelineFactory
+        self,
+        config: Config,
+        store: StoreExporter | None,
+        metrics: SelfMetrics,
+        pipeline: PipelineFactory,
+        hubs: dict[str, Any] | None = None,
     ) -> None:
         self.shards = config.service.workers
         self._config = config
@@ -68,6 +74,11 @@ class WorkerPool:
             ["worker"],
         )
         self.unstored: dict[str, int] = {}  # accepted requests workers died holding or did not drain in time
+        self.hubs = hubs if hubs is not None else {}
+        """The collector process's side of each processor that runs in the workers and meets here (`evaluate`):
+        it takes the workers' evaluated scores and session traces, by processor id."""
+        self.ledger = LocalLedger()
+        """The judges' budgets and rate limits of every worker, kept here: one budget, not one per worker."""
 
     # the pipeline's consumer interface: receivers hand encoded requests; nothing else reaches the pool
 
@@ -157,6 +168,15 @@ class WorkerPool:
                 with contextlib.suppress(RuntimeError):
                     asyncio.run_coroutine_threadsafe(self._write_rows(msg[1], msg[2]), loop).result()
                 w.outbox.put(("table_taken",))
+            elif kind == "evaluated":  # likewise: the worker waits while the scores pipeline is behind
+                hub = self.hubs.get(msg[1])
+                if hub is not None:
+                    with contextlib.suppress(RuntimeError):
+                        asyncio.run_coroutine_threadsafe(hub.take_evaluated(msg[2], msg[3]), loop).result()
+                w.outbox.put(("evaluated_taken",))
+            elif kind == "ledger":  # answered on this thread: the ledger is thread-safe
+                _, seq, op, args = msg
+                w.outbox.put(("ledger_answer", seq, getattr(self.ledger, op)(*args)))
             else:
                 loop.call_soon_threadsafe(self._on_message, w, msg)
         with contextlib.suppress(RuntimeError):
@@ -186,6 +206,10 @@ class WorkerPool:
                 w.ready.set_exception(RuntimeError(f"pipeline worker {w.index}: {msg[1]}"))
         elif kind == "drained":
             w.drained.set()
+        elif kind == "session_trace":
+            hub = self.hubs.get(msg[1])
+            if hub is not None:
+                hub.take_session_trace(msg[2])
 
     def _on_exit(self, w: _Worker) -> None:
         w.drained.set()  # a worker that died drains nothing more
@@ -206,6 +230,14 @@ class WorkerPool:
             self.unstored["requests"] = self.unstored.get("requests", 0) + lost
         w.outbox.put(None)
         self._spawn(w)
+
+    def route_feedback(self, processor: str, scores: list[Any]) -> None:
+        """Feedback scores to the workers holding their traces, for `processor`'s late path (`CollectorPeers`)."""
+        by_worker: dict[int, list[Any]] = {}
+        for s in scores:
+            by_worker.setdefault(trace_shard(s.trace_id, self.shards), []).append(s)
+        for index, group in by_worker.items():
+            self._workers[index].outbox.put(("feedback", processor, group))
 
     @property
     def pids(self) -> list[int]:

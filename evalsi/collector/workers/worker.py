@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from evalsi.collector.config import Config, type_of
 from evalsi.collector.heap import tune_gc
 from evalsi.collector.logs import configure
-from evalsi.collector.workers.link import LINK_TABLES_IN_FLIGHT, StoreLink
+from evalsi.collector.workers.link import LINK_TABLES_IN_FLIGHT, StoreLink, WorkerPeers
 from evalsi.collector.workers.pipe import receive_message, send_message
 from evalsi.component import REGISTRY, Refused
 from evalsi.encoded import Decoder, EncodedBatch
@@ -34,6 +34,8 @@ class Pipelines(Protocol):
     metrics: SelfMetrics
     heads: dict[str, dict[Any, Any]]
     """Where each receiver's items enter, by receiver id and signal."""
+    processors: list[tuple[str, Any]]
+    """Its processors by id (feedback the collector routes here goes to the one it names)."""
 
     async def start(self) -> None: ...
 
@@ -62,6 +64,7 @@ class _WorkerRuntime:
         self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.room = threading.Semaphore(LINK_TABLES_IN_FLIGHT)
         self.inbox: asyncio.Queue[Any] = asyncio.Queue()
+        self.peers = WorkerPeers(self.outbox)
 
     def _send_loop(self) -> None:
         while True:
@@ -82,6 +85,12 @@ class _WorkerRuntime:
             if msg[0] == "table_taken":
                 self.room.release()
                 continue
+            if msg[0] == "evaluated_taken":
+                self.peers.evaluated_taken()
+                continue
+            if msg[0] == "ledger_answer":
+                self.peers.ledger.answered(msg[1], msg[2])
+                continue
             loop.call_soon_threadsafe(self.inbox.put_nowait, msg)
             if msg[0] == "drain" and len(msg) == 2:
                 return  # the collector is gone
@@ -94,6 +103,7 @@ class _WorkerRuntime:
         sender.start()
         threading.Thread(target=self._receive_loop, args=(loop,), daemon=True).start()
         link = StoreLink(_row_encoder(self.config), self.outbox, self.room)
+        link.peers = self.peers  # how the worker's processors reach the collector process
         try:
             service = self.pipeline(self.config, worker_store=link)
             link.metrics = service.metrics
@@ -123,6 +133,12 @@ class _WorkerRuntime:
             msg = await self.inbox.get()
             if msg[0] == "drain":
                 break
+            if msg[0] == "feedback":  # for traces this worker holds: the processor's late path
+                _, processor, scores = msg
+                target = dict(service.processors).get(processor)
+                if target is not None and hasattr(target, "take_feedback"):
+                    target.take_feedback(scores)
+                continue
             _, seq, signal_name, receiver, body = msg
             head = service.heads.get(receiver, {}).get(signal_name)
             if head is not None:

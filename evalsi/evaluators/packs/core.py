@@ -290,6 +290,22 @@ def latency(target: Target, p: LatencyParams) -> Score:
     return Score("latency", value=ms, passed=passed, explanation=f"{ms:.1f} ms ({verdict} the {p.max_ms:g} ms limit)")
 
 
+class SessionTurnsParams(Params):
+    max_turns: int | None = Field(None, ge=1, description="the most traces (turns) a session may take and pass")
+
+
+@evaluator("builtin/session-turns", scope="session", params=SessionTurnsParams)
+def session_turns(target: Target, p: SessionTurnsParams) -> Score:
+    """Turns of a conversation (value): the traces of the session; passes when at most params.max_turns."""
+    turns = len({s.trace_id for s in target.spans})
+    if p.max_turns is None:
+        return Score("session-turns", value=turns, explanation=f"{turns} turn(s)")
+    passed = turns <= p.max_turns
+    verdict = "within" if passed else "over"
+    return Score("session-turns", value=turns, passed=passed,
+                 explanation=f"{turns} turn(s) ({verdict} the limit of {p.max_turns})")  # fmt: skip
+
+
 class TokensParams(Params):
     measure: Literal["total", "input", "output"] = Field("total", description="which count is the score's value")
     max_input: int | None = Field(None, ge=0)
