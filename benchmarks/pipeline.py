@@ -1,0 +1,256 @@
+"""Full-pipeline benchmark: the README's pipeline under load, in one process and in pipeline workers.
+
+A real `evalsi serve` with normalize, redact (default rules), probabilistic_sampler at 100%, tail_sampling
+(decision_wait 1 s), evaluate (one policy: a CEL selector and three deterministic evaluators), the embedded store,
+and a scores pipeline writing the store and a Prometheus exporter. Pre-encoded GenAI span payloads (those of
+`benchmarks/ingest.py`, ~1 KB of content a span) are sent over OTLP/HTTP as fast as they are accepted; then it
+waits until every span is stored and every trace evaluated, and prints:
+
+- stored spans/s (first send to the last span stored) and accepted spans/s;
+- CPU µs per span, every process of the collector summed (the steadiest figure on a shared machine);
+- scores/s (scores handed on, first send to the last trace evaluated);
+- freshness p50/p95/p99: from a trace's completion (tail sampling's decision, `decision_wait` after its last span)
+  to its scores handed to the scores pipeline (`evalsi_evaluate_freshness_seconds`), plus `decision_wait`: from
+  the trace's last span;
+- the peak RSS of every process;
+- every loss: spans not stored, traces not evaluated (shed or dropped), sessions evicted, refused requests.
+
+`--workers 1 2` runs each setting against a fresh collector, one after the other; `--source DIR` runs the
+collector from another checkout (`git worktree add /tmp/base <rev>`), for a baseline measured in the same session.
+Run `python benchmarks/pipeline.py --help`; figures in benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import ingest  # noqa: E402  (the payloads, the senders, the /proc readers)
+from ingest import cpu_seconds, log, metric_sum, send_all  # noqa: E402
+from running_collector import serve_config, start_collector  # noqa: E402
+
+POLICY = """apiVersion: evals.si/v1alpha1
+kind: OnlineEvalPolicy
+metadata: {name: bench}
+spec:
+  selector: trace.service_name == 'support-bot'
+  sampling: {rate: 1.0}
+  cascade:
+    - ref: builtin/latency
+      params: {max_ms: 60000}
+    - ref: builtin/tokens
+      params: {max_total: 20000}
+    - ref: builtin/cost
+"""
+DECISION_WAIT_S = 1.0
+
+
+@dataclass
+class Result:
+    workers: int
+    source: str
+    spans: int
+    traces: int
+    accepted_per_s: float = 0.0
+    stored_per_s: float = 0.0
+    evaluated_s: float = 0.0
+    cpu_us_per_span: float = 0.0
+    scores: float = 0.0
+    scores_per_s: float = 0.0
+    freshness_s: dict[str, float | None] = field(default_factory=dict)
+    rss_mb: dict[str, float] = field(default_factory=dict)
+    losses: dict[str, float] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+
+def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """A quantile of a Prometheus histogram (cumulative (le, count) pairs), interpolated in its bucket."""
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    total = buckets[-1][1]
+    rank = q * total
+    prev_le, prev_count = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if le == float("inf"):
+                return prev_le
+            return prev_le + (le - prev_le) * ((rank - prev_count) / max(1e-9, count - prev_count))
+        prev_le, prev_count = le, count
+    return None
+
+
+def histogram(text: str, name: str) -> list[tuple[float, float]]:
+    sums: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith(name + "_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            sums[float("inf") if le == "+Inf" else float(le)] = (
+                sums.get(float("inf") if le == "+Inf" else float(le), 0.0) + float(line.rsplit(" ", 1)[1])
+            )
+    return sorted(sums.items())
+
+
+def peak_rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def config_for(store: Path, workers: int, policy_dir: Path) -> dict[str, Any]:
+    cfg = serve_config(store)
+    cfg["exporters"]["clickhouse"].pop("flush_interval", None)  # the product default
+    cfg["exporters"]["prometheus"] = {"endpoint": "127.0.0.1:0"}
+    cfg["processors"] = {
+        "normalize": {},
+        "redact": {},
+        "probabilistic_sampler": {"sampling_percentage": 100},
+        "tail_sampling": {"decision_wait": f"{DECISION_WAIT_S:g}s"},
+        "evaluate": {"policies": [str(policy_dir / "*.yaml")]},
+    }
+    pipelines = cfg["service"]["pipelines"]
+    pipelines["traces"]["processors"] = ["normalize", "redact", "probabilistic_sampler", "tail_sampling", "evaluate"]
+    pipelines["logs"]["processors"] = ["normalize"]
+    pipelines["scores"] = {"exporters": ["clickhouse", "prometheus"]}
+    cfg["service"]["workers"] = workers
+    return cfg
+
+
+def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: Path) -> Result:
+    spans_total = len(payloads) * args.spans_per_request
+    traces = spans_total // args.spans_per_trace
+    res = Result(workers, args.source or "this checkout", spans_total, traces)
+    tmp = workdir / f"workers-{workers}"
+    (tmp / "policies").mkdir(parents=True)
+    (tmp / "policies" / "bench.yaml").write_text(POLICY)
+    cfg = config_for(tmp / "store", workers, tmp / "policies")
+    saved = os.environ.get("PYTHONPATH")
+    if args.source:
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (args.source, saved) if p)
+    try:
+        c = start_collector(tmp, cfg, timeout=180)
+    except AssertionError as e:
+        res.failures.append(f"evalsi serve did not start: {e}")
+        return res
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+    pids = {"collector": c.proc.pid, **{f"worker {i}": p for i, p in enumerate(c.ready.get("workers", []))}}
+    try:
+        cpu0 = cpu_seconds(*pids.values())
+        log(f"[workers={workers}] sending {len(payloads)} requests x {args.spans_per_request} spans")
+        t0 = time.perf_counter()
+        sent = send_all("http", c, payloads, args.spans_per_request, args.concurrency)
+        res.accepted_per_s = sent.accepted_spans / ((sent.last_ok or time.perf_counter()) - t0)
+        stored_at = evaluated_at = None
+        text = ""
+        deadline = time.monotonic() + args.timeout
+        with httpx.Client(timeout=10) as client:
+            while time.monotonic() < deadline and (stored_at is None or evaluated_at is None):
+                text = client.get(c.metrics).text
+                now = time.perf_counter()
+                if stored_at is None and metric_sum(text, "otelcol_exporter_sent_spans_total") >= sent.accepted_spans:
+                    stored_at = now
+                done = metric_sum(text, "evalsi_evaluate_traces_total") + metric_sum(
+                    text, "evalsi_evaluate_traces_shed_total"
+                )
+                if evaluated_at is None and done >= traces:
+                    evaluated_at = now
+                time.sleep(0.1)
+        cpu1 = cpu_seconds(*pids.values())
+        res.rss_mb = {name: round(peak_rss_mb(pid), 1) for name, pid in pids.items()}
+        if stored_at is None or evaluated_at is None:
+            res.failures.append(f"not done after {args.timeout}s: stored={stored_at is not None}, "
+                                f"evaluated={evaluated_at is not None}")  # fmt: skip
+        end = evaluated_at or time.perf_counter()
+        res.stored_per_s = sent.accepted_spans / ((stored_at or end) - t0)
+        res.evaluated_s = end - t0
+        res.cpu_us_per_span = 1e6 * (cpu1 - cpu0) / max(1, sent.accepted_spans)
+        res.scores = metric_sum(text, "evalsi_evaluate_scores_total")
+        res.scores_per_s = res.scores / (end - t0)
+        buckets = histogram(text, "evalsi_evaluate_freshness_seconds")
+        res.freshness_s = {
+            q: (None if (v := quantile(buckets, float(q[1:]) / 100)) is None else round(v + DECISION_WAIT_S, 3))
+            for q in ("p50", "p95", "p99")
+        }
+        res.losses = {
+            "spans not accepted": res.spans - sent.accepted_spans,
+            "traces shed": metric_sum(text, "evalsi_evaluate_traces_shed_total"),
+            "traces not evaluated": traces
+            - metric_sum(text, "evalsi_evaluate_traces_total")
+            - metric_sum(text, "evalsi_evaluate_traces_shed_total"),
+            "sessions evicted": metric_sum(text, "evalsi_sessions_evicted_total"),
+            "scores dropped": metric_sum(text, "evalsi_evaluate_scores_dropped_total"),
+            "retried requests (429/503)": float(sent.retries),
+        }
+    finally:
+        code = c.stop(signal.SIGTERM, timeout=300)
+        if code != 0:
+            res.failures.append(f"collector exited {code}")
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    p.add_argument("--spans", type=int, default=200_000)
+    p.add_argument("--spans-per-request", type=int, default=500)
+    p.add_argument("--spans-per-trace", type=int, default=5)
+    p.add_argument("--content-bytes", type=int, default=1024)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="settings to run, one after the other")
+    p.add_argument("--source", help="run the collector from this checkout (a baseline)")
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    n_requests = args.spans // args.spans_per_request
+    template = ingest.build_template(args.spans_per_request, args.content_bytes, args.seed)
+    workdir = Path(tempfile.mkdtemp(prefix="evalsi-pipeline-"))
+    results = []
+    try:
+        for k, workers in enumerate(args.workers):
+            tag = random.Random(args.seed + k).getrandbits(31) | 1
+            payloads = ingest.build_payloads(template, n_requests, args.spans_per_trace, tag, time.time_ns())
+            results.append(run(args, workers, payloads, workdir))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        print(json.dumps([asdict(r) for r in results], indent=1))
+    else:
+        for r in results:
+            print(f"\nworkers={r.workers} ({r.source}): {r.spans:,} spans, {r.traces:,} traces")
+            print(f"  accepted {r.accepted_per_s:,.0f} spans/s; stored {r.stored_per_s:,.0f} spans/s; "
+                  f"{r.cpu_us_per_span:.0f} µs CPU a span (every process)")  # fmt: skip
+            print(f"  {r.scores:,.0f} scores, {r.scores_per_s:,.0f}/s; all evaluated after {r.evaluated_s:.1f}s")
+            print(f"  freshness from a trace's last span: {r.freshness_s}")
+            print(f"  peak RSS MB: {r.rss_mb}")
+            print(f"  losses: {r.losses}")
+            for f in r.failures:
+                print(f"  FAILED: {f}")
+    return 1 if any(r.failures for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
