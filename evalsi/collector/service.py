@@ -27,6 +27,22 @@ from evalsi.telemetry import SelfMetrics
 log = logging.getLogger("evalsi.service")
 
 
+def _skip_unwanted_sessions(chains: list[list[Any]]) -> None:
+    """A processor that assembles sessions holds none when nothing after it in any traces pipeline evaluates them
+    (each session would only cost memory until it went quiet)."""
+    wanted: dict[int, bool] = {}
+    assemblers: dict[int, Any] = {}
+    for chain in chains:
+        for i, proc in enumerate(chain):
+            if hasattr(proc, "no_session_consumers"):
+                assemblers[id(proc)] = proc
+                after = any(getattr(p, "wants_sessions", False) for p in chain[i + 1 :])
+                wanted[id(proc)] = wanted.get(id(proc), False) or after
+    for key, proc in assemblers.items():
+        if not wanted[key]:
+            proc.no_session_consumers()
+
+
 def _meet_sessions(hub: Any, config: Config, upstream: list[str]) -> None:
     """Sessions assembled where the workers' traces meet, with the session settings of the tail_sampling before
     the processor in its pipeline (when the processor evaluates sessions)."""
@@ -168,6 +184,9 @@ class Service:
                         edges[pid] = set()
                     self.hubs[pid] = processors[pid]
                     _meet_sessions(processors[pid], self.config, pipe.processors[:i])
+        _skip_unwanted_sessions(
+            [[processors[pid] for pid in p.processors] for n, p in pipelines.items() if type_of(n) == "traces"]
+        )
         self.processors = [(pid, processors[pid]) for pid in _upstream_first(edges)]
         if score_heads:
             self.scores = self._fan("scores", list(dict.fromkeys(score_heads)))

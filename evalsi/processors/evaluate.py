@@ -475,6 +475,12 @@ class Evaluate:
         self.policies.observe(windows)
         self._send_alerts()
 
+    @property
+    def wants_sessions(self) -> bool:
+        """Whether it evaluates the session batches tail sampling hands on (a worker's are assembled in the
+        collector process instead)."""
+        return self._session_stages and self.worker is None
+
     def meet_sessions(self, timeout: float, max_sessions: int, max_spans: int) -> None:
         """Assemble sessions here from every worker's traces (the pipeline's tail_sampling session settings), when
         some policy evaluates sessions."""

@@ -144,6 +144,11 @@ class TailSampling:
 
     # --- lifecycle ---------------------------------------------------------------------------------------------
 
+    def no_session_consumers(self) -> None:
+        """Nothing after this processor acts on sessions (no policy has session-scope stages, or they are
+        assembled elsewhere): hold no sessions, hand on no session batches."""
+        self._sessions = SessionBuffer(self.config.session_timeout, 0, 0)
+
     async def start(self) -> None:
         self._ticker = asyncio.create_task(self._tick_loop())
 
