@@ -28,7 +28,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -59,6 +58,8 @@ spec:
     - ref: builtin/cost
 """
 DECISION_WAIT_S = 1.0
+FINISHED = ("evalsi_evaluate_traces_total", "evalsi_evaluate_traces_shed_total", "evalsi_evaluate_traces_dropped_total")
+"""A trace is done once evaluated, shed (`overload: shed`), or dropped (before `overload` existed)."""
 
 
 @dataclass
@@ -172,9 +173,7 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
                 now = time.perf_counter()
                 if stored_at is None and metric_sum(text, "otelcol_exporter_sent_spans_total") >= sent.accepted_spans:
                     stored_at = now
-                done = metric_sum(text, "evalsi_evaluate_traces_total") + metric_sum(
-                    text, "evalsi_evaluate_traces_shed_total"
-                )
+                done = sum(metric_sum(text, m) for m in FINISHED)
                 if evaluated_at is None and done >= traces:
                     evaluated_at = now
                 time.sleep(0.1)
@@ -197,9 +196,8 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
         res.losses = {
             "spans not accepted": res.spans - sent.accepted_spans,
             "traces shed": metric_sum(text, "evalsi_evaluate_traces_shed_total"),
-            "traces not evaluated": traces
-            - metric_sum(text, "evalsi_evaluate_traces_total")
-            - metric_sum(text, "evalsi_evaluate_traces_shed_total"),
+            "traces dropped": metric_sum(text, "evalsi_evaluate_traces_dropped_total"),
+            "traces not evaluated": traces - metric_sum(text, "evalsi_evaluate_traces_total"),
             "sessions evicted": metric_sum(text, "evalsi_sessions_evicted_total"),
             "scores dropped": metric_sum(text, "evalsi_evaluate_scores_dropped_total"),
             "retried requests (429/503)": float(sent.retries),

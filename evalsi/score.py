@@ -72,3 +72,15 @@ class ScoreBatch:
 
     def __iter__(self) -> Iterator[Score]:
         return iter(self.scores)
+
+
+_FIELDS = tuple(Score.__dataclass_fields__)
+
+
+def score_rows(scores: list[Score]) -> list[tuple[Any, ...]]:
+    """Scores as plain tuples (field order): what crosses a process boundary, ~3x cheaper to pickle than objects."""
+    return [tuple(getattr(s, f) for f in _FIELDS) for s in scores]
+
+
+def scores_from_rows(rows: list[tuple[Any, ...]]) -> list[Score]:
+    return [Score(*row) for row in rows]

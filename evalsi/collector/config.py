@@ -72,6 +72,7 @@ class ServiceConfig(_Strict):
         if not 0 <= value <= 64:
             raise ValueError(f"{value} is not from 0 to 64 (or auto)")
         return value
+
     """Requests a worker may hold not yet taken by its pipelines before the receivers answer 429."""
     api: ApiConfig = Field(default_factory=ApiConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)

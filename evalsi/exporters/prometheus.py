@@ -147,6 +147,7 @@ class PrometheusExporter:
         self.lock = threading.Lock()
         self.windows: dict[tuple[str, str, str], _Window] = {}
         self._series: set[tuple[str, str, str]] = set()
+        self._children: dict[tuple[str, str, str], _Children] = {}
         # label sets whose verdict and judge counters exist at 0 (see _start_at_zero); at most max_series
         self._verdicts: set[tuple[str, str, str]] = set()
         self._judges: set[tuple[str, str]] = set()
@@ -215,14 +216,18 @@ class PrometheusExporter:
 
     def _record(self, score: Score, now: float) -> bool:
         key = (score.policy, score.evaluator, score.name)
-        if key not in self._series:
+        children = self._children.get(key)
+        if children is None:
             if len(self._series) >= self._config.max_series:
                 return False
             self._series.add(key)
-            for outcome in OUTCOMES:  # at 0, see _start_at_zero
-                self._scores.labels(*key, outcome)
+            # every outcome at 0 (see _start_at_zero); each series' children looked up once, not per score
+            children = self._children[key] = _Children(
+                {outcome: self._scores.labels(*key, outcome) for outcome in OUTCOMES}
+            )
         self._start_at_zero(score, key)
-        self._scores.labels(*key, score.outcome).inc()
+        outcome = children.outcomes.get(score.outcome)
+        (outcome if outcome is not None else self._scores.labels(*key, score.outcome)).inc()
         if score.source == "llm_judge":
             judge = (score.policy, score.evaluator)
             if score.judge_cost_usd:
@@ -235,9 +240,13 @@ class PrometheusExporter:
         if score.outcome != "scored":
             return True  # only scored outcomes count in values, verdicts and windows
         if score.value is not None and math.isfinite(score.value):
-            self._value.labels(*key).observe(score.value, exemplar=_exemplar(score))
+            if children.value is None:
+                children.value = self._value.labels(*key)
+            children.value.observe(score.value, exemplar=_exemplar(score))
         if score.passed is not None:
-            (self._passed if score.passed else self._failed_scores).labels(*key).inc()
+            if children.passed is None:  # created together (see _start_at_zero)
+                children.passed, children.failed = self._passed.labels(*key), self._failed_scores.labels(*key)
+            (children.passed if score.passed else children.failed).inc()
         start = self.window_start(now)
         with self.lock:
             window = self.windows.get(key)
@@ -266,6 +275,16 @@ class PrometheusExporter:
         if self._server is not None:
             await self._server.stop()
             self._server = None
+
+
+@dataclass(slots=True)
+class _Children:
+    """One (policy, evaluator, name) series' metric children."""
+
+    outcomes: dict[str, Any]
+    value: Any = None
+    passed: Any = None
+    failed: Any = None
 
 
 def _tokens(metadata: dict[str, Any]) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 
 from evalsi.component import Refused
 from evalsi.log_record import LogBatch, LogRecord
-from evalsi.score import ScoreBatch
+from evalsi.score import ScoreBatch, score_rows
 from evalsi.span import BatchKind, Span, SpanBatch
 from evalsi.store import RowEncoder, RowKind, Rows
 from evalsi.supervise import supervise
@@ -213,7 +213,10 @@ class WorkerPeers:
     def hand_evaluated(self, processor: str, scores: list[Any], windows: list[Any]) -> None:
         if not self._room.acquire(blocking=False):
             raise Refused("the collector process has not taken the last scores yet", retry_after=0.05)
-        self._outbox.put(("evaluated", processor, scores, windows))
+        # plain tuples pickle far cheaper than objects; a window record names its scores by their index
+        index = {id(s): i for i, s in enumerate(scores)}
+        records = [(w.policy, w.trace_id, w.new_trace, [index[id(s)] for s in w.scores], w.shed) for w in windows]
+        self._outbox.put(("evaluated", processor, score_rows(scores), records))
 
     def evaluated_taken(self) -> None:
         self._room.release()

@@ -23,6 +23,8 @@ from evalsi.component import Refused
 from evalsi.encoded import EncodedBatch
 from evalsi.evaluators.judge_client import LocalLedger
 from evalsi.log_record import LogBatch
+from evalsi.policies.engine import WindowRecord
+from evalsi.score import Score, scores_from_rows
 from evalsi.span import SpanBatch, trace_shard
 from evalsi.store import RowKind, StoreExporter
 from evalsi.telemetry import SelfMetrics
@@ -30,6 +32,14 @@ from evalsi.telemetry import SelfMetrics
 log = logging.getLogger("evalsi.workers")
 
 START_TIMEOUT = 120.0
+
+
+def _evaluated(rows: list[tuple[Any, ...]], records: list[tuple[Any, ...]]) -> tuple[list[Score], list[WindowRecord]]:
+    """A worker's evaluated scores and window records, as `WorkerPeers.hand_evaluated` sent them."""
+    scores = scores_from_rows(rows)
+    windows = [WindowRecord(policy, trace, new, [scores[i] for i in picked], shed)
+               for policy, trace, new, picked, shed in records]  # fmt: skip
+    return scores, windows
 
 
 @dataclass
@@ -171,8 +181,9 @@ class WorkerPool:
             elif kind == "evaluated":  # likewise: the worker waits while the scores pipeline is behind
                 hub = self.hubs.get(msg[1])
                 if hub is not None:
+                    scores, windows = _evaluated(msg[2], msg[3])
                     with contextlib.suppress(RuntimeError):
-                        asyncio.run_coroutine_threadsafe(hub.take_evaluated(msg[2], msg[3]), loop).result()
+                        asyncio.run_coroutine_threadsafe(hub.take_evaluated(scores, windows), loop).result()
                 w.outbox.put(("evaluated_taken",))
             elif kind == "ledger":  # answered on this thread: the ledger is thread-safe
                 _, seq, op, args = msg
