@@ -162,7 +162,8 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
         cpu0 = cpu_seconds(*pids.values())
         log(f"[workers={workers}] sending {len(payloads)} requests x {args.spans_per_request} spans")
         t0 = time.perf_counter()
-        sent = send_all("http", c, payloads, args.spans_per_request, args.concurrency)
+        sent = paced(c, payloads, args) if args.rate else send_all("http", c, payloads, args.spans_per_request,
+                                                                    args.concurrency)  # fmt: skip
         res.accepted_per_s = sent.accepted_spans / ((sent.last_ok or time.perf_counter()) - t0)
         stored_at = evaluated_at = None
         text = ""
@@ -209,6 +210,26 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
     return res
 
 
+def paced(c: Any, payloads: list[bytes], args: argparse.Namespace) -> Any:
+    """Send at `--rate` spans/s: each second's requests at once, then wait for the next second."""
+    per_second = max(1, round(args.rate / args.spans_per_request))
+    total = None
+    start = time.perf_counter()
+    for k in range(0, len(payloads), per_second):
+        part = send_all("http", c, payloads[k : k + per_second], args.spans_per_request, args.concurrency)
+        if total is None:
+            total = part
+        else:
+            total.accepted_spans += part.accepted_spans
+            total.retries += part.retries
+            total.errors += part.errors
+            total.last_ok = part.last_ok
+        wait = start + (k // per_second + 1) - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+    return total
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
@@ -217,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spans-per-trace", type=int, default=5)
     p.add_argument("--content-bytes", type=int, default=1024)
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--rate", type=float, help="send at this many spans/s (default: as fast as accepted)")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="settings to run, one after the other")
     p.add_argument("--source", help="run the collector from this checkout (a baseline)")
     p.add_argument("--timeout", type=float, default=900)

@@ -203,6 +203,9 @@ class SpanBatch:
     spans: list[Span] = field(default_factory=list)
     revision: bool = False
     kind: BatchKind = BatchKind.SPANS
+    completed: float = 0.0
+    """For trace and session batches: when (monotonic) the first of its traces was complete (tail sampling's
+    decision), so that time spent waiting downstream counts in score freshness; 0 when unknown."""
 
     def __len__(self) -> int:
         return len(self.spans)

@@ -56,8 +56,9 @@ class EvaluateConfig(ComponentConfig):
     project: str = "default"
     datasets_dir: str = ".evalsi/datasets"
     """Where `promote` appends its JSONL datasets."""
-    queue_size: int = Field(default=10_000, gt=0)
-    """Completed traces waiting for evaluation at most; past it, `overload` says what happens."""
+    queue_size: int = Field(default=1_000, gt=0)
+    """Completed traces waiting for (or in) evaluation at most; past it, `overload` says what happens. Under load it
+    bounds score freshness: traces waiting / traces evaluated per second."""
     overload: Literal["backpressure", "shed"] = "backpressure"
     """With `queue_size` traces waiting: `backpressure` refuses more (tail sampling keeps them, and past its own
     limits the receivers answer 429/503 with Retry-After), `shed` leaves the trace out of evaluation, counted in
@@ -92,7 +93,7 @@ WorkUnit = Literal["trace", "session", "feedback"]
 class _Work:
     unit: WorkUnit
     spans: list[Span]
-    completed: float  # monotonic time the trace (or session, or feedback) was handed to us
+    completed: float  # monotonic time the trace (or session) was complete upstream, or the feedback handed to us
     feedback: list[Score] | None = None
 
 
@@ -217,7 +218,7 @@ class Evaluate:
         ).labels(sid)
         self._freshness = m.histogram(
             "evalsi_evaluate_freshness_seconds",
-            "From a trace's completion to its scores handed to the scores pipeline.",
+            "From a trace's completion (tail sampling's decision) to its scores handed to the scores pipeline.",
             ["processor"],
             buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
         ).labels(sid)
@@ -420,8 +421,10 @@ class Evaluate:
         self.policies.shed(spans[0].trace_id)
         self.settings.logger.debug("evaluate: queue full; trace %s shed", spans[0].trace_id)
 
-    def _enqueue(self, unit: WorkUnit, spans: list[Span]) -> None:
-        self._queue.append(_Work(unit, spans, time.monotonic()))
+    def _enqueue(self, unit: WorkUnit, spans: list[Span], completed: float = 0.0) -> None:
+        """Queue work; `completed` is when the trace was complete upstream (its wait here and before counts in
+        freshness), else now."""
+        self._queue.append(_Work(unit, spans, completed or time.monotonic()))
         self._queue_size.set(len(self._queue))
         self._wake.set()
 
@@ -453,12 +456,13 @@ class Evaluate:
                 if self.config.overload == "shed" and self._full():
                     self._shed(spans)
                     continue
-                self._enqueue("trace", spans)
+                self._enqueue("trace", spans, batch.completed)
                 if self.worker is not None and self._session_stages:
                     if any(s.session_id for s in spans):  # whole sessions meet in the collector process
                         self.worker.hand_session_trace(self.settings.id, spans)
         elif batch.kind is BatchKind.SESSION and batch.spans and self.worker is None:
-            self._enqueue("session", batch.spans)  # a worker's sessions hold its own traces only: not evaluated
+            # (a worker's sessions hold its own traces only: they are evaluated in the collector process)
+            self._enqueue("session", batch.spans, batch.completed)
         await self.next.consume(batch)
 
     # --- the collector process's side, with pipeline workers ---------------------------------------------------

@@ -350,7 +350,7 @@ class TailSampling:
             if last.kind is kind and last.revision == revision and len(last.spans) + n <= MAX_BATCH_SPANS:
                 last.spans.extend(spans)
                 return
-        outbox.append(SpanBatch(list(spans), revision, kind))
+        outbox.append(SpanBatch(list(spans), revision, kind, completed=self._clock()))
 
     async def _send(self) -> None:
         """Hand the outbox on in order; a refusal keeps the rest (and refuses new spans) until a later try."""
