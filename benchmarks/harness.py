@@ -30,10 +30,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from running_collector import EVALSI, serve_config, start_collector  # noqa: E402
 
-AGENT = '''
+AGENT = """
 def answer(question):
     return question.upper()
-'''
+"""
 
 
 def write_case(tmp: Path, agent: str, tasks: int, concurrency: int, stub_url: str) -> Path:

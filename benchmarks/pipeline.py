@@ -101,9 +101,9 @@ def histogram(text: str, name: str) -> list[tuple[float, float]]:
     for line in text.splitlines():
         if line.startswith(name + "_bucket{"):
             le = line.split('le="', 1)[1].split('"', 1)[0]
-            sums[float("inf") if le == "+Inf" else float(le)] = (
-                sums.get(float("inf") if le == "+Inf" else float(le), 0.0) + float(line.rsplit(" ", 1)[1])
-            )
+            sums[float("inf") if le == "+Inf" else float(le)] = sums.get(
+                float("inf") if le == "+Inf" else float(le), 0.0
+            ) + float(line.rsplit(" ", 1)[1])
     return sorted(sums.items())
 
 

@@ -26,7 +26,8 @@ class FakeJudge:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                time.sleep(owner.delay_s)
+                if owner.delay_s:
+                    time.sleep(owner.delay_s)
                 owner.requests.append({"path": self.path, **body})
                 owner.headers.append({k.lower(): v for k, v in self.headers.items()})
                 if owner.script:

@@ -100,6 +100,16 @@ class Collector:
         return self.proc.wait(timeout)
 
 
+def wait_until(condition: Any, timeout: float = 30, interval: float = 0.2) -> bool:
+    """Poll `condition()` until it is true (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return False
+
+
 def start_collector(tmp: Path, config: dict[str, Any], timeout: float = 60) -> Collector:
     config_path = tmp / "evalsi.yaml"
     config_path.write_text(yaml.safe_dump(config))

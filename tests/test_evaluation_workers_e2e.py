@@ -17,7 +17,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from running_collector import Collector, serve_config, start_collector
+from running_collector import Collector, serve_config, start_collector, wait_until
 
 from evalsi.span import trace_shard
 
@@ -73,15 +73,6 @@ def _send(c: Collector, trace_ids: list[int], sessions: dict[int, str]) -> list[
     return out
 
 
-def _wait(condition: Any, timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def _scores(c: Collector) -> list[dict[str, Any]]:
     return httpx.get(c.api + "/api/v1/scores", params={"limit": 1000}).json()["scores"]
 
@@ -107,14 +98,14 @@ def test_a_session_across_workers_is_evaluated_whole_and_an_alert_fires_once(tmp
         assert [trace_shard(format(t, "032x"), 2) for t in ids] == [1, 0, 1, 0, 1, 0]
         # the conversation's two turns are owned by different workers
         sent = _send(c, ids, {ids[0]: "conv-1", ids[1]: "conv-1"})
-        assert _wait(lambda: any(s["name"] == "session-turns" for s in _scores(c))), _scores(c)
+        assert wait_until(lambda: any(s["name"] == "session-turns" for s in _scores(c))), _scores(c)
         scores = _scores(c)
         [turns] = [s for s in scores if s["name"] == "session-turns"]
         assert (turns["value"], turns["passed"], turns["session_id"]) == (2, True, "conv-1")
         assert turns["trace_id"] == sent[0]  # a session's score belongs to its first trace
         assert {s["trace_id"] for s in scores if s["name"] == "contains"} == set(sent)
         # the alert counts every worker's traces (no worker alone has six) and fires once
-        assert _wait(lambda: any(e.get("msg") == "alert fired" for e in c.logs()))
+        assert wait_until(lambda: any(e.get("msg") == "alert fired" for e in c.logs()))
         time.sleep(1.5)  # two more alert checks: it must not fire again
         fired = [e for e in c.logs() if e.get("msg") == "alert fired"]
         assert [(e["policy"], e["alert"]) for e in fired] == [("answers", "six-traces")]
@@ -146,7 +137,7 @@ def test_evaluation_past_its_capacity_pushes_back_or_sheds_as_configured(tmp_pat
         assert c.wait_stored(10) == 10  # every span is stored either way
         done = 'evalsi_evaluate_traces_total{processor="evaluate"}'
         shed = 'evalsi_evaluate_traces_shed_total{processor="evaluate"}'
-        assert _wait(lambda: _metric(c, done) + _metric(c, shed) == 10, timeout=60), httpx.get(c.metrics).text
+        assert wait_until(lambda: _metric(c, done) + _metric(c, shed) == 10, timeout=60), httpx.get(c.metrics).text
         judged = {s["trace_id"] for s in _scores(c) if s["name"] == "llm-judge"}
         if overload == "backpressure":  # held upstream until evaluation had room: every trace judged
             assert _metric(c, shed) == 0 and judged == set(sent)

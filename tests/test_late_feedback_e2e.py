@@ -16,7 +16,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from running_collector import Collector, serve_config, start_collector
+from running_collector import Collector, serve_config, start_collector, wait_until
 
 POLICY = """
 apiVersion: evals.si/v1alpha1
@@ -56,15 +56,6 @@ def _metric(c: Collector, line_start: str) -> float:
     return 0.0
 
 
-def _wait(condition: Any, timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return False
-
-
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-workers"])
 def test_negative_feedback_brings_a_sampled_out_trace_into_the_policy_and_the_dataset(
     tmp_path: Path, workers: int
@@ -94,7 +85,7 @@ def test_negative_feedback_brings_a_sampled_out_trace_into_the_policy_and_the_da
         provider.shutdown()
 
         # online: both traces complete and are evaluated, and the policy (rate 0, no feedback yet) scores neither
-        assert _wait(lambda: _metric(c, evaluated) == 2), httpx.get(c.metrics).text
+        assert wait_until(lambda: _metric(c, evaluated) == 2), httpx.get(c.metrics).text
         assert c.wait_stored(2) == 2
         assert _scores(c, bad) == [] and _scores(c, good) == []
 
@@ -104,29 +95,30 @@ def test_negative_feedback_brings_a_sampled_out_trace_into_the_policy_and_the_da
             assert resp.status_code == 200, resp.text
             assert resp.json()["stored"]["source"] == "human"
 
-        assert _wait(lambda: {s["name"] for s in _scores(c, bad)} >= {"thumbs_up", "contains", "latency"})
+        assert wait_until(lambda: {s["name"] for s in _scores(c, bad)} >= {"thumbs_up", "contains", "latency"})
         by_name = {s["name"]: s for s in _scores(c, bad)}
         assert (by_name["contains"]["policy"], by_name["contains"]["passed"]) == ("complaints", False)
         assert by_name["latency"]["outcome"] == "scored"
         assert (by_name["thumbs_up"]["source"], by_name["thumbs_up"]["passed"]) == ("human", False)
-        assert _wait(dataset.exists)
+        assert wait_until(dataset.exists)
         rows = [json.loads(line) for line in dataset.read_text().splitlines()]
         assert [r["trace_id"] for r in rows] == [bad]
         assert rows[0]["output"] == "The capital of France is Lyon."
 
         # positive feedback brought nothing in; the unknown trace's feedback is stored and counted unmatched
-        assert _wait(lambda: [s["name"] for s in _scores(c, good)] == ["thumbs_up"])
+        assert wait_until(lambda: [s["name"] for s in _scores(c, good)] == ["thumbs_up"])
         assert [s["name"] for s in _scores(c, unknown)] == ["stars"]
         unmatched = 'evalsi_late_signals_unmatched_total{processor="evaluate",reason="unknown_trace"}'
         # (with workers, their counts reach the exposition within a second)
-        assert _wait(lambda: _metric(c, unmatched) == 1)
-        assert _wait(lambda: _metric(c, 'evalsi_late_signals_matched_total{processor="evaluate",when="late"}') == 2)
-        assert _wait(lambda: _metric(c, scored) == 2)
+        assert wait_until(lambda: _metric(c, unmatched) == 1)
+        late = 'evalsi_late_signals_matched_total{processor="evaluate",when="late"}'
+        assert wait_until(lambda: _metric(c, late) == 2)
+        assert wait_until(lambda: _metric(c, scored) == 2)
 
         # the same complaint again: nothing runs, is scored or promoted twice
         again = httpx.post(c.api + "/v1/feedback", json={"trace_id": bad, "name": "comment", "value": "wrong city"})
         assert again.status_code == 200
-        assert _wait(lambda: _metric(c, 'evalsi_late_signals_matched_total{processor="evaluate",when="late"}') == 3)
+        assert wait_until(lambda: _metric(c, late) == 3)
         time.sleep(1.2)  # a worker's counts are a second behind at most
         assert _metric(c, scored) == 2
         assert len(dataset.read_text().splitlines()) == 1
