@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -20,7 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from prometheus_client.parser import text_string_to_metric_families
-from running_collector import Collector, serve_config, start_collector
+from running_collector import EVALSI, Collector, serve_config, start_collector
 
 from evalsi.collector.config import ConfigError, cores as config_cores, parse_config
 
@@ -215,3 +217,15 @@ def test_serve_runs_the_pipelines_in_workers_by_default(tmp_path: Path) -> None:
         assert len(c.ready["workers"]) == config_cores()
     finally:
         assert c.stop() == 0
+
+
+def test_validate_says_what_workers_auto_chose(tmp_path: Path) -> None:
+    cfg = serve_config(tmp_path / "store")
+    del cfg["service"]["workers"]
+    (tmp_path / "evalsi.yaml").write_text(yaml.safe_dump(cfg))
+    res = subprocess.run([*EVALSI, "validate", "-c", "evalsi.yaml"], capture_output=True, text=True, cwd=tmp_path,
+                         timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    n = config_cores()
+    chosen = f"workers: auto -> {n} pipeline workers ({n} cores)" if n > 1 else "workers: auto -> one process"
+    assert chosen in res.stdout
