@@ -296,3 +296,23 @@ def test_an_mcp_servers_tools_serve_the_built_in_agent_and_their_calls_are_tool_
     assert "sunny" in tool["attributes"]["gen_ai.tool.call.result"]
     [root] = [s for s in spans if not s["parent_span_id"]]
     assert "sunny" in root["output"][0]["parts"][0]["content"]
+
+
+def test_the_built_in_agents_tools_find_the_attempts_working_directory(tmp_path: Path, collector: Collector) -> None:
+    (tmp_path / "weather_tools.py").write_text(
+        "from evalsi.run_harness.environment import workdir\n\n\n"
+        "def get_weather(city: str) -> str:\n"
+        '    """Get the weather in a city."""\n'
+        '    (workdir() / "asked.txt").write_text(city)\n'
+        '    return "sunny"\n'
+    )
+    folder = tmp_path / "tasks" / "weather"
+    folder.mkdir(parents=True)
+    (folder / "task.yaml").write_text(yaml.safe_dump({"instruction": "What is the weather in Paris?"}))
+    (folder / "check.sh").write_text(
+        'if [ "$(cat asked.txt)" = "Paris" ]; then echo \'{"passed": true}\'; else echo \'{"passed": false}\'; fi\n'
+    )
+    target = {"openai": {"base_url": "stub", "model": "stub", "tools": ["weather_tools:get_weather"]}}
+    path = write_run(tmp_path, {"target": target, "dataset": "tasks", "environment": {"trust": "local"}})
+    run = run_json(evalsi("run", "-f", str(path), "--collector", collector.api, "--json", cwd=tmp_path))
+    assert run["infra_errors"] == [] and run["metrics"]["task-success"]["mean"] == 1.0
