@@ -418,8 +418,9 @@ def _import(name: str, attempts: list[Any], evaluators: list[str], source: dict[
 
     try:
         try:
-            result = asyncio.run(import_run(link, name, attempts, evaluators=[{"ref": r} for r in evaluators],
-                                            source=source, progress=step))  # fmt: skip
+            result = import_run(
+                link, name, attempts, evaluators=[{"ref": r} for r in evaluators], source=source, progress=step
+            )
         finally:
             display.close()
     except (RunFailed, CollectorError) as e:

@@ -4,10 +4,9 @@ so that `evalsi runs show`, `compare` and `rescore` treat it like any other."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from evalsi import __version__
 from evalsi.run_harness.atif import AtifError, convert
 from evalsi.run_harness.collector import CollectorLink
 from evalsi.run_harness.model import Attempt, DatasetError, Task
+from evalsi.run_harness.rescore import scored_run
 from evalsi.run_harness.runner import (
     SCORE_BATCH,
     SCORE_WAIT_S,
@@ -24,9 +24,7 @@ from evalsi.run_harness.runner import (
     RunResult,
     answer_of,
     new_run_id,
-    observations,
     score_request,
-    summarize,
 )
 from evalsi.run_harness.tracing import RunTracer
 
@@ -84,7 +82,7 @@ def read_atif_files(paths: list[Path], references: dict[str, Task] | None = None
     return tasks, attempts
 
 
-async def import_run(
+def import_run(
     link: CollectorLink,
     name: str,
     attempts: list[Attempt],
@@ -96,57 +94,41 @@ async def import_run(
     progress: Callable[[int], None] | None = None,
 ) -> RunResult:
     """Trace, score and record imported attempts as a new run; `progress(n)` after each batch is scored."""
-    started = time.monotonic()
     run_id = new_run_id(name)
-    trials = max((a.trial for a in attempts), default=0) + 1
     manifest = {
         "run_id": run_id, "name": name, "labels": {}, "evalsi_version": __version__, "imported": source,
         "dataset": {"tasks": len({a.task.id for a in attempts})}, "target": f"imported:{source.get('format', '')}",
-        "trials": trials, "evaluators": evaluators, "seed": seed, "started_unix_nano": time.time_ns(),
+        "trials": max((a.trial for a in attempts), default=0) + 1, "evaluators": evaluators, "seed": seed,
+        "started_unix_nano": time.time_ns(),
     }  # fmt: skip
-    async with httpx.AsyncClient(base_url=link.api_url, timeout=SCORE_WAIT_S + 60) as client:
+    tracer = RunTracer(link.otlp_url, run_id, name)
+    try:
+        sent = []
+        for a in attempts:
+            root, _ = tracer.begin(a.task.id, a.trial, a.agent_name, start_ns=a.start_ns)
+            sent.append((a, tracer.finish(root, a)))
+        tracer.flush()
+    finally:
+        tracer.shutdown()
+    good = [(a, n) for a, n in sent if a.error is None]
+    since = min((a.start_ns for a in attempts), default=time.time_ns())
 
-        async def api(method: str, path: str, **kwargs: Any) -> Any:
+    def requests() -> Iterator[dict[str, Any]]:
+        for at in range(0, len(good), SCORE_BATCH):
+            batch = good[at : at + SCORE_BATCH]
+            yield score_request(name, evaluators, judge or {}, since, batch)
+            if progress is not None:
+                progress(len(batch))
+
+    infra = [{"task_id": a.task.id, "trial": a.trial, "kind": a.error.kind, "message": a.error.message,
+              "trace_id": a.trace_id} for a in attempts if a.error is not None]  # fmt: skip
+    with httpx.Client(base_url=link.api_url, timeout=SCORE_WAIT_S + 60) as client:
+
+        def api(method: str, path: str, **kwargs: Any) -> Any:
             try:
-                resp = await client.request(method, path, **kwargs)
+                resp = client.request(method, path, **kwargs)
             except httpx.HTTPError as e:
                 raise RunFailed(f"the {link.where} did not answer {method} {path}: {e}") from None
             return answer_of(resp, link.where)
 
-        async def record(status: str, summary: dict[str, Any]) -> None:
-            body = {"run_id": run_id, "name": name, "status": status, "manifest": manifest, "summary": summary}
-            await api("POST", "/v1/runs", json=body)
-
-        await record("running", {})
-        tracer = RunTracer(link.otlp_url, run_id, name)
-        scores: list[dict[str, Any]] = []
-        missing: dict[str, str] = {}
-        try:
-            sent = []
-            for a in attempts:
-                root, _ = tracer.begin(a.task.id, a.trial, a.agent_name, start_ns=a.start_ns)
-                sent.append((a, tracer.finish(root, a)))
-            await asyncio.to_thread(tracer.flush)
-            good = [(a, n) for a, n in sent if a.error is None]
-            since = min((a.start_ns for a in attempts), default=time.time_ns())
-            for at in range(0, len(good), SCORE_BATCH):
-                batch = good[at : at + SCORE_BATCH]
-                answer = await api("POST", f"/v1/runs/{run_id}/score",
-                                   json=score_request(name, evaluators, judge or {}, since, batch))  # fmt: skip
-                scores.extend(answer["scores"])
-                missing.update(answer.get("missing", {}))
-                if progress is not None:
-                    progress(len(batch))
-        finally:
-            tracer.shutdown()
-        infra = [{"task_id": a.task.id, "trial": a.trial, "kind": a.error.kind, "message": a.error.message,
-                  "trace_id": a.trace_id} for a in attempts if a.error is not None]  # fmt: skip
-        infra += [{"task_id": "", "trial": 0, "kind": "not_stored", "message": why, "trace_id": t}
-                  for t, why in missing.items()]  # fmt: skip
-        metrics = summarize(observations(scores), seed=seed, trials=trials)
-        result = RunResult(
-            run_id=run_id, name=name, manifest=manifest, metrics=metrics, gates=[], infra_errors=infra,
-            attempts=len(attempts), skipped_resumed=0, not_run=0, scores=scores, wall_s=time.monotonic() - started,
-        )  # fmt: skip
-        await record("finished", result.summary())
-    return result
+        return scored_run(api, manifest, requests(), seed=seed, attempts=len(attempts), infra=infra)

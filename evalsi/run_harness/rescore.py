@@ -4,6 +4,7 @@ agent again: the scores land in the store as a new run, with its aggregates and 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import httpx
@@ -87,33 +88,54 @@ class Rescore:
         return [{"trace_id": t, "task_id": t, "trial": 0} for t in found]
 
     def run(self, traces: list[dict[str, Any]], source: dict[str, Any]) -> RunResult:
-        started = time.monotonic()
         manifest = {
             "run_id": self.run_id, "name": self.name, "evalsi_version": __version__, "rescore": source,
             "evaluators": [e.model_dump() for e in self.evaluators], "seed": self.seed,
             "started_unix_nano": time.time_ns(), "trials": max(t["trial"] for t in traces) + 1,
         }  # fmt: skip
-        self._api("POST", "/v1/runs", json={"run_id": self.run_id, "name": self.name, "status": "running",
-                                            "manifest": manifest, "summary": {}})  # fmt: skip
-        scores: list[dict[str, Any]] = []
-        missing: dict[str, str] = {}
-        for at in range(0, len(traces), SCORE_BATCH):
-            body = {
-                "name": self.name, "evaluators": [e.model_dump() for e in self.evaluators], "judge": self.judge,
-                "wait_s": 0, "traces": traces[at : at + SCORE_BATCH],
-            }  # fmt: skip
-            answer = self._api("POST", f"/v1/runs/{self.run_id}/score", json=body)
-            scores += answer["scores"]
-            missing.update(answer["missing"])
-        metrics = summarize(observations(scores), seed=self.seed, trials=manifest["trials"])
-        gates = check_gates(self.gates, {k: v.to_dict() for k, v in metrics.items()}, None)
-        infra = [{"task_id": "", "trial": 0, "kind": "not_stored", "message": why, "trace_id": t}
-                 for t, why in missing.items()]  # fmt: skip
-        result = RunResult(
-            run_id=self.run_id, name=self.name, manifest=manifest, metrics=metrics, gates=gates, infra_errors=infra,
-            attempts=0, skipped_resumed=0, not_run=0, scores=scores, wall_s=time.monotonic() - started,
+        requests = (
+            {"name": self.name, "evaluators": [e.model_dump() for e in self.evaluators], "judge": self.judge,
+             "wait_s": 0, "traces": traces[at : at + SCORE_BATCH]}
+            for at in range(0, len(traces), SCORE_BATCH)
         )  # fmt: skip
-        self._api("POST", "/v1/runs", json={"run_id": self.run_id, "name": self.name, "status": "finished",
-                                            "manifest": manifest, "summary": result.summary()})  # fmt: skip
-        self._client.close()
-        return result
+        try:
+            return scored_run(self._api, manifest, requests, seed=self.seed, gates=self.gates)
+        finally:
+            self._client.close()
+
+
+def scored_run(
+    api: Callable[..., Any],
+    manifest: dict[str, Any],
+    requests: Iterable[dict[str, Any]],
+    *,
+    seed: int,
+    gates: list[Any] | None = None,
+    attempts: int = 0,
+    infra: list[dict[str, Any]] | None = None,
+) -> RunResult:
+    """Record a run (`running`), send each scoring request of its traces, aggregate, check `gates`, and record it
+    `finished` with its summary: what `rescore` and the importers share. `api(method, path, json=...)` answers
+    the collector's JSON."""
+    started = time.monotonic()
+    run_id, name = manifest["run_id"], manifest["name"]
+    api("POST", "/v1/runs", json={"run_id": run_id, "name": name, "status": "running", "manifest": manifest,
+                                  "summary": {}})  # fmt: skip
+    scores: list[dict[str, Any]] = []
+    missing: dict[str, str] = {}
+    for body in requests:
+        answer = api("POST", f"/v1/runs/{run_id}/score", json=body)
+        scores += answer["scores"]
+        missing.update(answer.get("missing", {}))
+    metrics = summarize(observations(scores), seed=seed, trials=manifest["trials"])
+    checked = check_gates(gates or [], {k: v.to_dict() for k, v in metrics.items()}, None)
+    infra = list(infra or []) + [
+        {"task_id": "", "trial": 0, "kind": "not_stored", "message": why, "trace_id": t} for t, why in missing.items()
+    ]
+    result = RunResult(
+        run_id=run_id, name=name, manifest=manifest, metrics=metrics, gates=checked, infra_errors=infra,
+        attempts=attempts, skipped_resumed=0, not_run=0, scores=scores, wall_s=time.monotonic() - started,
+    )  # fmt: skip
+    api("POST", "/v1/runs", json={"run_id": run_id, "name": name, "status": "finished", "manifest": manifest,
+                                  "summary": result.summary()})  # fmt: skip
+    return result
