@@ -27,6 +27,6 @@ def test_embedded_tables_write_compact_parts_and_merge_wider(tmp_path: Path) -> 
 
 def test_server_tables_keep_the_server_defaults() -> None:
     assert ServerBackend.table_settings == ""
-    for statement in traces_ddl("otel_traces", 0, ServerBackend.table_settings) + logs_ddl("otel_logs", 0):
+    for statement in traces_ddl("otel_traces", ServerBackend.table_settings) + logs_ddl("otel_logs"):
         assert "min_bytes_for_wide_part" not in statement
         assert "merge_selector_base" not in statement

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -13,7 +14,14 @@ from pydantic import Field, field_validator, model_validator
 from evalsi.backoff import Backoff
 from evalsi.component import ComponentConfig, Refused, Settings, exporter
 from evalsi.duration import Duration
-from evalsi.exporters.clickhouse.backend import StoreError, error_reason, is_data_error, open_backend
+from evalsi.exporters.clickhouse.backend import (
+    Backend,
+    ServerOptions,
+    StoreError,
+    error_reason,
+    is_data_error,
+    open_backend,
+)
 from evalsi.exporters.clickhouse.rows import (
     ArrowRows,
     convert_good,
@@ -53,15 +61,40 @@ class StoreRetryConfig(ComponentConfig):
         return data
 
 
+class ClickHouseTlsConfig(ComponentConfig):
+    """TLS to a ClickHouse server (an `https://` endpoint), named as the OpenTelemetry Collector's `configtls`."""
+
+    ca_file: str | None = None  # the CA that signed the server's certificate (default: the system's CAs)
+    cert_file: str | None = None  # a client certificate, with `key_file` (mutual TLS)
+    key_file: str | None = None
+    insecure_skip_verify: bool = False  # accept any server certificate: for tests, never in production
+    server_name_override: str | None = None  # the name to check the certificate against (SNI), if not the host
+
+    @model_validator(mode="after")
+    def _files(self) -> ClickHouseTlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together (a client certificate and its key): set both")
+        for key in ("ca_file", "cert_file", "key_file"):
+            path = getattr(self, key)
+            if path is not None and not Path(path).is_file():
+                raise ValueError(f"{key}: no file at {path!r}")
+        return self
+
+
 class ClickHouseConfig(ComponentConfig):
     endpoint: str = "chdb://.evalsi/store"
     database: str = "default"
     username: str = "default"
     password: str = ""
+    tls: ClickHouseTlsConfig | None = None
     traces_table_name: str = "otel_traces"
     logs_table_name: str = "otel_logs"
     scores_table_name: str = "evalsi_scores"
-    ttl_days: int = Field(default=0, ge=0)
+    # how long spans, log records and scores are kept (0: forever); applied to existing tables at start
+    ttl: Duration = 0.0
+    # a server buffers inserts and writes them as parts in the background; evalsi waits for the write
+    # (wait_for_async_insert) before it counts rows as stored, so nothing acknowledged rests only in a buffer
+    async_insert: bool = False
     create_schema: bool = True
     timeout: Duration = 10.0
     # chDB pays ~60 ms per INSERT whatever its size: batch by size and by time
@@ -79,6 +112,34 @@ class ClickHouseConfig(ComponentConfig):
         if not v.startswith(("chdb://", "http://", "https://")) or v.endswith("://"):
             raise ValueError(f"unsupported endpoint {v!r}: use chdb://PATH (embedded) or http(s)://host:8123")
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "ttl_days" in data:
+            days = data["ttl_days"]
+            hours = f"{int(days) * 24}h" if isinstance(days, int) and not isinstance(days, bool) else "720h"
+            raise ValueError(
+                f"ttl_days: renamed to `ttl`, a duration that also covers scores: write `ttl: {hours}` (hours, as "
+                "the OpenTelemetry Collector writes durations), or `ttl: 0` to keep everything"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _server_only(self) -> ClickHouseConfig:
+        embedded = self.endpoint.startswith("chdb://")
+        if embedded and self.async_insert:
+            raise ValueError(
+                "async_insert: applies to a ClickHouse server (an http(s):// endpoint); the embedded store writes "
+                "each batch in-process already: remove `async_insert`"
+            )
+        if self.tls is not None and not self.endpoint.startswith("https://"):
+            raise ValueError(
+                f"tls: the endpoint {self.endpoint!r} does not use TLS: write it https://host:8443, or remove `tls`"
+            )
+        if 0 < self.ttl < 1:
+            raise ValueError(f"ttl: {self.ttl}s is under a second: use e.g. 720h (30 days), or 0 to keep forever")
+        return self
 
     @field_validator("traces_table_name", "logs_table_name", "scores_table_name")
     @classmethod
@@ -102,15 +163,32 @@ def _ids(table: pa.Table) -> str:
     return ", ".join(f"{t}/{s}" if s else t for t, s in pairs)
 
 
+def _open(config: ClickHouseConfig, *, create: bool) -> Backend:
+    c = config
+    tls = c.tls
+    return open_backend(
+        c.endpoint, database=c.database, username=c.username, password=c.password, timeout=c.timeout, create=create,
+        server=ServerOptions(
+            async_insert=c.async_insert,
+            ca_file=tls.ca_file if tls else None,
+            cert_file=tls.cert_file if tls else None,
+            key_file=tls.key_file if tls else None,
+            verify=not tls.insecure_skip_verify if tls else True,
+            server_name=tls.server_name_override if tls else None,
+        ),
+    )  # fmt: skip
+
+
+def _store(config: ClickHouseConfig, backend: Backend) -> TraceStore:
+    c = config
+    return TraceStore(
+        backend, table=c.traces_table_name, logs_table=c.logs_table_name, scores_table=c.scores_table_name, ttl=c.ttl
+    )
+
+
 def open_queries(config: ClickHouseConfig) -> TraceStore:
     """The store of `config`, opened for reading with no collector running (the CLI); raises `StoreError`."""
-    c = config
-    backend = open_backend(
-        c.endpoint, database=c.database, username=c.username, password=c.password, timeout=c.timeout, create=False
-    )
-    return TraceStore(
-        backend, table=c.traces_table_name, logs_table=c.logs_table_name, scores_table=c.scores_table_name
-    )
+    return _store(config, _open(config, create=False))
 
 
 @exporter(
@@ -204,23 +282,16 @@ class ClickHouseExporter:
 
     async def start(self) -> None:
         c = self._config
-        backend = await asyncio.to_thread(
-            open_backend, c.endpoint, database=c.database, username=c.username, password=c.password,
-            timeout=c.timeout,
-        )  # fmt: skip
-        store = TraceStore(
-            backend,
-            table=c.traces_table_name,
-            logs_table=c.logs_table_name,
-            scores_table=c.scores_table_name,
-            ttl_days=c.ttl_days,
-        )
-        if c.create_schema:
-            try:
-                await asyncio.to_thread(store.create_schema)
-            except Exception as e:
-                backend.close()
-                raise StoreError(f"cannot create the tables in the {backend.description}: {e}") from None
+        backend = await asyncio.to_thread(_open, c, create=c.create_schema)
+        store = _store(c, backend)
+        try:
+            await asyncio.to_thread(store.create_schema if c.create_schema else store.check_schema)
+        except StoreError:
+            backend.close()
+            raise
+        except Exception as e:
+            backend.close()
+            raise StoreError(f"cannot create the tables in the {backend.description}: {e}") from None
         await asyncio.to_thread(load_arrow)
         self.store = store
         self._log.info("store open", extra={"store": backend.description})

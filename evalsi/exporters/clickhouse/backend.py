@@ -8,6 +8,7 @@ import json
 import os
 import re
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
@@ -152,30 +153,67 @@ class ChdbBackend:
             self._session.close()
 
 
+@dataclass(frozen=True)
+class ServerOptions:
+    """How to reach a ClickHouse server beyond its URL and credentials."""
+
+    async_insert: bool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    verify: bool = True
+    server_name: str | None = None
+
+
 class ServerBackend:
-    """A ClickHouse server over HTTP(S), through clickhouse-connect."""
+    """A ClickHouse server over HTTP(S), through clickhouse-connect. `create`: make the database if it is missing."""
 
     table_settings = ""
 
-    def __init__(self, url: str, *, database: str, username: str, password: str, timeout: float) -> None:
-        import clickhouse_connect
-
+    def __init__(
+        self, url: str, *, database: str, username: str, password: str, timeout: float, create: bool = True,
+        options: ServerOptions = ServerOptions(),
+    ) -> None:  # fmt: skip
         u = urlparse(url)
         self.description = f"ClickHouse server at {u.scheme}://{u.hostname}:{u.port or 8123}"
+        self.database = database
+        secure = u.scheme == "https"
+        self._connect = dict(
+            host=u.hostname or "localhost",
+            port=u.port or (8443 if secure else 8123),
+            username=unquote(u.username) if u.username else username,
+            password=unquote(u.password) if u.password else password,
+            secure=secure,
+            verify=options.verify,
+            ca_cert=options.ca_file,
+            client_cert=options.cert_file,
+            client_cert_key=options.key_file,
+            server_host_name=options.server_name,
+            connect_timeout=timeout,
+            send_receive_timeout=timeout,
+        )
+        # inserts wait for an async insert's write: a row is counted stored once it is in a part, not in a buffer
+        self._insert_settings = {"async_insert": 1, "wait_for_async_insert": 1} if options.async_insert else {}
         try:
-            self._client = clickhouse_connect.get_client(
-                host=u.hostname or "localhost",
-                port=u.port or (8443 if u.scheme == "https" else 8123),
-                username=unquote(u.username) if u.username else username,
-                password=unquote(u.password) if u.password else password,
-                database=database,
-                secure=u.scheme == "https",
-                connect_timeout=timeout,
-                send_receive_timeout=timeout,
-            )
+            self._client = self._open(database)
         except Exception as e:
-            raise StoreError(f"cannot reach the {self.description}: {e}") from None
+            if error_reason(e) != "UNKNOWN_DATABASE" or not create:
+                raise StoreError(f"cannot reach the {self.description}: {_first_line(e)}") from None
+            try:  # the OpenTelemetry Collector's exporter creates its database too
+                self._client = self._open("")
+                self._client.command(f"CREATE DATABASE IF NOT EXISTS `{database}`")
+                self._client.database = database
+            except Exception as e2:
+                raise StoreError(
+                    f"the {self.description} has no database {database!r} and it could not be created "
+                    f"({_first_line(e2)}): create it, or grant CREATE DATABASE to the user"
+                ) from None
         self._lock = threading.Lock()
+
+    def _open(self, database: str) -> Any:
+        import clickhouse_connect
+
+        return clickhouse_connect.get_client(database=database or None, **self._connect)
 
     def command(self, sql: str) -> None:
         with self._lock:
@@ -187,7 +225,7 @@ class ServerBackend:
 
     def insert(self, table: str, data: pa.Table) -> None:
         with self._lock:
-            self._client.insert_arrow(table, data)
+            self._client.insert_arrow(table, data, settings=self._insert_settings or None)
 
     def ping(self) -> bool:
         with self._lock:
@@ -197,12 +235,19 @@ class ServerBackend:
         self._client.close()
 
 
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:500]
+
+
 def open_backend(
     endpoint: str, *, database: str = "default", username: str = "default", password: str = "",
-    timeout: float = 10.0, create: bool = True,
+    timeout: float = 10.0, create: bool = True, server: ServerOptions = ServerOptions(),
 ) -> Backend:  # fmt: skip
     if endpoint.startswith("chdb://"):
         return ChdbBackend(endpoint.removeprefix("chdb://"), create=create)
     if endpoint.startswith(("http://", "https://")):
-        return ServerBackend(endpoint, database=database, username=username, password=password, timeout=timeout)
+        return ServerBackend(
+            endpoint, database=database, username=username, password=password, timeout=timeout, create=create,
+            options=server,
+        )  # fmt: skip
     raise StoreError(f"unsupported store endpoint {endpoint!r}: use chdb://PATH or http(s)://host:8123")

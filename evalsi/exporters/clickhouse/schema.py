@@ -6,6 +6,9 @@ ClickHouse data source shows our traces as it shows theirs); the canonical GenAI
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import pyarrow as pa
 
 _MAP = "Map(LowCardinality(String), String)"
@@ -20,9 +23,7 @@ _MAP = "Map(LowCardinality(String), String)"
 EMBEDDED_TABLE_SETTINGS = f", min_bytes_for_wide_part = {128 << 20}, merge_selector_base = 10"
 
 
-def traces_ddl(table: str, ttl_days: int, extra_settings: str = "") -> list[str]:
-    ttl = f"TTL toDateTime(Timestamp) + toIntervalDay({ttl_days})" if ttl_days > 0 else ""
-    ttl_start = f"TTL toDateTime(Start) + toIntervalDay({ttl_days})" if ttl_days > 0 else ""
+def traces_ddl(table: str, extra_settings: str = "") -> list[str]:
     return [
         f"""CREATE TABLE IF NOT EXISTS {table} (
     Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),
@@ -78,7 +79,6 @@ def traces_ddl(table: str, ttl_days: int, extra_settings: str = "") -> list[str]
 ) ENGINE = MergeTree()
 PARTITION BY toDate(Timestamp)
 ORDER BY (ServiceName, SpanName, Timestamp)
-{ttl}
 SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1{extra_settings}""",
         f"""CREATE TABLE IF NOT EXISTS {table}_trace_id_ts (
     TraceId String CODEC(ZSTD(1)),
@@ -88,7 +88,6 @@ SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1{extra_settings}""",
 ) ENGINE = MergeTree()
 PARTITION BY toDate(Start)
 ORDER BY (Start)
-{ttl_start}
 SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1""",
         f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {table}_trace_id_ts_mv
 TO {table}_trace_id_ts
@@ -102,9 +101,8 @@ GROUP BY TraceId""",
     ]
 
 
-def logs_ddl(table: str, ttl_days: int, extra_settings: str = "") -> list[str]:
+def logs_ddl(table: str, extra_settings: str = "") -> list[str]:
     """The OTel Collector ClickHouse exporter's `otel_logs` (with its newer `EventName` column)."""
-    ttl = f"TTL toDateTime(Timestamp) + toIntervalDay({ttl_days})" if ttl_days > 0 else ""
     return [
         f"""CREATE TABLE IF NOT EXISTS {table} (
     Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),
@@ -132,7 +130,6 @@ def logs_ddl(table: str, ttl_days: int, extra_settings: str = "") -> list[str]:
 ) ENGINE = MergeTree()
 PARTITION BY toDate(Timestamp)
 ORDER BY (ServiceName, SeverityText, toUnixTimestamp(Timestamp), TraceId)
-{ttl}
 SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1{extra_settings}"""
     ]
 
@@ -169,6 +166,82 @@ def scores_ddl(table: str) -> list[str]:
 ORDER BY (Project, Policy, Evaluator, Name, TraceId, SpanId, RunId, Trial)
 SETTINGS index_granularity = 8192"""
     ]
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The names of the store's tables (configurable) and the MergeTree settings its backend adds."""
+
+    traces: str = "otel_traces"
+    logs: str = "otel_logs"
+    scores: str = "evalsi_scores"
+    runs: str = "evalsi_runs"
+    extra_settings: str = ""
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One step of the schema. Its statements are idempotent (IF NOT EXISTS): two replicas starting at once, or a
+    step interrupted half-way, run them again safely."""
+
+    version: int
+    description: str
+    statements: Callable[[Tables], list[str]]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "otel_traces (with <traces>_trace_id_ts and its view), otel_logs, evalsi_scores, evalsi_runs",
+        lambda t: traces_ddl(t.traces, t.extra_settings) + logs_ddl(t.logs, t.extra_settings) + scores_ddl(t.scores)
+        + runs_ddl(t.runs),
+    ),
+)  # fmt: skip
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+
+def schema_versions_ddl() -> str:
+    """Which migrations a store has run, per traces table (two evalsi deployments may share a database)."""
+    return """CREATE TABLE IF NOT EXISTS evalsi_schema (
+    TracesTable String,
+    Version UInt32,
+    Description String,
+    AppliedAt DateTime64(3) DEFAULT now64(3)
+) ENGINE = ReplacingMergeTree(AppliedAt)
+ORDER BY (TracesTable, Version)"""
+
+
+def schema_version_sql() -> str:
+    """The newest migration run for a traces table. Parameter: {traces:String}."""
+    return "SELECT max(Version) AS version, count() AS n FROM evalsi_schema FINAL WHERE TracesTable = {traces:String}"
+
+
+def record_migration_sql(traces: str, migration: Migration) -> str:
+    """The traces table name is an identifier checked by the config; the description is ours."""
+    return (
+        "INSERT INTO evalsi_schema (TracesTable, Version, Description) "
+        f"VALUES ('{traces}', {migration.version}, '{migration.description}')"
+    )
+
+
+def ttl_targets(t: Tables) -> list[tuple[str, str]]:
+    """The tables that `ttl` expires, each with its time column."""
+    return [
+        (t.traces, "Timestamp"), (f"{t.traces}_trace_id_ts", "Start"), (t.logs, "Timestamp"), (t.scores, "Timestamp")
+    ]  # fmt: skip
+
+
+def ttl_expression(column: str, ttl_s: int) -> str:
+    """As ClickHouse writes it back in `create_table_query`, so a table already at this TTL is left alone."""
+    return f"toDateTime({column}) + toIntervalSecond({ttl_s})"
+
+
+def table_definitions_sql(tables: list[str]) -> str:
+    """Names checked by the config: safe to inline."""
+    names = ", ".join(f"'{t}'" for t in tables)
+    return (
+        f"SELECT name, create_table_query FROM system.tables WHERE database = currentDatabase() AND name IN ({names})"
+    )
 
 
 STRING_MAP = pa.map_(pa.string(), pa.string())

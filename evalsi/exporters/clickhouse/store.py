@@ -9,27 +9,38 @@ from typing import Any
 
 import pyarrow as pa
 
-from evalsi.exporters.clickhouse.backend import Backend
+from evalsi.exporters.clickhouse.backend import Backend, StoreError
 from evalsi.exporters.clickhouse.rows import canonical_from_row, scores_to_arrow, to_arrow
 from evalsi.exporters.clickhouse.schema import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    Tables,
     delete_spans_sql,
     list_runs_sql,
     list_scores_sql,
     list_traces_sql,
-    logs_ddl,
+    record_migration_sql,
     run_scores_sql,
-    runs_ddl,
+    schema_version_sql,
+    schema_versions_ddl,
     score_window_stats_sql,
-    scores_ddl,
     span_counts_sql,
+    table_definitions_sql,
     trace_spans_sql,
-    traces_ddl,
     traces_spans_sql,
+    ttl_expression,
+    ttl_targets,
 )
 from evalsi.score import Score
 from evalsi.span import Span
 
 _HEX = re.compile(r"^[0-9a-f]+$")
+_TTL = re.compile(r"\sTTL\s+(.*?)\s+(?:SETTINGS|$)", re.S)
+
+
+def _ttl_of(create_table_query: str) -> str:
+    found = _TTL.search(create_table_query)
+    return found.group(1).strip() if found else ""
 
 
 def _checked(trace_ids: list[str]) -> list[str]:
@@ -49,24 +60,74 @@ class TraceStore:
         logs_table: str = "otel_logs",
         scores_table: str = "evalsi_scores",
         runs_table: str = "evalsi_runs",
-        ttl_days: int = 0,
+        ttl: float = 0.0,
     ) -> None:
         self.backend = backend
         self.table = table
         self.logs_table = logs_table
         self.scores_table = scores_table
         self.runs_table = runs_table
-        self.ttl_days = ttl_days
+        self.ttl_s = int(ttl)
+        self.tables = Tables(table, logs_table, scores_table, runs_table, backend.table_settings)
 
     @property
     def description(self) -> str:
         return self.backend.description
 
+    def schema_version(self) -> int:
+        """The newest migration this store has run (0: none, or a store from before migrations were recorded)."""
+        self.backend.command(schema_versions_ddl())
+        rows = self.backend.query(schema_version_sql(), {"traces": self.table})
+        return int(rows[0]["version"] or 0) if rows and rows[0]["n"] else 0
+
     def create_schema(self) -> None:
-        extra = self.backend.table_settings
-        ddl = traces_ddl(self.table, self.ttl_days, extra) + logs_ddl(self.logs_table, self.ttl_days, extra)
-        for statement in ddl + scores_ddl(self.scores_table) + runs_ddl(self.runs_table):
-            self.backend.command(statement)
+        """Run the migrations this store has not run yet, then set the tables' TTL to `ttl`. Idempotent: safe at
+        every start and from several replicas at once."""
+        version = self._checked_version()
+        for migration in MIGRATIONS:
+            if migration.version > version:
+                for statement in migration.statements(self.tables):
+                    self.backend.command(statement)
+                self.backend.command(record_migration_sql(self.table, migration))
+        self._apply_ttl()
+
+    def check_schema(self) -> None:
+        """With `create_schema: false`: the tables must be at this evalsi's version already."""
+        version = self._checked_version()
+        if version < SCHEMA_VERSION:
+            raise StoreError(
+                f"the {self.description} has the store schema at version {version}, and this evalsi needs "
+                f"{SCHEMA_VERSION}: start it once with `create_schema: true` (it runs the missing migrations, "
+                "idempotently), or run the statements of evalsi/exporters/clickhouse/schema.py MIGRATIONS yourself"
+            )
+
+    def _checked_version(self) -> int:
+        version = self.schema_version()
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"the {self.description} has the store schema at version {version}, newer than this evalsi knows "
+                f"({SCHEMA_VERSION}): upgrade evalsi, or point it at another database"
+            )
+        return version
+
+    def _apply_ttl(self) -> None:
+        targets = ttl_targets(self.tables)
+        defined = {
+            r["name"]: r["create_table_query"]
+            for r in self.backend.query(table_definitions_sql([name for name, _ in targets]))
+        }
+        for name, column in targets:
+            ddl = defined.get(name, "")
+            if self.ttl_s > 0 and f"TTL {ttl_expression(column, self.ttl_s)}" not in ddl:
+                self.backend.command(f"ALTER TABLE {name} MODIFY TTL {ttl_expression(column, self.ttl_s)}")
+            elif self.ttl_s == 0 and " TTL " in ddl:
+                self.backend.command(f"ALTER TABLE {name} REMOVE TTL")
+
+    def ttls(self) -> dict[str, str]:
+        """Each expiring table's TTL expression as the store reports it ("" for none)."""
+        targets = [name for name, _ in ttl_targets(self.tables)]
+        defined = {r["name"]: r["create_table_query"] for r in self.backend.query(table_definitions_sql(targets))}
+        return {name: _ttl_of(defined.get(name, "")) for name in targets}
 
     def write(self, spans: list[Span]) -> None:
         if spans:

@@ -1,0 +1,413 @@
+"""The store, the same tests on each way to reach ClickHouse: the embedded engine (chDB), a server through the real
+clickhouse-connect client, and a real ClickHouse server when `EVALSI_TEST_CLICKHOUSE_URL` is set.
+
+In every run the server path talks to `tests/clickhouse_http.py`: a stand-in for the server's HTTP interface (the
+subset clickhouse-connect uses) answered by the real ClickHouse engine (chDB), run as its own process. It checks the
+client, the SQL, the types and the errors as they cross HTTP; it is not a claim of full server compatibility (TLS,
+users and grants, the server's settings are not modelled). Set `EVALSI_TEST_CLICKHOUSE_URL`
+(e.g. `http://default:@localhost:8123`) to run the same tests on a real server: each test makes its own database and
+drops it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from clickhouse_http import StandInProcess, start_stand_in
+
+from evalsi.exporters.clickhouse import ClickHouseConfig
+from evalsi.exporters.clickhouse.backend import ServerOptions, error_reason, is_data_error, open_backend
+from evalsi.exporters.clickhouse.rows import logs_to_arrow, to_arrow
+from evalsi.exporters.clickhouse.schema import SCHEMA_VERSION
+from evalsi.exporters.clickhouse.store import TraceStore
+from evalsi.log_record import LogRecord
+from evalsi.score import Score
+from evalsi.span import Span, SpanEvent, SpanLink
+from evalsi.store import StoreError
+
+SERVER_URL = os.environ.get("EVALSI_TEST_CLICKHOUSE_URL", "")
+T0 = time.time_ns() - 60 * 10**9
+TRACE = f"{0xA1:032x}"
+OTHER = f"{0xB2:032x}"
+
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInProcess]:
+    server = start_stand_in(tmp_path_factory.mktemp("clickhouse-http") / "data", password="s3cret")
+    yield server
+    server.stop()
+
+
+class Place:
+    """Where a test's store lives: opens it (again) with a given TTL or options."""
+
+    def __init__(self, kind: str, endpoint: str, database: str, username: str, password: str) -> None:
+        self.kind, self.endpoint, self.database = kind, endpoint, database
+        self.username, self.password = username, password
+        self.opened: list[TraceStore] = []
+
+    def open(self, *, ttl: float = 0.0, create: bool = True, async_insert: bool = False) -> TraceStore:
+        backend = open_backend(
+            self.endpoint, database=self.database, username=self.username, password=self.password, create=create,
+            server=ServerOptions(async_insert=async_insert),
+        )  # fmt: skip
+        store = TraceStore(backend, ttl=ttl)
+        self.opened.append(store)
+        return store
+
+    def close(self) -> None:
+        for store in self.opened:
+            store.close()
+        self.opened.clear()
+
+
+@pytest.fixture(params=["chdb", "clickhouse-connect+stand-in", "clickhouse-server"])
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
+    kind = request.param
+    if kind == "chdb":
+        where = Place(kind, f"chdb://{tmp_path / 'store'}", "default", "default", "")
+    elif kind == "clickhouse-connect+stand-in":
+        server: StandInProcess = request.getfixturevalue("stand_in")
+        where = Place(kind, server.url, f"t_{uuid.uuid4().hex[:12]}", "default", "s3cret")
+    else:
+        if not SERVER_URL:
+            pytest.skip("no ClickHouse server: set EVALSI_TEST_CLICKHOUSE_URL=http://user:password@host:8123 to run")
+        where = Place(kind, SERVER_URL, f"evalsi_test_{uuid.uuid4().hex[:12]}", "default", "")
+    yield where
+    where.close()
+    if kind == "clickhouse-server":
+        admin = open_backend(SERVER_URL, database="default")
+        admin.command(f"DROP DATABASE IF EXISTS `{where.database}`")
+        admin.close()
+
+
+def _spans() -> list[Span]:
+    root = Span(
+        TRACE, "00000000000000a1", "", "invoke_agent travel", "SERVER", T0, T0 + 5_000_000,
+        service_name="travel-agent", attributes={"gen_ai.operation.name": "invoke_agent", "tenant": "acme"},
+        resource_attributes={"service.name": "travel-agent"}, step_type="agent", session_id="sess-1",
+        agent_name="travel",
+    )  # fmt: skip
+    llm = Span(
+        TRACE, "00000000000000a2", "00000000000000a1", "chat gpt-4o", "CLIENT", T0 + 1_000, T0 + 3_000_000,
+        service_name="travel-agent", status_code="ERROR", status_message="rate limited",
+        attributes={"gen_ai.request.model": "gpt-4o"}, step_type="llm", model="gpt-4o", provider="openai",
+        input_tokens=120, output_tokens=30, cost_usd=0.0021, error_type="429",
+        input=[{"role": "user", "content": "Flights to Lisbon? ✈"}], output=[{"role": "assistant", "content": "Two."}],
+        content_captured=True, convention="otel-genai",
+        events=[SpanEvent(T0 + 2_000, "gen_ai.choice", {"index": "0"})],
+        links=[SpanLink(OTHER, "00000000000000b1", "", {"why": "retry of"})],
+    )  # fmt: skip
+    other = Span(OTHER, "00000000000000b1", "", "chat", "CLIENT", T0 - 10**9, T0 - 10**9 + 1_000, service_name="other")
+    return [root, llm, other]
+
+
+def _score(name: str, value: float, *, trace: str = TRACE, passed: bool | None = None, ts: int = T0) -> Score:
+    return Score(
+        name, value=value, passed=passed, trace_id=trace, policy="quality", evaluator="builtin/x",
+        timestamp_unix_nano=ts,
+    )  # fmt: skip
+
+
+def test_the_schema_is_created_at_its_version_and_creating_it_again_changes_nothing(place: Place) -> None:
+    store = place.open()
+    assert store.schema_version() == 0
+    store.create_schema()
+    assert store.schema_version() == SCHEMA_VERSION
+    tables = {
+        r["name"] for r in store.backend.query("SELECT name FROM system.tables WHERE database = currentDatabase()")
+    }
+    assert {"otel_traces", "otel_traces_trace_id_ts", "otel_traces_trace_id_ts_mv", "otel_logs", "evalsi_scores",
+            "evalsi_runs", "evalsi_schema"} <= tables  # fmt: skip
+    store.write(_spans())
+    place.close()
+    again = place.open()
+    again.create_schema()  # a restart, or a second replica starting at once
+    again.check_schema()
+    assert again.schema_version() == SCHEMA_VERSION
+    rows = again.backend.query("SELECT count() AS n FROM evalsi_schema FINAL")
+    assert rows[0]["n"] == SCHEMA_VERSION
+    assert again.span_count() == 3, "the data survives"
+
+
+def test_a_store_without_the_schema_is_refused_when_evalsi_may_not_create_it(place: Place) -> None:
+    store = place.open()
+    with pytest.raises(StoreError, match=r"schema at version 0.*create_schema: true"):
+        store.check_schema()
+
+
+def test_a_store_whose_schema_is_newer_than_evalsi_is_refused(place: Place) -> None:
+    store = place.open()
+    store.create_schema()
+    store.backend.command(
+        "INSERT INTO evalsi_schema (TracesTable, Version, Description) "
+        f"VALUES ('otel_traces', {SCHEMA_VERSION + 1}, 'x')"
+    )
+    with pytest.raises(StoreError, match=rf"version {SCHEMA_VERSION + 1}, newer than this evalsi knows.*upgrade"):
+        store.create_schema()
+    with pytest.raises(StoreError, match="upgrade evalsi"):
+        store.check_schema()
+
+
+def test_spans_are_read_back_as_they_were_written(place: Place) -> None:
+    store = place.open()
+    store.create_schema()
+    store.write(_spans())
+    listed = {t["trace_id"]: t for t in store.list_traces(limit=10)}
+    assert set(listed) == {TRACE, OTHER}
+    t = listed[TRACE]
+    assert (t["root_name"], t["service_name"], t["span_count"], t["error_count"], t["llm_calls"]) == (
+        "invoke_agent travel", "travel-agent", 2, 1, 1,
+    )  # fmt: skip
+    assert (t["input_tokens"], t["output_tokens"]) == (120, 30)
+    assert t["cost_usd"] == pytest.approx(0.0021)
+    assert t["duration_ns"] == 5_000_000
+    assert [x["trace_id"] for x in store.list_traces(limit=10, service="other")] == [OTHER]
+
+    spans = store.get_trace(TRACE)
+    assert [s["span_id"] for s in spans] == ["00000000000000a1", "00000000000000a2"]
+    llm = spans[1]
+    assert llm["attributes"]["gen_ai.request.model"] == "gpt-4o"
+    assert (llm["model"], llm["provider"], llm["input_tokens"], llm["status_code"]) == (
+        "gpt-4o",
+        "openai",
+        120,
+        "ERROR",
+    )
+    assert llm["input"] == [{"role": "user", "content": "Flights to Lisbon? ✈"}]
+    assert llm["events"][0]["name"] == "gen_ai.choice" and llm["events"][0]["attributes"] == {"index": "0"}
+    assert llm["links"][0]["trace_id"] == OTHER
+    assert spans[0]["session_id"] == "sess-1" and spans[0]["resource_attributes"] == {"service.name": "travel-agent"}
+    assert store.get_trace(f"{0xCC:032x}") == []
+
+    assert store.span_counts([TRACE, OTHER]) == {TRACE: 2, OTHER: 1}
+    assert store.span_counts([TRACE, OTHER], since_ns=T0 - 1) == {TRACE: 2}
+    both = store.get_traces([TRACE, OTHER])
+    assert {k: len(v) for k, v in both.items()} == {TRACE: 2, OTHER: 1}
+
+
+def test_a_revised_span_replaces_the_stored_one(place: Place) -> None:
+    store = place.open()
+    store.create_schema()
+    spans = _spans()
+    store.write(spans)
+    spans[1].output = [{"role": "assistant", "content": "Three, in fact."}]
+    store.revise_spans(to_arrow([spans[1]]))
+    got = store.get_trace(TRACE)
+    assert len(got) == 2
+    assert got[1]["output"] == [{"role": "assistant", "content": "Three, in fact."}]
+
+
+def test_a_score_written_twice_counts_once_and_the_newest_wins(place: Place) -> None:
+    store = place.open()
+    store.create_schema()
+    store.write_scores([_score("helpfulness", 0.2, passed=False), _score("tone", 1.0, passed=True)])
+    store.write_scores([_score("helpfulness", 0.9, passed=True, ts=T0 + 1)])  # a replay, with a newer verdict
+    store.write_scores([_score("helpfulness", 0.5, trace=OTHER, passed=True)])
+    scores = store.list_scores(limit=10, trace_id=TRACE)
+    assert sorted((s["name"], s["value"]) for s in scores) == [("helpfulness", 0.9), ("tone", 1.0)]
+    assert len(store.list_scores(limit=10, policy="quality")) == 3
+    stats = {s["name"]: s for s in store.score_window_stats(since_ns=T0 - 1)}
+    assert stats["helpfulness"]["n"] == 2 and stats["helpfulness"]["passed"] == 2
+    assert stats["helpfulness"]["value_mean"] == pytest.approx(0.7)
+
+
+def test_runs_keep_their_newest_record(place: Place) -> None:
+    store = place.open()
+    store.create_schema()
+    store.write_run("run-1", "nightly", "running", {"dataset": "d.jsonl"}, {})
+    store.write_run("run-1", "nightly", "finished", {"dataset": "d.jsonl"}, {"passed": True, "aggregates": {"x": 1}})
+    store.write_scores([Score("task-success", value=1.0, passed=True, trace_id=TRACE, run_id="run-1", task_id="t1")])
+    runs = store.list_runs(limit=5)
+    assert [(r["run_id"], r["status"]) for r in runs] == [("run-1", "finished")]
+    assert [(r["task_id"], r["name"]) for r in store.run_scores("run-1")] == [("t1", "task-success")]
+
+
+def test_log_records_are_stored(place: Place) -> None:
+    store = place.open()
+    store.create_schema()
+    record = LogRecord(
+        T0, T0, TRACE, "00000000000000a2", severity_number=9, severity_text="INFO", body="the body",
+        service_name="travel-agent", attributes={"event.name": "gen_ai.evaluation.result"},
+        event_name="gen_ai.evaluation.result",
+    )  # fmt: skip
+    store.insert_logs(logs_to_arrow([record]))
+    rows = store.backend.query("SELECT TraceId, Body, EventName, LogAttributes FROM otel_logs")
+    assert rows == [
+        {"TraceId": TRACE, "Body": "the body", "EventName": "gen_ai.evaluation.result",
+         "LogAttributes": {"event.name": "gen_ai.evaluation.result"}}
+    ]  # fmt: skip
+
+
+def test_rows_a_single_insert_cannot_take_are_a_data_error_on_every_path(place: Place) -> None:
+    """What the exporter halves and drops alone must be recognised the same way however the error arrives."""
+    store = place.open()
+    store.create_schema()
+    day = 86_400 * 10**9
+    spread = [
+        Span(f"{i + 1:032x}", f"{i + 1:016x}", "", "s", "CLIENT", T0 - i * day, T0 - i * day + 1) for i in range(120)
+    ]
+    with pytest.raises(Exception) as refused:
+        store.insert_spans(to_arrow(spread))
+    assert error_reason(refused.value) == "TOO_MANY_PARTS"
+    assert is_data_error(refused.value)
+    assert store.span_count() == 0, "nothing of the refused insert was stored"
+
+
+def test_ttl_expires_traces_logs_and_scores_and_follows_the_config(place: Place) -> None:
+    store = place.open(ttl=720 * 3600)
+    store.create_schema()
+    ttls = store.ttls()
+    assert set(ttls) == {"otel_traces", "otel_traces_trace_id_ts", "otel_logs", "evalsi_scores"}
+    assert ttls["otel_traces"] == "toDateTime(Timestamp) + toIntervalSecond(2592000)"
+    assert ttls["otel_traces_trace_id_ts"] == "toDateTime(Start) + toIntervalSecond(2592000)"
+    assert ttls["evalsi_scores"] == ttls["otel_logs"] == ttls["otel_traces"]
+    place.close()
+    shorter = place.open(ttl=24 * 3600)
+    shorter.create_schema()
+    assert set(shorter.ttls().values()) == {
+        "toDateTime(Timestamp) + toIntervalSecond(86400)", "toDateTime(Start) + toIntervalSecond(86400)"
+    }  # fmt: skip
+    place.close()
+    forever = place.open(ttl=0)
+    forever.create_schema()
+    assert set(forever.ttls().values()) == {""}
+
+
+def test_spans_older_than_the_ttl_are_dropped(place: Place) -> None:
+    store = place.open(ttl=3600)
+    store.create_schema()
+    old = Span(OTHER, "00000000000000b1", "", "old", "CLIENT", T0 - 3 * 3600 * 10**9, T0 - 3 * 3600 * 10**9 + 1)
+    store.write([old, *_spans()[:2]])
+    store.backend.command("OPTIMIZE TABLE otel_traces FINAL")
+    assert {t["trace_id"] for t in store.list_traces(limit=10)} == {TRACE}
+
+
+def test_a_server_database_that_does_not_exist_is_created(place: Place) -> None:
+    if place.kind == "chdb":
+        pytest.skip("the embedded store has one database, made with its directory")
+    store = place.open()
+    store.create_schema()
+    rows = store.backend.query("SELECT currentDatabase() AS db")
+    assert rows == [{"db": place.database}]
+    with pytest.raises(StoreError, match=f"no database '{place.database}_x'|UNKNOWN_DATABASE"):
+        open_backend(
+            place.endpoint, database=place.database + "_x", username=place.username, password=place.password,
+            create=False,
+        )  # fmt: skip
+
+
+def test_async_inserts_wait_for_the_write(place: Place, request: pytest.FixtureRequest) -> None:
+    if place.kind == "chdb":
+        with pytest.raises(ValueError, match="async_insert: applies to a ClickHouse server"):
+            ClickHouseConfig(endpoint=place.endpoint, async_insert=True)
+        return
+    store = place.open(async_insert=True)
+    store.create_schema()
+    store.write(_spans())
+    assert store.span_count() == 3, "an insert returns once its rows are written, not while they sit in a buffer"
+    if place.kind == "clickhouse-connect+stand-in":
+        sent: list[dict[str, Any]] = request.getfixturevalue("stand_in").requests()
+        inserts = [r for r in sent if r["sql"].replace("`", "").upper().lstrip().startswith("INSERT INTO OTEL_TRACES")]
+        assert inserts and all(
+            r["settings"].get("async_insert") == "1" and r["settings"].get("wait_for_async_insert") == "1"
+            for r in inserts
+        ), inserts[-1:]
+
+
+def test_wrong_credentials_are_an_error_that_says_so(place: Place) -> None:
+    if place.kind == "chdb":
+        pytest.skip("the embedded store has no users")
+    with pytest.raises(
+        StoreError, match=r"cannot reach the ClickHouse server at .*(AUTHENTICATION_FAILED|uthentication)"
+    ):
+        open_backend(place.endpoint, database=place.database, username="default", password="wrong")
+
+
+# -- the server path's config ----------------------------------------------------------------------------------------
+
+
+def test_the_old_ttl_days_key_is_refused_with_the_ttl_to_write() -> None:
+    with pytest.raises(ValueError, match=r"ttl_days: renamed to `ttl`.*`ttl: 720h`"):
+        ClickHouseConfig(ttl_days=30)
+
+
+def test_tls_needs_an_https_endpoint_and_files_that_exist(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"tls: the endpoint 'http://ch:8123' does not use TLS.*https://"):
+        ClickHouseConfig(endpoint="http://ch:8123", tls={})
+    with pytest.raises(ValueError, match=r"ca_file: no file at '/nonexistent/ca.pem'"):
+        ClickHouseConfig(endpoint="https://ch:8443", tls={"ca_file": "/nonexistent/ca.pem"})
+    cert = tmp_path / "client.pem"
+    cert.write_text("x")
+    with pytest.raises(ValueError, match="cert_file and key_file go together"):
+        ClickHouseConfig(endpoint="https://ch:8443", tls={"cert_file": str(cert)})
+    ok = ClickHouseConfig(endpoint="https://ch:8443", tls={"ca_file": str(cert), "server_name_override": "ch.internal"})
+    assert ok.tls is not None and ok.tls.ca_file == str(cert)
+
+
+def test_a_tls_config_reaches_the_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What clickhouse-connect is given for an https endpoint (no TLS server runs here to connect to)."""
+    import clickhouse_connect
+
+    from evalsi.exporters.clickhouse import _open
+
+    seen: dict[str, Any] = {}
+
+    class Client:
+        database = ""
+
+        def close(self) -> None:
+            pass
+
+    def get_client(**kwargs: Any) -> Client:
+        seen.update(kwargs)
+        return Client()
+
+    monkeypatch.setattr(clickhouse_connect, "get_client", get_client)
+    ca, cert, key = (tmp_path / n for n in ("ca.pem", "c.pem", "k.pem"))
+    for f in (ca, cert, key):
+        f.write_text("x")
+    config = ClickHouseConfig(
+        endpoint="https://ch.internal:8443", database="evalsi", username="evalsi", password="pw",
+        tls={"ca_file": str(ca), "cert_file": str(cert), "key_file": str(key), "server_name_override": "ch"},
+    )  # fmt: skip
+    _open(config, create=False).close()
+    assert seen["secure"] is True and seen["verify"] is True
+    assert (seen["host"], seen["port"], seen["database"]) == ("ch.internal", 8443, "evalsi")
+    assert (seen["ca_cert"], seen["client_cert"], seen["client_cert_key"]) == (str(ca), str(cert), str(key))
+    assert seen["server_host_name"] == "ch"
+    insecure = ClickHouseConfig(endpoint="https://ch.internal", tls={"insecure_skip_verify": True})
+    _open(insecure, create=False).close()
+    assert seen["verify"] is False and seen["port"] == 8443
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def test_the_clickhouse_page_configs_validate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    import yaml
+
+    from evalsi.collector.config import parse_config
+
+    text = (DOCS / "exporters" / "clickhouse.md").read_text()
+    tls_dir = tmp_path / "tls"
+    tls_dir.mkdir()
+    for name in ("ca.pem", "client.pem", "client-key.pem"):
+        (tls_dir / name).write_text("x")
+    monkeypatch.setenv("CLICKHOUSE_PASSWORD", "pw")
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    assert len(blocks) == 2
+    for block in blocks:
+        doc = yaml.safe_load(block.replace("/etc/evalsi/tls", str(tls_dir)))
+        doc["service"] = {"pipelines": {"traces": {"receivers": ["otlp"], "exporters": ["clickhouse"]}}}
+        doc["receivers"] = {"otlp": {}}
+        config = parse_config(doc, source="docs/exporters/clickhouse.md")
+        assert config is not None
