@@ -109,6 +109,7 @@ def test_a_session_across_workers_is_evaluated_whole_and_an_alert_fires_once(tmp
         time.sleep(1.5)  # two more alert checks: it must not fire again
         fired = [e for e in c.logs() if e.get("msg") == "alert fired"]
         assert [(e["policy"], e["alert"]) for e in fired] == [("answers", "six-traces")]
+        assert _metric(c, 'evalsi_alerts_fired_total{alert="six-traces",policy="answers"') == 1
     finally:
         assert c.stop() == 0
 

@@ -236,6 +236,11 @@ class Evaluate:
         self._late_buffered = m.gauge(
             "evalsi_late_signals_buffered_traces", "Completed traces kept for late feedback.", ["processor"]
         ).labels(sid)
+        self._alerts_fired = m.counter(
+            "evalsi_alerts_fired",
+            "Policy alerts fired (once per window that breaks the alert's condition, whatever the worker count).",
+            ["processor", "policy", "alert"],
+        )
 
     async def start(self) -> None:
         if self.next.scores is None and self.worker is None:
@@ -257,6 +262,7 @@ class Evaluate:
             self.settings.logger.warning(
                 "alert fired", extra={"policy": event.policy, "alert": event.alert, "notify": bool(event.notify)}
             )
+            self._alerts_fired.labels(self.settings.id, event.policy, event.alert).inc()
             if self._notifier is not None:
                 self._notifier.send(event)
 
