@@ -8,10 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -27,6 +23,7 @@ import yaml
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models import dashboard as dashboard_model, prometheus as prometheus_model
+from prometheus_server import PROMETHEUS, PrometheusProcess, free_port, start_prometheus
 from running_collector import Collector, serve_config, start_collector, wait_until
 
 from evalsi.exporters.clickhouse.backend import Backend, open_backend
@@ -36,7 +33,6 @@ from evalsi.policies.intervals import t_interval, t_quantile, wilson_interval
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "deploy" / "grafana"
 DOC = ROOT / "docs" / "grafana.md"
-PROMETHEUS = shutil.which("prometheus")
 UIDS = {"evalsi-clickhouse": "grafana-clickhouse-datasource", "evalsi-prometheus": "prometheus"}
 
 
@@ -234,18 +230,8 @@ class Grafana:
 # --- a collector with traffic, its store and a Prometheus that scraped it ---------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
-class PrometheusServer:
-    proc: subprocess.Popen[bytes]
-    url: str
-    log_path: Path
-
+class PrometheusServer(PrometheusProcess):
     def get(self, path: str, **params: Any) -> dict[str, Any]:
         r = httpx.get(self.url + path, params=params, timeout=30)
         return r.json()
@@ -254,53 +240,6 @@ class PrometheusServer:
         body = self.get("/api/v1/query", query=promql)
         result = body.get("data", {}).get("result", [])
         return sum(float(r["value"][1]) for r in result)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-
-def _start_prometheus(home: Path, targets: dict[str, str]) -> PrometheusServer:
-    """A real `prometheus` scraping each target every second (config and data under `home`, loopback only)."""
-    home.mkdir()
-    config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-        "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [t]}]} for job, t in targets.items()],
-    }
-    (home / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
-    log_path = home / "prometheus.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [
-                str(PROMETHEUS),
-                f"--config.file={home / 'prometheus.yml'}",
-                f"--storage.tsdb.path={home / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--enable-feature=exemplar-storage",
-            ],
-            stdout=log,
-            stderr=log,
-            cwd=home,
-        )
-    return PrometheusServer(proc, f"http://127.0.0.1:{port}", log_path)
-
-
-def _wait_ready(server: PrometheusServer) -> None:
-    def ready() -> bool:
-        if server.proc.poll() is not None:
-            raise AssertionError(f"prometheus exited {server.proc.returncode}:\n{server.log_path.read_text()}")
-        try:
-            return httpx.get(server.url + "/-/ready", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    assert wait_until(ready, timeout=60, interval=0.1), server.log_path.read_text()
 
 
 POLICY = """
@@ -438,9 +377,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
     tmp = tmp_path_factory.mktemp("grafana")
     start = int(time.time()) - 60
-    metrics_port, scores_port = _free_port(), _free_port()
+    metrics_port, scores_port = free_port(), free_port()
     targets = {"evalsi": f"127.0.0.1:{metrics_port}", "evalsi-scores": f"127.0.0.1:{scores_port}"}
-    prometheus = _start_prometheus(tmp / "prometheus", targets) if PROMETHEUS else None
+    prometheus = start_prometheus(tmp / "prometheus", targets, PrometheusServer) if PROMETHEUS else None
     judge = FakeJudge()
     judge.thread.start()
     collector: Collector | None = None
@@ -458,8 +397,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         pipelines["logs"]["processors"] = ["normalize", "redact"]
         pipelines["scores"] = {"exporters": ["clickhouse", "prometheus"]}
         collector = start_collector(tmp, cfg)
-        if prometheus is not None:
-            _wait_ready(prometheus)
         c = collector
 
         def send(batch: list[tuple[int, str, int, bool]]) -> list[str]:

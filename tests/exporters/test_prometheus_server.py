@@ -6,10 +6,6 @@ import asyncio
 import json
 import logging
 import re
-import shutil
-import signal
-import socket
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
+from prometheus_server import MISSING, PROMETHEUS, PrometheusProcess, free_port, start_prometheus
 from running_collector import serve_config, start_collector
 
 from evalsi.component import Settings
@@ -27,12 +23,7 @@ from evalsi.policies.intervals import wilson_interval
 from evalsi.score import Score, ScoreBatch
 from evalsi.telemetry import SelfMetrics
 
-PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None,
-    reason="needs a Prometheus server binary on PATH: `apt-get install prometheus` (Debian/Ubuntu; .ci/run tries it) "
-    "or a release from https://prometheus.io/download/",
-)
+pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason=MISSING)
 
 JOB = "evalsi-scores"
 # the labels a scraped evalsi series may carry: evalsi's own plus what Prometheus adds
@@ -41,12 +32,8 @@ HEX_ID = re.compile(r"[0-9a-f]{16}([0-9a-f]{16})?")
 
 
 @dataclass
-class PrometheusServer:
+class PrometheusServer(PrometheusProcess):
     """A running `prometheus` scraping one target every second, and its HTTP API."""
-
-    proc: subprocess.Popen[bytes]
-    url: str
-    log_path: Path
 
     def api(self, path: str, **params: Any) -> Any:
         r = httpx.get(self.url + path, params=params, timeout=10)
@@ -84,24 +71,9 @@ class PrometheusServer:
     def series(self) -> list[dict[str, str]]:
         return self.api("/api/v1/series", **{"match[]": f'{{job="{JOB}"}}'})
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
 
 def _key(metric: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, v) for k, v in metric.items() if k not in ("job", "instance")))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -110,41 +82,9 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[str], PrometheusServer]]:
     started: list[PrometheusServer] = []
 
     def start(target: str) -> PrometheusServer:
-        home = tmp_path / "prometheus"
-        home.mkdir()
-        config = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-            "scrape_configs": [{"job_name": JOB, "static_configs": [{"targets": [target]}]}],
-        }
-        (home / "prometheus.yml").write_text(yaml.safe_dump(config))
-        port = _free_port()
-        log_path = home / "prometheus.log"
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                [
-                    str(PROMETHEUS),
-                    f"--config.file={home / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={home / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                    "--enable-feature=exemplar-storage",
-                ],
-                stdout=log,
-                stderr=log,
-                cwd=home,
-            )
-        server = PrometheusServer(proc, f"http://127.0.0.1:{port}", log_path)
+        server = start_prometheus(tmp_path / "prometheus", {JOB: target}, PrometheusServer)
         started.append(server)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise AssertionError(f"prometheus exited {proc.returncode}:\n{log_path.read_text()}")
-            try:
-                if httpx.get(server.url + "/-/ready", timeout=1).status_code == 200:
-                    return server
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"prometheus not ready in 60s:\n{log_path.read_text()}")
+        return server
 
     yield start
     for server in started:
@@ -302,7 +242,7 @@ def test_serve_scores_reach_prometheus_with_trace_exemplars_and_bounded_labels(
     tmp_path: Path, prometheus: Callable[[str], PrometheusServer]
 ) -> None:
     (tmp_path / "support.yaml").write_text(POLICY)
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     cfg = serve_config(tmp_path / "store")
     cfg["processors"]["tail_sampling"] = {"decision_wait": "300ms"}
     cfg["processors"]["evaluate"] = {"policies": ["support.yaml"]}
