@@ -23,8 +23,9 @@ RUN groupadd --system --gid 10001 evalsi \
 COPY --from=build /opt/evalsi /opt/evalsi
 COPY deploy/evalsi.yaml /etc/evalsi/evalsi.yaml
 COPY deploy/policies /etc/evalsi/policies
-# deploy/evalsi.yaml binds 0.0.0.0 and reads its store from EVALSI_STORE. The working directory is the volume, so
-# relative paths (evaluate's datasets_dir, .evalsi/datasets) land on it too.
+# deploy/evalsi.yaml binds 0.0.0.0, reads its store from EVALSI_STORE and the hash of its API key from
+# EVALSI_API_KEY_HASH, which has no default: `docker run -e EVALSI_API_KEY_HASH=sha256:...` (docs/deploy.md). The
+# working directory is the volume, so relative paths (evaluate's datasets_dir, .evalsi/datasets) land on it too.
 ENV PATH=/opt/evalsi/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \

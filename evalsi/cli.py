@@ -17,7 +17,8 @@ from rich.table import Table
 from rich.tree import Tree
 
 from evalsi import __version__
-from evalsi.collector.config import Config, ConfigError, load_config
+from evalsi.auth import api_headers
+from evalsi.collector.config import Config, ConfigError, load_config, redact, secret_values
 from evalsi.collector.query import QueryError, TraceReader, open_reader
 from evalsi.run_harness import commands
 from evalsi.store import StoreError
@@ -37,6 +38,8 @@ app.add_typer(commands.runs_app, name="runs")
 app.command("compare")(commands.compare_command)
 app.command("rescore")(commands.rescore_command)
 app.add_typer(commands.import_app, name="import")
+keys_app = typer.Typer(help="API keys for the `auth` section.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
 
 # piped output gets a wide console so ids are never cut
 out = Console(width=None if sys.stdout.isatty() else 200)
@@ -112,11 +115,44 @@ def validate(
         except (RunSpecError, DatasetError) as e:
             problems.append(str(e))
     if problems:
-        err.print("\n".join(problems), highlight=False, soft_wrap=True)
+        # a config's errors are redacted already; a run file's are here, with the credentials it holds
+        err.print(redact("\n".join(problems), _run_file_secrets(run_file)), highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     out.print(f"OK: {', '.join(str(p) for p in (config, run_file) if p is not None)}")
     for note in notes:
         out.print(f"  {note}", highlight=False)
+
+
+@keys_app.command("new")
+def keys_new(
+    name: Annotated[str, typer.Option("--name", help="Whose key it is (shown in logs, never the key).")] = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Make an API key: the key (give it to the sender, once) and its hash (for the config's `auth.api_keys`)."""
+    from evalsi.auth import new_key
+
+    key, digest = new_key()
+    if as_json:
+        out.print_json(json.dumps({"key": key, "hash": digest, "name": name}))
+        return
+    out.print(f"key:  {key}", highlight=False)
+    out.print(f"hash: {digest}", highlight=False)
+    entry = f"{{hash: {digest}" + (f", name: {name}" if name else "") + "}"
+    err.print(
+        "The key is shown once: give it to the sender (`Authorization: Bearer <key>`; `EVALSI_API_KEY` for the CLI)."
+        f"\nIn the config:\n  auth:\n    api_keys:\n      - {entry}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _run_file_secrets(path: Path | None) -> set[str]:
+    import yaml
+
+    try:
+        return secret_values(yaml.safe_load(path.read_text())) if path is not None else set()
+    except (OSError, yaml.YAMLError):
+        return set()
 
 
 @app.command()
@@ -314,7 +350,9 @@ def _policy_stats(reader: TraceReader, window: str, policy: str | None) -> dict[
         if isinstance(reader, ApiReader):
             params = {"window": window, **({"policy": policy} if policy else {})}
             try:
-                resp = httpx.get(reader.url + "/api/v1/policies/stats", params=params, timeout=30)
+                resp = httpx.get(
+                    reader.url + "/api/v1/policies/stats", params=params, timeout=30, headers=api_headers()
+                )
             except httpx.HTTPError as e:
                 raise _fail(f"cannot reach the evalsi API at {reader.url}: {e}; is `evalsi serve` running?") from None
             if resp.status_code != 200:

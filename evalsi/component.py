@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -15,6 +15,9 @@ from evalsi.score import ScoreBatch
 from evalsi.span import BatchKind, SpanBatch
 from evalsi.store import StoreType
 from evalsi.telemetry import SelfMetrics
+
+if TYPE_CHECKING:
+    from evalsi.auth import Authenticator
 
 Kind = Literal["receiver", "processor", "exporter"]
 Signal = Literal["traces", "logs", "scores"]
@@ -146,6 +149,8 @@ class Settings:
     """Set in a pipeline worker process (`service.workers` > 1)."""
     collector: CollectorPeers | None = None
     """Set in the collector process when pipelines run in workers."""
+    auth: Authenticator | None = None
+    """The `auth` section's key check, for components that listen (None: the config has no `auth` section)."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,8 @@ class Factory:
     needs: BatchKind | None = None
     """The span batches a processor acts on (others pass through): a processor that hands them on must precede it."""
     makes: tuple[BatchKind, ...] = ()
+    first: str | None = None
+    """Set for a processor that must be listed first in its pipelines: why (config validation quotes it)."""
     """The span batches a processor hands on beyond what it takes (e.g. whole traces from spans)."""
     meets: bool = False
     """With pipeline workers, a processor whose worker instances meet in the collector process: it has an instance
@@ -209,15 +216,18 @@ def processor(
     needs: BatchKind | None = None,
     makes: tuple[BatchKind, ...] = (),
     meets: bool = False,
+    first: str | None = None,
 ) -> Callable[[T], T]:
     """Register a processor: `cls(config, settings, next: Next)`. It is a Consumer (and a LogConsumer when it
     takes logs); one instance serves every pipeline that lists its id. `single_process` says why it cannot run
     in pipeline workers, if it cannot. `needs` is the kind of span batch it acts on (it passes the others on), and
     `makes` the kinds it hands on beyond what it takes: config validation checks that what a processor needs is made
-    before it in its traces pipeline. `meets`: with workers, it has an instance in the collector process too."""
+    before it in its traces pipeline. `meets`: with workers, it has an instance in the collector process too.
+    `first`: it must be listed first in a pipeline, and why."""
     return _register(
-        "processor", type_name, config, signals, single_process=single_process, needs=needs, makes=makes, meets=meets
-    )
+        "processor", type_name, config, signals, single_process=single_process, needs=needs, makes=makes, meets=meets,
+        first=first,
+    )  # fmt: skip
 
 
 def exporter(

@@ -48,6 +48,7 @@ class Request:
     """What the stand-in saw of one request: for tests asserting what the client sent."""
 
     method: str
+    database: str
     sql: str
     settings: dict[str, str]
     params: dict[str, str]
@@ -131,8 +132,8 @@ class ClickHouseHttp:
         settings = {k: v for k, v in args.items() if k not in _TRANSPORT and not k.startswith("param_")}
         insert = _INSERT.match(query) if query else None
         sql = query if insert else (query + ("\n" if query and body else "") + body.decode("utf-8", "replace"))
-        self.requests.append(Request(h.command, sql, settings, params, user, len(body), encoding))
         database = args.get("database") or "default"
+        self.requests.append(Request(h.command, database, sql, settings, params, user, len(body), encoding))
         query_id = args.get("query_id") or str(uuid.uuid4())
         try:
             if insert:

@@ -21,6 +21,9 @@ from evalsi.ids import is_trace_id
 from evalsi.score import Score, ScoreBatch
 from evalsi.store import TraceQueries
 
+OPEN_PATHS = ("/healthz", "/readyz")
+"""What answers without an API key (probes): everything else needs one when `auth` is on."""
+
 
 def build_api(
     store: TraceQueries | None,
@@ -58,22 +61,27 @@ def build_api(
         return status()
 
     @app.get("/api/v1/traces")
-    async def list_traces(limit: int = Query(20, ge=1, le=10_000), service: str | None = None) -> dict[str, Any]:
+    async def list_traces(
+        limit: int = Query(20, ge=1, le=10_000), service: str | None = Query(None, max_length=MAX_FILTER)
+    ) -> dict[str, Any]:
         s = need_store()
         return {"traces": await asyncio.to_thread(s.list_traces, limit=limit, service=service)}
 
     @app.get("/api/v1/scores")
     async def list_scores(
-        limit: int = Query(100, ge=1, le=100_000), trace_id: str | None = None, policy: str | None = None
+        limit: int = Query(100, ge=1, le=100_000),
+        trace_id: str | None = None,
+        policy: str | None = Query(None, max_length=MAX_FILTER),
     ) -> dict[str, Any]:
+        if trace_id is not None:
+            _check_trace_id("trace_id", trace_id)
         s = need_store()
         found = await asyncio.to_thread(s.list_scores, limit=limit, trace_id=trace_id, policy=policy)
         return {"scores": found}
 
     @app.get("/api/v1/traces/{trace_id}")
     async def get_trace(trace_id: str) -> dict[str, Any]:
-        if not is_trace_id(trace_id):
-            raise HTTPException(400, f"invalid trace id {trace_id!r}: expected 32 hex digits")
+        _check_trace_id("trace_id", trace_id)
         spans = await asyncio.to_thread(need_store().get_trace, trace_id)
         if not spans:
             raise HTTPException(404, f"trace {trace_id} not found")
@@ -170,6 +178,7 @@ def build_api(
 
     @app.get("/api/v1/runs/{run_id}")
     async def get_run(run_id: str) -> dict[str, Any]:
+        _check_run_id(run_id)
         found = await asyncio.to_thread(need_store().list_runs, limit=1, run_id=run_id)
         if not found:
             raise HTTPException(404, f"run {run_id} not found")
@@ -177,18 +186,37 @@ def build_api(
 
     @app.get("/api/v1/runs/{run_id}/scores")
     async def get_run_scores(run_id: str) -> dict[str, Any]:
+        _check_run_id(run_id)
         return {"scores": await asyncio.to_thread(need_store().run_scores, run_id)}
 
     @app.get("/api/v1/policies/stats")
-    async def policy_stats(window: str = "5m", policy: str | None = None) -> dict[str, Any]:
+    async def policy_stats(
+        window: str = Query("5m", max_length=100), policy: str | None = Query(None, max_length=MAX_FILTER)
+    ) -> dict[str, Any]:
         try:
             seconds = parse_duration(window)
         except ValueError as e:
             raise HTTPException(400, f"window: {e}") from None
         if seconds <= 0:
             raise HTTPException(400, "window: must be longer than 0s")
+        if seconds > score_api.MAX_WINDOW_S:
+            raise HTTPException(400, f"window: at most {score_api.MAX_WINDOW_S // 3600:g}h (ten years)")
         since_ns = time.time_ns() - int(seconds * 1e9)
         rows = await asyncio.to_thread(need_store().score_window_stats, since_ns=since_ns, policy=policy)
         return {"window": window, "since_unix_nano": since_ns, "stats": score_api.window_stats(rows)}
 
     return app
+
+
+MAX_FILTER = 1000
+"""The longest service or policy name a query filters on: a longer one is refused, not sent to the store."""
+
+
+def _check_trace_id(name: str, value: str) -> None:
+    if not is_trace_id(value):
+        raise HTTPException(400, f"{name}: invalid trace id {value[:80]!r}: expected 32 hex digits")
+
+
+def _check_run_id(run_id: str) -> None:
+    if not run_api.RUN_ID.fullmatch(run_id):
+        raise HTTPException(400, f"run_id: invalid run id {run_id[:80]!r}: 1 to 200 letters, digits, '.', '_' or '-'")

@@ -6,6 +6,7 @@ import importlib
 
 BUILTIN_MODULES = (
     "evalsi.receivers.otlp",
+    "evalsi.processors.memory_limiter",
     "evalsi.processors.normalize",
     "evalsi.processors.redact",
     "evalsi.processors.probabilistic_sampler",

@@ -4,25 +4,92 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote, unquote
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from evalsi.auth import AuthConfig, is_loopback
 from evalsi.collector.builtin import load_builtin_components
 from evalsi.component import REGISTRY, SIGNALS, ComponentConfig, Kind
 
 
 class ConfigError(Exception):
-    """Every problem found in a config, each as `key.path: what is wrong`."""
+    """Every problem found in a config, each as `key.path: what is wrong`; never a credential (see `redact`):
+    `secrets` are the config's secret values (and those of secret-named environment variables, which `env:`
+    references bring in), which a message quoting a value may hold."""
 
-    def __init__(self, errors: list[str], source: str = "") -> None:
-        self.errors = errors
+    def __init__(self, errors: list[str], source: str = "", secrets: Iterable[str] = ()) -> None:
+        # 8 characters at least: TOKENIZERS_PARALLELISM=false must not hide every "false"
+        known = set(secrets) | {v for k, v in os.environ.items() if len(v) >= 8 and _SECRET_KEY.fullmatch(k)}
+        self.errors = [redact(e, known) for e in errors]
         self.source = source
         head = f"invalid config {source}" if source else "invalid config"
-        super().__init__(head + ":\n" + "\n".join(f"  {e}" for e in errors))
+        super().__init__(head + ":\n" + "\n".join(f"  {e}" for e in self.errors))
+
+
+# a key whose value is a credential (`api_keys` is a list of key hashes, not keys); `headers` values all count
+_SECRET_KEY = re.compile(
+    r"[\w-]*(?:password|passwd|secret|token(?!s)|api[_-]?key(?!s)|apikey|authorization|credential|private[_-]?key"
+    r"|hmac[_-]?key|bearer|cookie)[\w-]*",
+    re.I,
+)
+_SECRET_CONTAINER = re.compile(r"headers?", re.I)
+# scheme://user:password@host: the password runs to the last @ before a space or a quote (it may hold an @)
+_URL_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"]*):(?P<password>[^\s'\"]*)@")
+# `password: value` or `token=value` as YAML lines or free text quote them (not `a.b.password: message`, a key path)
+_SECRET_PAIR = re.compile(
+    rf"(?P<key>(?<![\w.])(?:{_SECRET_KEY.pattern})[\"']?\s*[:=][ \t]*)(?P<value>(?!\*\*\*)[^\s][^\n]*)", re.I
+)
+REDACTED = "***"
+
+
+def secret_values(doc: Any, secret: bool = False) -> set[str]:
+    """The credentials a config document holds: values of secret-named keys (and of `headers`), and the password
+    of every URL with one, so that a message quoting any of them can be redacted."""
+    found: set[str] = set()
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            name = str(k)
+            found |= secret_values(v, secret or bool(_SECRET_KEY.fullmatch(name) or _SECRET_CONTAINER.fullmatch(name)))
+    elif isinstance(doc, list):
+        for v in doc:
+            found |= secret_values(v, secret)
+    elif isinstance(doc, str):
+        if secret and doc:
+            found.add(doc)
+        for m in _URL_USERINFO.finditer(doc):
+            if m.group("password"):
+                found.update((m.group("password"), unquote(m.group("password"))))
+    return found
+
+
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    """`text` with no credential: the known `secrets` (as written, quoted or URL-encoded), every URL's password
+    (`user:***@`) and the value of every `password: …` or `token=…` it quotes become ***."""
+    for value in sorted(set(secrets), key=len, reverse=True):
+        forms = {value, repr(value)[1:-1], quote(value, safe="")}
+        for form in sorted(forms, key=len, reverse=True):
+            if len(form) >= 4:
+                text = text.replace(form, REDACTED)
+            else:  # a short one only where it stands quoted alone: "abc" would otherwise hide every abc
+                text = re.sub(rf"(['\"]){re.escape(form)}\1", rf"\g<1>{REDACTED}\g<1>", text)
+    text = _URL_USERINFO.sub(lambda m: f"{m.group('head')}:{REDACTED}@" if m.group("password") else m.group(0), text)
+    return _SECRET_PAIR.sub(lambda m: m.group("key") + REDACTED, text)
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """What is wrong with a YAML text and where, without the lines PyYAML quotes (one may hold a password)."""
+    if isinstance(e, yaml.MarkedYAMLError):
+        mark = e.problem_mark or e.context_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        what = ", ".join(str(x) for x in (e.context, e.problem) if x)
+        return f"{what or 'malformed'}{where}"
+    return type(e).__name__
 
 
 class _Strict(BaseModel):
@@ -88,6 +155,8 @@ class Config:
     service: ServiceConfig
     components: dict[tuple[Kind, str], ComponentConfig] = field(default_factory=dict)
     source: str = ""
+    auth: AuthConfig | None = None
+    """The `auth` section; None when the config has none (every listener must then be on loopback)."""
     workers_note: str = ""
     """What `service.workers: auto` chose, and why (empty when a number was given)."""
 
@@ -174,7 +243,7 @@ def parse_config(raw: Any, source: str = "", base_dir: Path | None = None) -> Co
     raw = resolve_env(raw, (), errors)
     # a key whose variable is missing is reported once, by name, not again as a wrong type
     unset = {e.split(": ", 1)[0] for e in errors}
-    errors.extend(f"{key}: unknown key" for key in raw if key not in (*_SECTIONS, "service"))
+    errors.extend(f"{key}: unknown key" for key in raw if key not in (*_SECTIONS, "service", "auth"))
 
     sections: dict[str, dict[str, Any]] = {}
     for section in _SECTIONS:
@@ -205,14 +274,47 @@ def parse_config(raw: Any, source: str = "", base_dir: Path | None = None) -> Co
             except ValidationError as e:
                 errors.extend(m for m in _pydantic_errors(e, (section, cid)) if m.split(": ", 1)[0] not in unset)
 
+    auth: AuthConfig | None = None
+    if raw.get("auth") is not None:
+        try:
+            auth = AuthConfig.model_validate(raw["auth"])
+        except ValidationError as e:
+            errors.extend(m for m in _pydantic_errors(e, ("auth",)) if m.split(": ", 1)[0] not in unset)
+
     workers_note = ""
     if service is not None:
+        if raw.get("auth") is None:
+            errors.extend(_open_listener_errors(service, components))
         errors.extend(_pipeline_errors(service, sections))
         service, workers_note = _chosen_workers(service)
         errors.extend(_worker_errors(service))
     if errors or service is None:
-        raise ConfigError(errors, source)
-    return Config(service=service, components=components, source=source, workers_note=workers_note)
+        raise ConfigError(errors, source, secrets=secret_values(raw))
+    return Config(service=service, components=components, source=source, workers_note=workers_note, auth=auth)
+
+
+def listeners(service: ServiceConfig, components: dict[tuple[Kind, str], ComponentConfig]) -> list[tuple[str, str]]:
+    """Every endpoint the config listens on, as (key path, endpoint): the API, self-metrics, and the components'
+    (a receiver's protocols, the prometheus exporter's scrape endpoint)."""
+    found = [("service.api.endpoint", service.api.endpoint)]
+    if service.telemetry.metrics.level != "none":
+        found.append(("service.telemetry.metrics.address", service.telemetry.metrics.address))
+    for (kind, cid), config in components.items():
+        listening = getattr(config, "listeners", None)
+        if listening is not None:
+            found += [(f"{kind}s.{cid}.{path}", endpoint) for path, endpoint in listening().items()]
+    return found
+
+
+def _open_listener_errors(service: ServiceConfig, components: dict[tuple[Kind, str], ComponentConfig]) -> list[str]:
+    """Secure by default: a listener other machines can reach needs an `auth` section."""
+    return [
+        f"{path}: {endpoint} can be reached from other machines and no `auth` section says who may send or read: "
+        "add `auth: {api_keys: [{hash: sha256:…}]}` (`evalsi keys new` prints a key and its hash), listen on "
+        "127.0.0.1, or accept anyone with `auth: {mode: none}`"
+        for path, endpoint in listeners(service, components)
+        if not is_loopback(endpoint)
+    ]
 
 
 def cores() -> int:
@@ -298,6 +400,11 @@ def _pipeline_errors(service: ServiceConfig, sections: dict[str, dict[str, Any]]
                         f"{where}.{section}.{i}: {kind} {cid!r} does not take {data} "
                         f"(it takes {', '.join(factory.signals)})"
                     )
+                if kind == "processor" and i > 0 and factory is not None and factory.first:
+                    errors.append(
+                        f"{where}.{section}.{i}: processor {cid!r} must be listed first: {factory.first}; after "
+                        f"{pipe.processors[0]!r} it would refuse data that processor already took"
+                    )
                 if kind == "processor":
                     owner = processor_owner.setdefault((cid, data), name)
                     if owner != name:
@@ -342,7 +449,7 @@ def load_config(path: str | Path | None) -> Config:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError([f"not valid YAML: {e}"], str(p)) from None
+        raise ConfigError([f"not valid YAML: {yaml_problem(e)}"], str(p)) from None
     return parse_config(raw, str(p), base_dir=p.resolve().parent)
 
 

@@ -6,6 +6,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from evalsi.auth import KEY_ENV, api_headers
 from evalsi.collector.config import Config, is_store, type_of
 from evalsi.component import REGISTRY
 from evalsi.store import StoreBusy, TraceQueries
@@ -31,7 +32,7 @@ class ApiReader:
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
         self.where = f"API at {self.url}"
-        self._client = httpx.Client(base_url=self.url, timeout=30)
+        self._client = httpx.Client(base_url=self.url, timeout=30, headers=api_headers())
 
     def _get(self, path: str, **params: Any) -> httpx.Response:
         try:
@@ -66,9 +67,12 @@ class ApiReader:
 
 def _detail(resp: httpx.Response) -> str:
     try:
-        return str(resp.json().get("detail", resp.text))
+        detail = str(resp.json().get("detail", resp.text))
     except ValueError:
-        return resp.text
+        detail = resp.text
+    if resp.status_code == 401:
+        detail += f"; set {KEY_ENV} to an API key of this collector"
+    return detail
 
 
 class StoreReader:

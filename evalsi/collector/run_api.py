@@ -26,8 +26,10 @@ from evalsi.store import TraceQueries
 from evalsi.trajectory import build_trajectory
 
 MAX_TRACES = 1000
-RUN_ID = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+RUN_ID = re.compile(r"^[A-Za-z0-9._-]{1,200}$")  # use fullmatch: re's $ also matches before a final newline
 MAX_WAIT_S = 300.0
+MAX_UNIX_NANO = 2**63 - 1
+"""The last time the store's nanosecond clock holds (2262): a later `since_unix_nano` is refused."""
 
 
 class RunRequestError(Exception):
@@ -59,7 +61,7 @@ class GivenScoreBody(_Body):
 class TraceToScore(_Body):
     trace_id: str
     task_id: str
-    trial: int = Field(ge=0)
+    trial: int = Field(ge=0, le=2**32 - 1)
     spans: int = Field(1, ge=1)
     """How many spans the harness sent: the trace is scored once that many are stored."""
     reference: dict[str, Any] = Field(default_factory=dict)
@@ -69,11 +71,11 @@ class TraceToScore(_Body):
 
 
 class ScoreRunRequest(_Body):
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=200)
     evaluators: list[EvaluatorRef] = Field(default_factory=list, max_length=50)
     judge: dict[str, Any] = Field(default_factory=dict)
     traces: list[TraceToScore] = Field(min_length=1, max_length=MAX_TRACES)
-    since_unix_nano: int = Field(0, ge=0)
+    since_unix_nano: int = Field(0, ge=0, le=MAX_UNIX_NANO)
     """The run's start: traces are looked up from there."""
     wait_s: float = Field(30.0, ge=0, le=MAX_WAIT_S)
 
@@ -111,7 +113,7 @@ def plan_scoring(run_id: str, body: Any) -> RunScoring:
     """Check a scoring request: every evaluator exists and takes its params (with the run's judge params merged
     into judge-based ones), every trace id is one."""
     if not RUN_ID.fullmatch(run_id):
-        raise RunRequestError(400, f"invalid run id {run_id[:80]!r}: 1 to 200 letters, digits, '.', '_' or '-'")
+        raise RunRequestError(400, f"run_id: invalid run id {run_id[:80]!r}: 1 to 200 letters, digits, '.', '_' or '-'")
     request: ScoreRunRequest = _parse(ScoreRunRequest, body)
     known = load_evaluators()
     evaluators = []
@@ -131,7 +133,7 @@ def plan_scoring(run_id: str, body: Any) -> RunScoring:
         raise RunRequestError(400, "evaluators: give at least one evaluator, or scores with the traces")
     for i, t in enumerate(request.traces):
         if not is_trace_id(t.trace_id):
-            raise RunRequestError(400, f"traces.{i}.trace_id: not a trace id: {t.trace_id!r}")
+            raise RunRequestError(400, f"traces.{i}.trace_id: not a trace id: {t.trace_id[:80]!r}")
     return RunScoring(run_id, request, evaluators)
 
 
@@ -203,9 +205,9 @@ def parse_run_record(body: Any) -> RunRecord:
 
 
 class SelectRequest(_Body):
-    where: str = Field(min_length=1)
+    where: str = Field(min_length=1, max_length=10_000)
     """CEL over `trace` (as in policy selectors), e.g. `trace.service_name == "chat" && trace.error_count > 0`."""
-    since_unix_nano: int = Field(0, ge=0)
+    since_unix_nano: int = Field(0, ge=0, le=MAX_UNIX_NANO)
     limit: int = Field(1000, ge=1, le=10_000)
     """At most this many matching traces, newest first."""
     scan: int = Field(10_000, ge=1, le=100_000)

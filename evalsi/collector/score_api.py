@@ -26,6 +26,8 @@ from evalsi.trajectory import build_trajectory
 MAX_RECORDS = 1000
 MAX_EVALUATORS = 50
 CONFIDENCE = 0.95
+MAX_WINDOW_S = 10 * 365 * 86400
+"""The longest policy stats window: ten years back is still after 1970, where stored times start."""
 
 
 class RequestError(Exception):
@@ -225,9 +227,9 @@ def feedback_score(body: Any) -> Score:
     """A human's verdict on a trace as a Score: bool → passed, number → value, string → label."""
     request: FeedbackRequest = _parse(FeedbackRequest, body)
     if not is_trace_id(request.trace_id):
-        raise RequestError(400, f"trace_id: invalid trace id {request.trace_id!r}: expected 32 hex digits")
+        raise RequestError(400, f"trace_id: invalid trace id {request.trace_id[:80]!r}: expected 32 hex digits")
     if request.span_id is not None and not is_span_id(request.span_id):
-        raise RequestError(400, f"span_id: invalid span id {request.span_id!r}: expected 16 hex digits")
+        raise RequestError(400, f"span_id: invalid span id {request.span_id[:80]!r}: expected 16 hex digits")
     if not request.name.strip():
         raise RequestError(400, "name: must not be blank")
     score = Score(

@@ -12,15 +12,19 @@ from typing import Any
 from prometheus_client import make_asgi_app
 
 from evalsi import __version__
-from evalsi.collector.api import build_api
+from evalsi.auth import Authenticator, gate
+from evalsi.collector.api import OPEN_PATHS, build_api
 from evalsi.collector.config import Config, is_store, type_of
 from evalsi.collector.fanout import FanOut, LogFanOut, ScoreFanOut, fan
 from evalsi.collector.heap import tune_gc
 from evalsi.collector.workers.metrics import merged_registry
 from evalsi.collector.workers.pool import WorkerPool
 from evalsi.component import REGISTRY, Kind, Next, ScoreConsumer, Settings, Signal
+from evalsi.encoded import EncodedBatch
 from evalsi.evaluators.judge_client import Judges
+from evalsi.log_record import LogBatch
 from evalsi.serving import AsgiServer
+from evalsi.span import SpanBatch
 from evalsi.store import StoreExporter, TraceQueries
 from evalsi.telemetry import SelfMetrics
 
@@ -74,6 +78,28 @@ def _upstream_first(edges: dict[str, set[str]]) -> list[str]:
     return order + [n for n in edges if n not in order]  # a cycle (rejected by config) keeps the rest
 
 
+class _Admitted:
+    """With pipeline workers: a receiver's request passes the admission check (`admit`) of the processors that head
+    its pipelines (memory_limiter) here, in the collector process, before the pool hands it to the workers; those
+    pipelines run past the hand-off, where a refusal could no longer reach the sender."""
+
+    def __init__(self, pool: WorkerPool, admitting: dict[str, list[Any]]) -> None:
+        self.pool = pool
+        self.admitting = admitting  # by signal
+        self.shards = pool.shards
+
+    async def consume_encoded(self, batch: EncodedBatch) -> None:
+        for head in self.admitting.get(batch.signal, ()):
+            head.admit(batch.signal, len(batch))
+        await self.pool.consume_encoded(batch)
+
+    async def consume(self, batch: SpanBatch) -> None:
+        await self.pool.consume(batch)
+
+    async def consume_logs(self, batch: LogBatch) -> None:
+        await self.pool.consume_logs(batch)
+
+
 class StartError(Exception):
     """The service could not start; the message says why and what to do."""
 
@@ -90,6 +116,9 @@ class Service:
         self.config = config
         self.metrics = SelfMetrics()
         self.worker_store = worker_store  # set in a worker process
+        self.auth = (
+            Authenticator(config.auth, self.metrics) if config.auth is not None and worker_store is None else None
+        )
         # the judge runtime of /v1/evaluate (its metrics are this service's); judges never run in pipeline workers
         self.judges = Judges(self.metrics) if worker_store is None else None
         self.pool: WorkerPool | None = None  # set in the collector process when pipelines run in workers
@@ -106,6 +135,7 @@ class Service:
         self._started: list[tuple[str, Any]] = []
         self._fans: list[FanOut | LogFanOut | ScoreFanOut] = []
         self._stop = asyncio.Event()
+        self._stopping = False
         self._build()
 
     def _fan(self, data: Signal, consumers: list[Any]) -> Any:
@@ -119,7 +149,7 @@ class Service:
         in_workers = self.config.service.workers > 1 and self.worker_store is None
         return Settings(
             id=cid, metrics=self.metrics, logger=logging.getLogger(f"evalsi.{kind}.{cid}"), worker=worker,
-            collector=self if in_workers else None,
+            collector=self if in_workers else None, auth=self.auth,
         )  # fmt: skip
 
     def route_feedback(self, processor: str, scores: list[Any]) -> None:
@@ -212,13 +242,23 @@ class Service:
             judges = getattr(hub, "judges", None)
             if judges is not None:
                 judges.ledger = self.pool.ledger
+        for hub in self.hubs.values():  # the memory of the workers counts with this process's
+            if hasattr(hub, "watch"):
+                hub.watch(self.pool)
         pipelines = self.config.service.pipelines
         for rid in dict.fromkeys(r for n, p in pipelines.items() if type_of(n) != "scores" for r in p.receivers):
             nxt = Next()
+            admitting: dict[str, list[Any]] = {}
             for name, pipe in pipelines.items():
                 if rid in pipe.receivers:
-                    setattr(nxt, type_of(name), self.pool)
-            nxt.encoded = self.pool
+                    head = self.hubs.get(pipe.processors[0]) if pipe.processors else None
+                    if hasattr(head, "admit"):
+                        admitting.setdefault(type_of(name), []).append(head)
+            consumer = _Admitted(self.pool, admitting) if admitting else self.pool
+            for name, pipe in pipelines.items():
+                if rid in pipe.receivers:
+                    setattr(nxt, type_of(name), consumer)
+            nxt.encoded = consumer
             self.receivers[rid] = self._create("receiver", rid, nxt)
 
     @property
@@ -246,7 +286,7 @@ class Service:
 
     def not_ready(self) -> list[str]:
         """Why components cannot take data now, each saying which (empty when all can)."""
-        reasons = []
+        reasons = ["the collector is shutting down: send elsewhere or retry later"] if self._stopping else []
         for eid, exp in self.exporters.items():
             why = exp.not_ready() if hasattr(exp, "not_ready") else None
             if why:
@@ -281,11 +321,14 @@ class Service:
                 registry = self.metrics.registry
                 if self.pool is not None:  # the workers' counts too
                     registry = merged_registry(registry, self.pool)
-                self.telemetry = AsgiServer(make_asgi_app(registry), telemetry.address)
+                metrics_app: Any = make_asgi_app(registry)
+                if self.auth is not None and self.auth.needs_key("metrics", telemetry.address):
+                    metrics_app = gate(metrics_app, self.auth, surface="metrics")
+                self.telemetry = AsgiServer(metrics_app, telemetry.address)
                 await self.telemetry.start()
+            api = build_api(self.store, self.status, self.scores, self.not_ready, judges=self.judges)
             self.api = AsgiServer(
-                build_api(self.store, self.status, self.scores, self.not_ready, judges=self.judges),
-                self.config.service.api.endpoint,
+                gate(api, self.auth, surface="api", open_paths=OPEN_PATHS), self.config.service.api.endpoint
             )
             await self.api.start()
             for rid, rec in self.receivers.items():
@@ -293,6 +336,11 @@ class Service:
         except BaseException:
             await self.shutdown()
             raise
+        if self.config.auth is not None and self.config.auth.mode == "none":
+            log.warning(
+                "auth mode none: anyone who reaches a listener may send, read and score everything; "
+                "add api_keys (`evalsi keys new`) to require a key"
+            )
         log.info("ready", extra=self.status())
 
     async def _start_one(self, where: str, component: Any) -> None:
@@ -305,10 +353,10 @@ class Service:
     async def shutdown(self) -> None:
         """Receivers stop taking data, then each stage drains into the next, then the servers stop."""
         t0 = time.monotonic()
+        self._stopping = True  # /readyz answers 503 from now on, so load balancers stop sending here
         started = dict(self._started)
-        for where, comp in self._started:
-            if where.startswith("receivers."):
-                await comp.shutdown()
+        # every receiver drains at once: none keeps taking data while another drains
+        await asyncio.gather(*(comp.shutdown() for where, comp in self._started if where.startswith("receivers.")))
         await self._drain_fans()
         # the workers drain first: what they hand on last still reaches the processors here (evaluate's windows)
         for where, comp in self._started:

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, make_asgi_a
 from prometheus_client.core import GaugeMetricFamily, Metric
 from pydantic import Field, field_validator
 
+from evalsi.auth import gate
 from evalsi.component import ComponentConfig, Refused, Settings, exporter
 from evalsi.duration import Duration
 from evalsi.policies.intervals import t_interval, wilson_interval
@@ -37,6 +38,10 @@ class PrometheusConfig(ComponentConfig):
     def _endpoint(cls, v: str) -> str:
         parse_endpoint(v)  # raises naming the endpoint
         return v
+
+    def listeners(self) -> dict[str, str]:
+        """The scrape endpoint (for the `auth` rule on reachable listeners)."""
+        return {"endpoint": self.endpoint}
 
     @field_validator("window")
     @classmethod
@@ -136,6 +141,7 @@ class PrometheusExporter:
     def __init__(self, config: PrometheusConfig, settings: Settings) -> None:
         self._config = config
         self._log = settings.logger
+        self._settings = settings
         m, cid = settings.metrics, settings.id
         self._sent = m.counter("evalsi_exporter_sent_scores", "Scores the exporter delivered.", ["exporter"]).labels(
             cid
@@ -193,7 +199,11 @@ class PrometheusExporter:
             await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"text/plain")]})
             await send({"type": "http.response.body", "body": b"scrape /metrics\n"})
 
-        self._server = AsgiServer(metrics_only, self._config.endpoint)
+        auth = self._settings.auth
+        needs_key = auth is not None and auth.needs_key("metrics", self._config.endpoint)
+        self._server = AsgiServer(
+            gate(metrics_only, auth, surface="prometheus") if needs_key else metrics_only, self._config.endpoint
+        )
         self.endpoint = self._server.endpoint
         await self._server.start()
         self._log.info("prometheus exporter listening", extra={"endpoint": self.endpoint})

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
+from evalsi.auth import api_headers
 from evalsi.collector.config import DEFAULT_CONFIG, Config, parse_config, type_of
 
 
@@ -40,7 +41,7 @@ def remote(api_url: str) -> CollectorLink:
     """A running collector, found by its API URL: its status says where its OTLP/HTTP receiver listens."""
     api_url = api_url.rstrip("/")
     try:
-        resp = httpx.get(api_url + "/api/v1/status", timeout=10)
+        resp = httpx.get(api_url + "/api/v1/status", timeout=10, headers=api_headers())
     except httpx.HTTPError as e:
         raise CollectorError(f"cannot reach the evalsi API at {api_url}: {e}; is `evalsi serve` running?") from None
     if resp.status_code != 200:

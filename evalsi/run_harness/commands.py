@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
 
+from evalsi.auth import api_headers
 from evalsi.collector.config import ConfigError, load_config
 from evalsi.collector.query import api_url
 from evalsi.run_harness.cassette import Cassette
@@ -198,7 +199,7 @@ def _failing_trajectories(api: str, scores: list[dict[str, Any]]) -> dict[str, d
     """The trajectories of the traces with a failed or errored score (at most MAX_REPORTED_TRAJECTORIES)."""
     failing = [s["trace_id"] for s in scores if s.get("passed") is False or s.get("outcome") == "error"]
     out: dict[str, dict[str, Any]] = {}
-    with httpx.Client(base_url=api, timeout=30) as client:
+    with httpx.Client(base_url=api, timeout=30, headers=api_headers()) as client:
         for trace_id in list(dict.fromkeys(failing))[:MAX_REPORTED_TRAJECTORIES]:
             resp = client.get(f"/api/v1/traces/{trace_id}")
             if resp.status_code == 200:
@@ -234,7 +235,7 @@ def _api(collector: str | None, config: Path | None) -> Iterator[str]:
 
 
 def _get(api: str, path: str) -> Any:
-    resp = httpx.get(api + path, timeout=60)
+    resp = httpx.get(api + path, timeout=60, headers=api_headers())
     if resp.status_code == 404:
         raise _fail(resp.json().get("detail", "not found"), 1)
     if resp.status_code != 200:

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from evalsi import __version__
+from evalsi.auth import api_headers
 from evalsi.run_harness.atif import AtifError, convert
 from evalsi.run_harness.collector import CollectorLink
 from evalsi.run_harness.model import Attempt, DatasetError, Task
@@ -122,7 +123,7 @@ def import_run(
 
     infra = [{"task_id": a.task.id, "trial": a.trial, "kind": a.error.kind, "message": a.error.message,
               "trace_id": a.trace_id} for a in attempts if a.error is not None]  # fmt: skip
-    with httpx.Client(base_url=link.api_url, timeout=SCORE_WAIT_S + 60) as client:
+    with httpx.Client(base_url=link.api_url, timeout=SCORE_WAIT_S + 60, headers=api_headers()) as client:
 
         def api(method: str, path: str, **kwargs: Any) -> Any:
             try:

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from evalsi import __version__
+from evalsi.auth import api_headers
 from evalsi.run_harness.collector import CollectorLink
 from evalsi.run_harness.dataset import load_dataset
 from evalsi.run_harness.gates import check_gates, compile_gate
@@ -48,7 +49,7 @@ class Rescore:
         self.seed = seed
         self.spec = spec
         self.run_id = new_run_id(name)
-        self._client = httpx.Client(base_url=link.api_url, timeout=SCORE_WAIT_S + 60)
+        self._client = httpx.Client(base_url=link.api_url, timeout=SCORE_WAIT_S + 60, headers=api_headers())
 
     def _api(self, method: str, path: str, **kwargs: Any) -> Any:
         try:

@@ -17,6 +17,7 @@ from opentelemetry.trace import Span as OtelSpan, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from evalsi import __version__
+from evalsi.auth import api_headers
 from evalsi.run_harness.model import Attempt, LlmCall, Step, SubAgent, ToolCall, UserTurn, text_message
 
 SERVICE_NAME = "evalsi-run"
@@ -42,7 +43,9 @@ class RunTracer:
              "evalsi.run.name": run_name}
         )  # fmt: skip
         self.provider = TracerProvider(resource=resource)
-        self.exporter = OTLPSpanExporter(endpoint=endpoint.rstrip("/") + "/v1/traces", timeout=30)
+        self.exporter = OTLPSpanExporter(
+            endpoint=endpoint.rstrip("/") + "/v1/traces", timeout=30, headers=api_headers()
+        )
         self.provider.add_span_processor(
             BatchSpanProcessor(self.exporter, max_queue_size=65_536, schedule_delay_millis=200,
                                max_export_batch_size=1024)

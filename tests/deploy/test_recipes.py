@@ -1,12 +1,14 @@
 """The deployment recipes, run: the SDK environment variables of docs/otel-sdk.md and the collector-to-evalsi hop of
-docs/tee.md with real OTLP exporters into `evalsi serve`, and every config block of docs/tee.md, docs/otel-sdk.md and
-docs/agentgateway.md (and deploy/agentgateway/config.yaml) checked against what reads it."""
+docs/tee.md with real OTLP exporters into an `evalsi serve` that requires an API key, and every config block of
+docs/tee.md, docs/otel-sdk.md and docs/agentgateway.md (and deploy/agentgateway/config.yaml) checked against what reads
+it, the key each sender sends included."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +31,8 @@ from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 from running_collector import Collector, serve_config, start_collector, wait_until
 
-from evalsi.collector.config import parse_config
+from evalsi.auth import Authenticator, is_loopback, new_key
+from evalsi.collector.config import listeners, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE_DOCS = ("docs/tee.md", "docs/otel-sdk.md", "docs/agentgateway.md")
@@ -37,6 +40,9 @@ AGENTGATEWAY_CONFIG = "deploy/agentgateway/config.yaml"
 SHIPPED_OTELCOL = {"grpc": "deploy/otelcol/tee.yaml", "http": "deploy/otelcol/tee-http.yaml"}
 COMPOSE = "deploy/compose/compose.yaml"
 NOT_YET = "is written by a separate change and is not in this checkout yet"
+# the key a reader makes with `evalsi keys new`: its hash goes in evalsi's config, the key in each sender's environment
+KEY, KEY_HASH = new_key()
+KEY_HEADERS = {"Authorization": f"Bearer {KEY}"}
 
 
 # --- the docs' code blocks ------------------------------------------------------------------------------------------
@@ -90,8 +96,14 @@ def test_every_yaml_block_names_what_reads_it() -> None:
 
 
 @pytest.mark.parametrize("block", of_kind("evalsi"), ids=lambda b: b.where)
-def test_evalsi_blocks_are_valid_configs(block: Block) -> None:
-    parse_config(block.load(), source=block.where)
+def test_evalsi_blocks_are_valid_configs(block: Block, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert set(re.findall(r"\$\{env:(\w+)\}", block.text)) <= {"EVALSI_API_KEY_HASH"}, "the hash from the environment"
+    monkeypatch.setenv("EVALSI_API_KEY_HASH", KEY_HASH)
+    config = parse_config(block.load(), source=block.where)
+    if any(not is_loopback(endpoint) for _, endpoint in listeners(config.service, config.components)):
+        # a recipe that lets other machines in requires the key its senders send
+        assert config.auth is not None and config.auth.mode == "strict", block.where
+        assert Authenticator(config.auth).check(f"Bearer {KEY}").authenticated
 
 
 # --- OpenTelemetry Collector configs --------------------------------------------------------------------------------
@@ -242,6 +254,12 @@ def tee_problems(cfg: dict[str, Any]) -> list[str]:
                 and (ecfg.get("tls") or {}).get("insecure") is not True
             ):
                 problems.append(f"exporters.{eid}.tls.insecure: must be true (evalsi's gRPC receiver is plaintext)")
+        authorization = str((ecfg.get("headers") or {}).get("authorization", ""))
+        if not re.fullmatch(r"Bearer \$\{env:\w+\}", authorization):
+            problems.append(
+                f"exporters.{eid}.headers.authorization: evalsi needs `Bearer ${{env:VAR}}`, the key from the "
+                f"collector's environment (not written in the file), got {authorization!r}"
+            )
         for pid, p in ((cfg.get("service") or {}).get("pipelines") or {}).items():
             exporters = p.get("exporters") or []
             if eid not in exporters:
@@ -293,6 +311,7 @@ def test_tee_snippets_match_the_shipped_collector_configs(family: str) -> None:
         if family == "grpc":
             assert (doc_exporter.get("tls") or {}).get("insecure") == (file_exporter.get("tls") or {}).get("insecure")
         assert _teed_pipelines(shown) == _teed_pipelines(shipped), block.where
+        assert doc_exporter["headers"] == file_exporter["headers"], f"{block.where}: the same key variable as {path}"
 
 
 def _teed_pipelines(cfg: dict[str, Any]) -> set[str]:
@@ -339,7 +358,10 @@ AGW_PROVIDERS |= {"baseten", "cerebras", "deepinfra", "deepseek", "groq", "huggi
 AGW_PROVIDERS |= {"togetherai", "xai", "fireworks"}
 AGW_GATEWAY = {"port", "protocol", "listeners", "tls", "oidc", "jwtAuth", "authorization", "extAuthz", "extProc"}
 AGW_GATEWAY |= {"cors", "transformations", "basicAuth", "apiKey"}
+AGW_TRACING_POLICIES = {"requestHeaderModifier", "transformations", "backendTLS", "backendAuth", "http", "tcp"}
+AGW_TRACING_POLICIES |= {"backendTunnel"}  # SimpleLocalBackendPolicies: the connection to the trace collector
 SAMPLING = (bool, int, float, str)  # StringBoolFloat: a ratio, true/false, or a CEL expression
+AGW_ENV = {"EVALSI_API_KEY": KEY}  # what deploy/compose (or the reader) puts in agentgateway's environment
 
 
 def agentgateway_expand(text: str, env: dict[str, str]) -> str:
@@ -387,6 +409,15 @@ def agentgateway_problems(cfg: Any) -> list[str]:
             for k, v in (policy.get("attributes") or {}).items()
             if not isinstance(v, str)
         ]
+        backend = policy.get("policies") or {}
+        problems += [
+            f"frontendPolicies.tracing.policies.{k}: not a backend policy"
+            for k in backend
+            if k not in AGW_TRACING_POLICIES
+        ]
+        key = (backend.get("backendAuth") or {}).get("key")
+        if "backendAuth" in backend and not (isinstance(key, str) or (isinstance(key, dict) and set(key) == {"file"})):
+            problems.append("frontendPolicies.tracing.policies.backendAuth.key: a string, or {file: PATH}")
     for tracing in (raw, policy):
         for key in ("randomSampling", "clientSampling"):
             if tracing is not None and key in tracing and not isinstance(tracing[key], SAMPLING):
@@ -418,30 +449,55 @@ def _tracing_target(cfg: dict[str, Any]) -> tuple[str, str]:
     return str(raw["otlpEndpoint"]).split("://", 1)[-1], str(raw.get("otlpProtocol", "grpc"))
 
 
+def _key_sent(cfg: dict[str, Any]) -> str | None:
+    """The evalsi API key agentgateway sends with its trace exports, as evalsi reads it from `Bearer <key>`."""
+    policy = (cfg.get("frontendPolicies") or {}).get("tracing")
+    if policy is not None:
+        backend = policy.get("policies") or {}
+        if "backendAuth" in backend:
+            return str(backend["backendAuth"]["key"])  # sent as `Authorization: Bearer <key>`
+        value = str(((backend.get("requestHeaderModifier") or {}).get("set") or {}).get("authorization", ""))
+    else:
+        # config.tracing.headers become a transformation of CEL expressions: a literal is a quoted CEL string
+        value = str((cfg["config"]["tracing"].get("headers") or {}).get("authorization", ""))
+        if not re.fullmatch(r'"[^"\\]*"', value):
+            return None
+        value = value[1:-1]
+    return value.removeprefix("Bearer ") if value.startswith("Bearer ") else None
+
+
 @pytest.mark.parametrize("block", of_kind("agentgateway"), ids=lambda b: b.where)
 def test_agentgateway_blocks_follow_its_schema(block: Block) -> None:
-    cfg = yaml.safe_load(agentgateway_expand(block.text, {}))
+    cfg = yaml.safe_load(agentgateway_expand(block.text, AGW_ENV))
     assert agentgateway_problems(cfg) == []
     address, protocol = _tracing_target(cfg)
     assert address == {"grpc": "evalsi:4317", "http": "evalsi:4318"}[protocol]
+    assert _key_sent(cfg) == KEY, "every export to evalsi carries the key from EVALSI_API_KEY"
+    with pytest.raises(AssertionError, match="EVALSI_API_KEY"):
+        agentgateway_expand(block.text, {})  # no default key: a gateway without one does not start
 
 
 def test_shipped_agentgateway_config_routes_an_llm_and_traces_to_evalsi() -> None:
     text = (ROOT / AGENTGATEWAY_CONFIG).read_text()
-    cfg = yaml.safe_load(agentgateway_expand(text, {}))  # the defaults alone must start it
+    cfg = yaml.safe_load(agentgateway_expand(text, AGW_ENV))  # the defaults and the evalsi key must start it
     assert agentgateway_problems(cfg) == []
     assert _tracing_target(cfg) == ("evalsi:4317", "grpc")
+    assert _key_sent(cfg) == KEY
+    with pytest.raises(AssertionError, match="EVALSI_API_KEY"):
+        agentgateway_expand(text, {})
     tracing = cfg["frontendPolicies"]["tracing"]
     assert tracing["randomSampling"] is True
     assert tracing["attributes"]["gen_ai.prompt"] == "flattenRecursive(llm.prompt)"
     [model] = cfg["llm"]["models"]
     assert model["provider"] in ("openai", "openAI") and model["name"] == "*"
     assert model["params"]["baseUrl"] == "https://api.openai.com/v1"
-    local = yaml.safe_load(agentgateway_expand(text, {"LLM_BASE_URL": "http://llm:8000/v1", "OPENAI_API_KEY": "k"}))
+    local = yaml.safe_load(
+        agentgateway_expand(text, {"LLM_BASE_URL": "http://llm:8000/v1", "OPENAI_API_KEY": "k", **AGW_ENV})
+    )
     assert local["llm"]["models"][0]["params"] == {"baseUrl": "http://llm:8000/v1", "apiKey": "k"}
     # deploy/compose passes both variables set but empty when the user sets neither; shellexpand takes a `:-` default
     # only for an unset variable, so the keys are left empty (YAML null): agentgateway's own defaults apply
-    empty = yaml.safe_load(agentgateway_expand(text, {"LLM_BASE_URL": "", "OPENAI_API_KEY": ""}))
+    empty = yaml.safe_load(agentgateway_expand(text, {"LLM_BASE_URL": "", "OPENAI_API_KEY": "", **AGW_ENV}))
     assert agentgateway_problems(empty) == []
     assert empty["llm"]["models"][0]["params"] == {"baseUrl": None, "apiKey": None}
     assert cfg["gateways"]["default"]["port"] == 3000
@@ -459,7 +515,7 @@ def test_shipped_agentgateway_config_against_the_published_schema() -> None:
     docs = [(AGENTGATEWAY_CONFIG, (ROOT / AGENTGATEWAY_CONFIG).read_text())]
     docs += [(b.where, b.text) for b in of_kind("agentgateway")]
     for where, text in docs:
-        for env in ({}, {"LLM_BASE_URL": "", "OPENAI_API_KEY": ""}):
+        for env in (AGW_ENV, {"LLM_BASE_URL": "", "OPENAI_API_KEY": "", **AGW_ENV}):
             cfg = yaml.safe_load(agentgateway_expand(text, env))
             errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message[:200]}" for e in validator.iter_errors(cfg)]
             assert errors == [], (where, env)
@@ -490,6 +546,13 @@ def test_kubernetes_policy_blocks_use_the_crd_fields(block: Block) -> None:
     assert all(set(a) == {"name", "expression"} for a in attributes.get("add", []))
     if "backendRef" in tracing:
         assert tracing["backendRef"]["port"] == {"GRPC": 4317, "HTTP": 4318}[tracing.get("protocol", "GRPC")]
+    # the CRD's tracing has no header field: the traces go through deploy/kubernetes' load-balancing tier, whose
+    # exporter adds evalsi's key (tests/deploy/test_manifests.py checks that key against the replicas' hash)
+    ref = tracing["backendRef"]
+    manifests = [d for f in (ROOT / "deploy/kubernetes").glob("*.yaml") for d in yaml.safe_load_all(f.read_text()) if d]
+    (service,) = [d for d in manifests if d["kind"] == "Service" and d["metadata"]["name"] == ref["name"]]
+    assert ref["name"] == "otelcol-lb" and ref["namespace"] == service["metadata"]["namespace"]
+    assert ref["port"] in {p["port"] for p in service["spec"]["ports"]}
 
 
 # --- metrics --------------------------------------------------------------------------------------------------------
@@ -498,7 +561,7 @@ def test_kubernetes_policy_blocks_use_the_crd_fields(block: Block) -> None:
 def metric(c: Collector, name: str, **labels: str) -> float:
     """A sample summed over the series matching `labels`, from the collector's /metrics."""
     total = 0.0
-    for family in text_string_to_metric_families(httpx.get(c.metrics).text):
+    for family in text_string_to_metric_families(httpx.get(c.metrics, headers=KEY_HEADERS).text):
         for s in family.samples:
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
                 total += s.value
@@ -506,12 +569,27 @@ def metric(c: Collector, name: str, **labels: str) -> float:
 
 
 def traces_of(c: Collector, service: str) -> dict[str, int]:
-    listed = httpx.get(c.api + "/api/v1/traces", params={"service": service, "limit": 10_000}).json()["traces"]
+    listed = httpx.get(
+        c.api + "/api/v1/traces", params={"service": service, "limit": 10_000}, headers=KEY_HEADERS
+    ).json()["traces"]
     return {t["trace_id"]: t["span_count"] for t in listed}
 
 
+def wait_stored(c: Collector, n: int, timeout: float = 30) -> int:
+    """`Collector.wait_stored`, reading with the key: the first count of stored spans that reaches n (or the last)."""
+    deadline = time.monotonic() + timeout
+    got = 0
+    while time.monotonic() < deadline:
+        listed = httpx.get(c.api + "/api/v1/traces", params={"limit": 10_000}, headers=KEY_HEADERS).json()["traces"]
+        got = sum(t["span_count"] for t in listed)
+        if got >= n:
+            return got
+        time.sleep(0.1)
+    return got
+
+
 def spans_of(c: Collector, trace_id: str) -> dict[str, dict[str, Any]]:
-    resp = httpx.get(f"{c.api}/api/v1/traces/{trace_id}")
+    resp = httpx.get(f"{c.api}/api/v1/traces/{trace_id}", headers=KEY_HEADERS)
     assert resp.status_code == 200, resp.text
     return {s["span_id"]: s for s in resp.json()["spans"]}
 
@@ -533,12 +611,15 @@ QUESTION = "What is the capital of France?"
 ANSWER = "The capital of France is Paris."
 
 
-def doc_env(block: Block) -> dict[str, str]:
+def doc_env(block: Block, shell: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables a block exports, `${VAR}` expanded from `shell` as the shell would (the app's environment holds
+    EVALSI_API_KEY)."""
     env = {}
     for line in block.text.splitlines():
         m = re.match(r"export (\w+)=(\S*)", line.strip())
         if m:
-            env[m.group(1)] = m.group(2).strip("'\"")
+            value = m.group(2).strip("'\"")
+            env[m.group(1)] = re.sub(r"\$\{(\w+)\}", lambda v: (shell or {}).get(v.group(1), v.group(0)), value)
     return env
 
 
@@ -597,6 +678,21 @@ def _send_agent_run(span_exporter: SpanExporter, log_exporter: Any) -> tuple[str
     return format(agent.get_span_context().trace_id, "032x"), ids
 
 
+@pytest.fixture
+def keyed_collector(tmp_path: Path) -> Iterator[Collector]:
+    """`evalsi serve` with the test defaults and an `auth` section listing KEY's hash."""
+    cfg = serve_config(tmp_path / "store")
+    cfg["auth"] = {"api_keys": [{"hash": KEY_HASH, "name": "sdk"}]}
+    c = start_collector(tmp_path, cfg)
+    yield c
+    if c.proc.poll() is None:
+        assert c.stop() == 0
+
+
+def _sent_headers(env: dict[str, str], signal: str) -> str:
+    return env.get(f"OTEL_EXPORTER_OTLP_{signal}_HEADERS", env.get("OTEL_EXPORTER_OTLP_HEADERS", ""))
+
+
 def test_sdk_blocks_are_found() -> None:
     assert len(SDK_BLOCKS) >= 3
     protocols = {
@@ -604,13 +700,19 @@ def test_sdk_blocks_are_found() -> None:
         for b in SDK_BLOCKS
     }
     assert protocols == {"grpc", "http/protobuf"}
+    for block in SDK_BLOCKS:  # traces and logs both carry the key, percent-encoded as the Baggage format asks
+        env = doc_env(block)
+        for signal in ("TRACES", "LOGS"):
+            assert "authorization=Bearer%20${EVALSI_API_KEY}" in _sent_headers(env, signal), (_block_id(block), signal)
 
 
 @pytest.mark.parametrize("block", SDK_BLOCKS, ids=_block_id)
 def test_sdk_environment_recipe_reaches_evalsi(
-    block: Block, collector: Collector, monkeypatch: pytest.MonkeyPatch
+    block: Block, keyed_collector: Collector, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    env = doc_env(block)
+    collector = keyed_collector
+    assert httpx.get(collector.api + "/api/v1/traces").status_code == 401, "this evalsi takes nothing without the key"
+    env = doc_env(block, shell={"EVALSI_API_KEY": KEY})
     addresses = {"evalsi:4317": collector.grpc, "evalsi:4318": collector.http.removeprefix("http://")}
     for name in [n for n in os.environ if n.startswith(("OTEL_", "OPENINFERENCE_", "TRACELOOP_"))]:
         monkeypatch.delenv(name)
@@ -635,7 +737,7 @@ def test_sdk_environment_recipe_reaches_evalsi(
     trace_id, ids = _send_agent_run(span_class(), log_class())
 
     service = env["OTEL_SERVICE_NAME"]
-    assert collector.wait_stored(3) == 3
+    assert wait_stored(collector, 3) == 3
 
     def content_joined() -> bool:
         chat = spans_of(collector, trace_id).get(ids["chat"])
@@ -673,9 +775,12 @@ OUTPUT = [{"role": "assistant", "parts": [{"type": "text", "content": ANSWER}], 
 
 @pytest.fixture(scope="module")
 def downstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Collector]:
-    """evalsi B: the backend the tee forwards to, shared by both transports (each test reads its own service)."""
+    """evalsi B: the backend the tee forwards to, shared by both transports (each test reads its own service); it
+    takes only requests with KEY."""
     tmp = tmp_path_factory.mktemp("downstream")
-    c = start_collector(tmp, serve_config(tmp / "store"))
+    cfg = serve_config(tmp / "store")
+    cfg["auth"] = {"api_keys": [{"hash": KEY_HASH, "name": "evalsi-a"}]}
+    c = start_collector(tmp, cfg)
     yield c
     if c.proc.poll() is None:
         c.stop()
@@ -713,7 +818,7 @@ def _send_runs(exporter: SpanExporter, service: str) -> None:
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_evalsi_tees_into_evalsi_through_its_otlp_exporter(
-    protocol: str, downstream: Collector, tmp_path: Path
+    protocol: str, downstream: Collector, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """evalsi A stores what it receives and forwards it with its `otlp` exporter to evalsi B: B lists the same traces
     with the same spans, field for field, and the counters on both sides agree that nothing was lost."""
@@ -724,7 +829,9 @@ def test_evalsi_tees_into_evalsi_through_its_otlp_exporter(
         "endpoint": downstream.grpc if protocol == "grpc" else downstream.http,
         "protocol": protocol,
         "flush_interval": "100ms",
+        "headers": {"authorization": "Bearer ${env:EVALSI_API_KEY}"},  # B's key, from A's environment
     }
+    monkeypatch.setenv("EVALSI_API_KEY", KEY)  # `evalsi serve` inherits it
     cfg["service"]["pipelines"]["traces"]["exporters"] = ["clickhouse", "otlp/downstream"]
     before = {
         "accepted": metric(downstream, "otelcol_receiver_accepted_spans_total", transport=transport),

@@ -314,7 +314,8 @@ def test_async_inserts_wait_for_the_write(place: Place, request: pytest.FixtureR
     assert store.span_count() == 3, "an insert returns once its rows are written, not while they sit in a buffer"
     if place.kind == "clickhouse-connect+stand-in":
         sent: list[dict[str, Any]] = request.getfixturevalue("stand_in").requests()
-        inserts = [r for r in sent if r["sql"].replace("`", "").upper().lstrip().startswith("INSERT INTO OTEL_TRACES")]
+        inserts = [r for r in sent if r["database"] == place.database
+                   and r["sql"].replace("`", "").upper().lstrip().startswith("INSERT INTO OTEL_TRACES")]  # fmt: skip
         assert inserts and all(
             r["settings"].get("async_insert") == "1" and r["settings"].get("wait_for_async_insert") == "1"
             for r in inserts

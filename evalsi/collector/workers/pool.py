@@ -250,6 +250,11 @@ class WorkerPool:
         for index, group in by_worker.items():
             self._workers[index].outbox.put(("feedback", processor, group))
 
+    def collect_garbage(self, processor: str) -> None:
+        """Have `processor`'s instance in every worker collect garbage (memory_limiter, above its limits)."""
+        for w in self._workers:
+            w.outbox.put(("collect_garbage", processor))
+
     @property
     def pids(self) -> list[int]:
         return [w.process.pid for w in self._workers if w.process is not None]

@@ -139,6 +139,11 @@ class _WorkerRuntime:
                 if target is not None and hasattr(target, "take_feedback"):
                     target.take_feedback(scores)
                 continue
+            if msg[0] == "collect_garbage":  # the collector's memory_limiter, above a limit
+                target = dict(service.processors).get(msg[1])
+                if target is not None and hasattr(target, "collect_garbage"):
+                    target.collect_garbage()
+                continue
             _, seq, signal_name, receiver, body = msg
             head = service.heads.get(receiver, {}).get(signal_name)
             if head is not None:

@@ -338,12 +338,13 @@ SCORES_SCHEMA = pa.schema(
 
 
 def list_scores_sql(table: str, *, with_trace: bool, with_policy: bool) -> str:
-    """Scores newest first, each key once (FINAL). Parameters: {limit:UInt32}, {trace_id:String}, {policy:String}."""
+    """Scores newest first, each key once (FINAL). Parameters: {limit:UInt32}, {trace_id:String} (hex, checked),
+    {policy_hex:String} (see `store.hex_param`)."""
     where = []
     if with_trace:
         where.append("TraceId = {trace_id:String}")
     if with_policy:
-        where.append("Policy = {policy:String}")
+        where.append("Policy = unhex({policy_hex:String})")
     clause = ("WHERE " + " AND ".join(where)) if where else ""
     return f"""
 SELECT toUnixTimestamp64Nano(Timestamp) AS timestamp_unix_nano, Project AS project, TraceId AS trace_id,
@@ -370,8 +371,9 @@ def delete_spans_sql(table: str, keys: list[tuple[str, str]]) -> str:
 
 
 def list_traces_sql(table: str, with_service: bool) -> str:
-    """One row per trace, newest first. Parameters: {limit:UInt32}, optionally {service:String}."""
-    where = "WHERE ServiceName = {service:String}" if with_service else ""
+    """One row per trace, newest first. Parameters: {limit:UInt32}, optionally {service_hex:String} (see
+    `store.hex_param`)."""
+    where = "WHERE ServiceName = unhex({service_hex:String})" if with_service else ""
     return f"""
 SELECT
     TraceId AS trace_id,
@@ -426,8 +428,9 @@ ORDER BY Timestamp, SpanId
 
 def score_window_stats_sql(table: str, *, with_policy: bool) -> str:
     """Per (policy, evaluator, name): scored scores since {since_ns:Int64}, each key once (FINAL): n, the values'
-    count, mean, sample sd and p50/p95 (linear interpolation, as numpy), and pass counts. Optional {policy:String}."""
-    policy = "AND Policy = {policy:String}" if with_policy else ""
+    count, mean, sample sd and p50/p95 (linear interpolation, as numpy), and pass counts. Optional
+    {policy_hex:String} (see `store.hex_param`)."""
+    policy = "AND Policy = unhex({policy_hex:String})" if with_policy else ""
     return f"""
 SELECT Policy AS policy, Evaluator AS evaluator, Name AS name, count() AS n,
     count(Value) AS value_n, avg(Value) AS value_mean, stddevSamp(Value) AS value_sd,
@@ -458,8 +461,9 @@ SETTINGS index_granularity = 8192"""
 
 
 def list_runs_sql(table: str, *, with_id: bool) -> str:
-    """Runs newest first, each once (FINAL). Parameters: {limit:UInt32}, optionally {run_id:String}."""
-    where = "WHERE RunId = {run_id:String}" if with_id else ""
+    """Runs newest first, each once (FINAL). Parameters: {limit:UInt32}, optionally {run_id_hex:String} (see
+    `store.hex_param`)."""
+    where = "WHERE RunId = unhex({run_id_hex:String})" if with_id else ""
     return f"""
 SELECT toUnixTimestamp64Nano(Timestamp) AS timestamp_unix_nano, RunId AS run_id, Name AS name, Status AS status,
     Manifest AS manifest, Summary AS summary
@@ -498,13 +502,13 @@ ORDER BY TraceId, Timestamp, SpanId
 
 
 def run_scores_sql(table: str) -> str:
-    """Every score of a run, each key once (FINAL). Parameter: {run_id:String}."""
+    """Every score of a run, each key once (FINAL). Parameter: {run_id_hex:String} (see `store.hex_param`)."""
     return f"""
 SELECT toUnixTimestamp64Nano(Timestamp) AS timestamp_unix_nano, Project AS project, TraceId AS trace_id,
     SpanId AS span_id, Policy AS policy, Evaluator AS evaluator, EvaluatorVersion AS evaluator_version, Name AS name,
     Value AS value, Passed AS passed, Label AS label, Explanation AS explanation, Outcome AS outcome, Reason AS reason,
     Source AS source, JudgeCostUsd AS judge_cost_usd, RunId AS run_id, Trial AS trial, TaskId AS task_id
 FROM {table} FINAL
-WHERE RunId = {{run_id:String}}
+WHERE RunId = unhex({{run_id_hex:String}})
 ORDER BY TaskId, Trial, Name
 """

@@ -34,7 +34,7 @@ from evalsi.exporters.clickhouse.schema import (
 from evalsi.score import Score
 from evalsi.span import Span
 
-_HEX = re.compile(r"^[0-9a-f]+$")
+_HEX = re.compile(r"[0-9a-f]+")  # with fullmatch: no trailing newline
 _TTL = re.compile(r"\sTTL\s+(.*?)\s+(?:SETTINGS|$)", re.S)
 
 
@@ -45,10 +45,41 @@ def _ttl_of(create_table_query: str) -> str:
 
 def _checked(trace_ids: list[str]) -> list[str]:
     ids = [t.lower() for t in trace_ids]
-    bad = next((t for t in ids if not (len(t) == 32 and _HEX.match(t))), None)
+    bad = next((t for t in ids if not (len(t) == 32 and _HEX.fullmatch(t))), None)
     if bad is not None:
-        raise ValueError(f"not a trace id: {bad!r}")
+        raise ValueError(f"not a trace id: {bad[:80]!r} (32 hex digits)")
     return ids
+
+
+MAX_FILTER = 1000
+"""The longest name a query filters on (as the API): past 4 KiB of parameters clickhouse-connect sends a form body."""
+
+
+def hex_param(name: str, text: str) -> str:
+    """A string for a `unhex({name:String})` placeholder, so it matches as written. ClickHouse reads a bound value as
+    escaped text (`\\x73` is `s`, a lone `\\` an error); chDB hands it over as given and clickhouse-connect escapes
+    it first, so a backslash would mean one thing on one path and another on the other. Hex digits read the same."""
+    if len(text) > MAX_FILTER:
+        raise ValueError(f"{name}: {len(text)} characters; at most {MAX_FILTER}")
+    return text.encode("utf-8", "surrogateescape").hex()
+
+
+_UINT32_MAX = 2**32 - 1
+_INT64_MAX = 2**63 - 1
+
+
+def _limit(limit: int) -> int:
+    """A {limit:UInt32}: ClickHouse would wrap a larger one around (2**32 reads as 0)."""
+    if not 1 <= limit <= _UINT32_MAX:
+        raise ValueError(f"limit: {limit} is not from 1 to {_UINT32_MAX}")
+    return limit
+
+
+def _since(since_ns: int) -> int:
+    """An {Int64} time in ns since 1970: ClickHouse would wrap a larger one around to a negative time."""
+    if not 0 <= since_ns <= _INT64_MAX:
+        raise ValueError(f"since: {since_ns} ns is not a time from 1970 to 2262")
+    return since_ns
 
 
 class TraceStore:
@@ -143,7 +174,7 @@ class TraceStore:
         self.insert_spans(table)
 
     def _delete(self, keys: list[tuple[str, str]]) -> None:
-        keys = [(t, s) for t, s in keys if _HEX.match(t) and _HEX.match(s)]
+        keys = [(t, s) for t, s in keys if _HEX.fullmatch(t) and _HEX.fullmatch(s)]
         if keys:
             self.backend.command(delete_spans_sql(self.table, keys))
 
@@ -160,11 +191,11 @@ class TraceStore:
     def list_scores(
         self, *, limit: int = 100, trace_id: str | None = None, policy: str | None = None
     ) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"limit": limit}
+        params: dict[str, Any] = {"limit": _limit(limit)}
         if trace_id:
-            params["trace_id"] = trace_id.lower()
+            params["trace_id"] = _checked([trace_id])[0]
         if policy:
-            params["policy"] = policy
+            params["policy_hex"] = hex_param("policy", policy)
         sql = list_scores_sql(self.scores_table, with_trace=bool(trace_id), with_policy=bool(policy))
         rows = self.backend.query(sql, params)
         for r in rows:
@@ -179,9 +210,9 @@ class TraceStore:
     def score_window_stats(self, *, since_ns: int, policy: str | None = None) -> list[dict[str, Any]]:
         """Per (policy, evaluator, name), the scored scores since `since_ns`: n, value_n, value_mean, value_sd,
         p50, p95, pass_n, passed (None where a series has no values)."""
-        params: dict[str, Any] = {"since_ns": since_ns}
+        params: dict[str, Any] = {"since_ns": _since(since_ns)}
         if policy:
-            params["policy"] = policy
+            params["policy_hex"] = hex_param("policy", policy)
         rows = self.backend.query(score_window_stats_sql(self.scores_table, with_policy=bool(policy)), params)
         for r in rows:
             for key in ("n", "value_n", "pass_n", "passed"):
@@ -192,9 +223,9 @@ class TraceStore:
         return rows
 
     def list_traces(self, *, limit: int = 20, service: str | None = None) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"limit": limit}
+        params: dict[str, Any] = {"limit": _limit(limit)}
         if service:
-            params["service"] = service
+            params["service_hex"] = hex_param("service", service)
         rows = self.backend.query(list_traces_sql(self.table, bool(service)), params)
         out = []
         for r in rows:
@@ -217,24 +248,24 @@ class TraceStore:
 
     def get_trace(self, trace_id: str) -> list[dict[str, Any]]:
         """The trace's spans in the canonical shape, in start order; empty when unknown."""
-        rows = self.backend.query(trace_spans_sql(self.table), {"trace_id": trace_id.lower()})
+        rows = self.backend.query(trace_spans_sql(self.table), {"trace_id": _checked([trace_id])[0]})
         return [canonical_from_row(r) for r in rows]
 
     def span_counts(self, trace_ids: list[str], *, since_ns: int = 0) -> dict[str, int]:
         """Stored spans of each trace (started since `since_ns`); a trace with none is left out."""
-        rows = self.backend.query(span_counts_sql(self.table, _checked(trace_ids)), {"since": since_ns})
+        rows = self.backend.query(span_counts_sql(self.table, _checked(trace_ids)), {"since": _since(since_ns)})
         return {r["trace_id"]: int(r["spans"]) for r in rows}
 
     def get_traces(self, trace_ids: list[str], *, since_ns: int = 0) -> dict[str, list[dict[str, Any]]]:
         """The spans of several traces in the canonical shape, by trace id, each in start order."""
-        rows = self.backend.query(traces_spans_sql(self.table, _checked(trace_ids)), {"since": since_ns})
+        rows = self.backend.query(traces_spans_sql(self.table, _checked(trace_ids)), {"since": _since(since_ns)})
         out: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
             out.setdefault(r["TraceId"], []).append(canonical_from_row(r))
         return out
 
     def run_scores(self, run_id: str) -> list[dict[str, Any]]:
-        return self.backend.query(run_scores_sql(self.scores_table), {"run_id": run_id})
+        return self.backend.query(run_scores_sql(self.scores_table), {"run_id_hex": hex_param("run_id", run_id)})
 
     def write_run(self, run_id: str, name: str, status: str, manifest: dict[str, Any], summary: dict[str, Any]) -> None:
         """Record a run (its newest record wins)."""
@@ -251,9 +282,9 @@ class TraceStore:
         self.backend.insert(self.runs_table, table)
 
     def list_runs(self, *, limit: int = 20, run_id: str | None = None) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"limit": limit}
+        params: dict[str, Any] = {"limit": _limit(limit)}
         if run_id:
-            params["run_id"] = run_id
+            params["run_id_hex"] = hex_param("run_id", run_id)
         rows = self.backend.query(list_runs_sql(self.runs_table, with_id=bool(run_id)), params)
         for r in rows:
             r["manifest"] = json.loads(r["manifest"] or "{}")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
+from evalsi.auth import gate
 from evalsi.component import Next, Refused, Settings, receiver
 from evalsi.encoded import EncodedBatch
 from evalsi.log_record import LogBatch
@@ -17,8 +19,9 @@ from evalsi.receivers.otlp.decode import (
     count_clamped,
     decode_encoded,
 )
+from evalsi.receivers.otlp.drain import Drain
 from evalsi.receivers.otlp.grpc_transport import GrpcTransport
-from evalsi.receivers.otlp.http_transport import build_app
+from evalsi.receivers.otlp.http_transport import build_app, otlp_refusal
 from evalsi.serving import AsgiServer
 from evalsi.span import SpanBatch
 
@@ -36,6 +39,7 @@ class OtlpReceiver:
             self._codecs = [checking_codec(c, next.encoded.shards) for c in self._codecs]
         self._grpc: GrpcTransport | None = None
         self._http: AsgiServer | None = None
+        self._drain = Drain()  # requests in flight on both transports, and whether new ones are taken
         self.endpoints: dict[str, str] = {}
         m = settings.metrics
         transports = ("grpc", "http")
@@ -76,22 +80,42 @@ class OtlpReceiver:
         log = self._settings.logger
         if protocols.grpc is not None:
             self._grpc = GrpcTransport(
-                self._export, self._codecs, protocols.grpc.endpoint, protocols.grpc.max_recv_msg_size_mib * MIB
-            )
+                self._export, self._codecs, protocols.grpc.endpoint, protocols.grpc.max_recv_msg_size_mib * MIB,
+                auth=self._settings.auth, drain=self._drain,
+            )  # fmt: skip
             await self._grpc.start()
             self.endpoints["grpc"] = self._grpc.endpoint
             log.info("listening", extra={"protocol": "grpc", "endpoint": self._grpc.endpoint})
         if protocols.http is not None:
             paths = {"traces": protocols.http.traces_url_path, "logs": protocols.http.logs_url_path}
             routes = {paths[c.signal]: c for c in self._codecs}
-            app = build_app(self._export, routes, max_body=protocols.http.max_request_body_size)
-            self._http = AsgiServer(app, protocols.http.endpoint)
+            app = build_app(self._export, routes, max_body=protocols.http.max_request_body_size, drain=self._drain)
+            self._http = AsgiServer(
+                gate(app, self._settings.auth, surface="otlp_http", refusal=otlp_refusal), protocols.http.endpoint
+            )
             await self._http.start()
             self.endpoints["http"] = self._http.endpoint
             log.info("listening", extra={"protocol": "http", "endpoint": self._http.endpoint})
 
     async def shutdown(self) -> None:
+        """Drain, then close the listeners: new requests are answered 503 / UNAVAILABLE with `Retry-After` /
+        `RetryInfo` (so senders retry, on another replica or after the restart) while those in flight finish and
+        requests keep coming; then the listeners close. What was answered 200 is in the pipeline by then, which
+        the service drains next."""
+        t0 = time.monotonic()
+        answered = await self._drain.close()
+        if not answered:
+            self._settings.logger.warning(
+                "%d requests still in flight after %.0fs of draining; closing the listeners (what they hand on "
+                "in time is kept; a sender left unanswered retries)",
+                self._drain.in_flight,
+                time.monotonic() - t0,
+            )
         if self._grpc is not None:
-            await self._grpc.stop(grace=10)
+            await self._grpc.stop(grace=1)
         if self._http is not None:
             await self._http.stop()
+        self._settings.logger.info(
+            "stopped listening",
+            extra={"refused_while_draining": self._drain.refused, "drain_s": round(time.monotonic() - t0, 3)},
+        )

@@ -51,6 +51,12 @@ class OtlpReceiverConfig(ComponentConfig):
     # no `protocols` at all: both, on their default loopback endpoints
     protocols: Protocols = Protocols(grpc=GrpcConfig(), http=HttpConfig())
 
+    def listeners(self) -> dict[str, str]:
+        """The endpoints this receiver listens on, by key path (for the `auth` rule on reachable listeners)."""
+        p = self.protocols
+        found = {"protocols.grpc.endpoint": p.grpc.endpoint} if p.grpc else {}
+        return found | ({"protocols.http.endpoint": p.http.endpoint} if p.http else {})
+
     @model_validator(mode="after")
     def _one_protocol(self) -> OtlpReceiverConfig:
         if self.protocols.grpc is None and self.protocols.http is None:

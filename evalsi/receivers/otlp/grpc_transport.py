@@ -1,4 +1,5 @@
-"""OTLP/gRPC: `TraceService/Export` on a grpc.aio server, raw bytes in so decode errors get their own message."""
+"""OTLP/gRPC: `TraceService/Export` on a grpc.aio server, raw bytes in so decode errors get their own message (and a
+`BadRequest`); refusals carry `RetryInfo` in `grpc-status-details-bin`."""
 
 from __future__ import annotations
 
@@ -7,23 +8,44 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
+from evalsi.auth import Authenticator, GrpcKeyCheck
 from evalsi.component import Refused
 from evalsi.receivers.otlp.decode import Codec, Decoded, DecodeFailed
-from evalsi.receivers.otlp.status import status_message
+from evalsi.receivers.otlp.drain import RETRY_AFTER, SHUTTING_DOWN, Drain
+from evalsi.receivers.otlp.status import Violation, status_message
 
 logger = logging.getLogger("evalsi.receiver.otlp")
 
 Export = Callable[[Codec, Decoded, str], Awaitable[None]]
 
 
+async def _abort(
+    context: grpc.aio.ServicerContext,
+    code: grpc.StatusCode,
+    message: str,
+    *,
+    retry_after: float | None = None,
+    violation: Violation | None = None,
+) -> None:
+    """End the RPC with `code`, its `google.rpc.Status` (with `RetryInfo` / `BadRequest`) in `grpc-status-details-bin`
+    as OTLP clients read it. Raises, as `context.abort` does."""
+    details = status_message(code.value[0], message, retry_after, violation).SerializeToString()
+    await context.abort(code, message, trailing_metadata=(("grpc-status-details-bin", details),))
+
+
 class GrpcTransport:
-    def __init__(self, export: Export, codecs: list[Codec], endpoint: str, max_recv_bytes: int) -> None:
+    def __init__(
+        self, export: Export, codecs: list[Codec], endpoint: str, max_recv_bytes: int,
+        auth: Authenticator | None = None, drain: Drain | None = None,
+    ) -> None:  # fmt: skip
         self._export = export
+        self._drain = drain if drain is not None else Drain()
         self._server = grpc.aio.server(
+            interceptors=[GrpcKeyCheck(auth)] if auth is not None and auth.enabled else None,
             options=[
                 ("grpc.max_receive_message_length", max_recv_bytes),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
         for codec in codecs:
 
@@ -43,17 +65,25 @@ class GrpcTransport:
         self.endpoint = f"{host_port.rpartition(':')[0]}:{port}"
 
     async def _handle(self, codec: Codec, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        if not self._drain.admit():  # the server's own stop would answer UNAVAILABLE without saying when to retry
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN, retry_after=RETRY_AFTER)
+        try:
+            return await self._answer(codec, request, context)
+        finally:
+            self._drain.release()
+
+    async def _answer(self, codec: Codec, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
             decoded: Decoded = codec.from_protobuf(request)
         except DecodeFailed as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            violation = Violation(e.reason, str(e), e.field)
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e), violation=violation)
         try:
             await self._export(codec, decoded, "grpc")
         except Refused as r:
             code = grpc.StatusCode.UNAVAILABLE if r.unavailable else grpc.StatusCode.RESOURCE_EXHAUSTED
             # RetryInfo is what makes RESOURCE_EXHAUSTED retryable for OTLP clients
-            details = status_message(code.value[0], str(r), r.retry_after).SerializeToString()
-            await context.abort(code, str(r), trailing_metadata=(("grpc-status-details-bin", details),))
+            await _abort(context, code, str(r), retry_after=r.retry_after)
         except Exception as e:  # a pipeline bug: answered, logged, never a hung RPC
             logger.exception("pipeline failed on a batch")
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error in the pipeline: {e}")
@@ -63,5 +93,6 @@ class GrpcTransport:
         await self._server.start()
 
     async def stop(self, grace: float) -> None:
-        """Refuse new RPCs, let those in flight finish (up to `grace` seconds)."""
+        """Close the listener: new RPCs fail (UNAVAILABLE, from the client's side), those in flight get up to `grace`
+        seconds (the receiver's drain has answered them by then)."""
         await self._server.stop(grace)

@@ -1,4 +1,5 @@
-"""OTLP/HTTP: `POST /v1/traces` in protobuf or JSON, gzip or zstd, answered per the OTLP spec."""
+"""OTLP/HTTP: `POST /v1/traces` in protobuf or JSON, gzip or zstd, answered per the OTLP spec (every error with a
+`google.rpc.Status` in the request's encoding)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ import logging
 import zlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import zstandard
-from fastapi import FastAPI, Request, Response
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
 
 from evalsi.component import Refused
 from evalsi.receivers.otlp.decode import Codec, Decoded, DecodeFailed
-from evalsi.receivers.otlp.status import HTTP_TO_CODE, JSON, PROTOBUF, encode, status_message
+from evalsi.receivers.otlp.drain import RETRY_AFTER, SHUTTING_DOWN, Drain
+from evalsi.receivers.otlp.status import HTTP_TO_CODE, JSON, PROTOBUF, Violation, encode, status_message
 
 logger = logging.getLogger("evalsi.receiver.otlp")
 
@@ -121,22 +125,49 @@ def _one_line(message: str) -> str:
     return line if len(line) <= _MESSAGE_CHARS else line[: _MESSAGE_CHARS - 1] + "…"
 
 
-def build_app(export: Export, routes: dict[str, Codec], *, max_body: int) -> FastAPI:
-    """One POST endpoint per signal path (e.g. /v1/traces, /v1/logs); other methods there get 405."""
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+def _answer_media(content_type: str) -> str:
+    """The encoding of an error answer: the request's, JSON when it is neither protobuf nor JSON."""
+    media = _media_type(content_type)
+    return media if media in (PROTOBUF, JSON) else JSON
+
+
+def otlp_refusal(scope: dict[str, Any], message: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """A 401 for a request without a valid API key: a `google.rpc.Status` (UNAUTHENTICATED) in the request's
+    encoding, as every error on this port."""
+    headers = dict(scope.get("headers", ()))
+    media = _answer_media(headers.get(b"content-type", b"").decode("latin-1"))
+    body = encode(status_message(HTTP_TO_CODE[401], message), media)
+    return 401, [(b"content-type", media.encode())], body
+
+
+Asgi = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+
+
+def build_app(export: Export, routes: dict[str, Codec], *, max_body: int, drain: Drain) -> Asgi:
+    """One POST endpoint per signal path (e.g. /v1/traces, /v1/logs). Every other answer is an error with a
+    `google.rpc.Status` body in the request's encoding too: 404 for another path, 405 for another method, and 503
+    with `Retry-After` once `drain` is closing."""
     # threads are started on first use and end with the process (or the app, when it is collected)
     executor = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="otlp-http-decode")
+    served = ", ".join(routes)
 
     async def off_loop(fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
 
-    def error(status: int, message: str, media: str, *, retry_after: float | None = None) -> Response:
+    def error(
+        status: int, message: str, media: str, *, retry_after: float | None = None, violation: Violation | None = None
+    ) -> Response:
         message = _one_line(message)
         if status in (400, 413):  # the sender's data is refused for good: say so once, on one line
             logger.warning("refused an OTLP/HTTP request (%d): %s", status, message)
-        body = encode(status_message(HTTP_TO_CODE[status], message, retry_after), media)
+        if violation is not None:
+            violation = replace(violation, description=_one_line(violation.description))
+        body = encode(status_message(HTTP_TO_CODE[status], message, retry_after, violation), media)
         headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
         return Response(body, status_code=status, media_type=media, headers=headers)
+
+    def bad_request(message: str, media: str, reason: str, field: str = "") -> Response:
+        return error(400, message, media, violation=Violation(reason, message, field))
 
     async def receive(request: Request, codec: Codec) -> Response:
         media = _media_type(request.headers.get("content-type", ""))
@@ -163,14 +194,15 @@ def build_app(export: Export, routes: dict[str, Codec], *, max_body: int) -> Fas
         except _TooLarge:
             return error(413, f"decompressed body exceeds the limit of {max_body} bytes", media)
         except LookupError:
-            return error(400, f"unsupported content encoding {encoding!r}; use gzip, zstd or none", media)
+            message = f"unsupported content encoding {encoding!r}; use gzip, zstd or none"
+            return bad_request(message, media, "UNSUPPORTED_CONTENT_ENCODING")
         except (zlib.error, zstandard.ZstdError, ValueError) as e:
-            return error(400, f"body is not valid {encoding}: {e}", media)
+            return bad_request(f"body is not valid {encoding}: {e}", media, "INVALID_COMPRESSED_BODY")
         decode = codec.from_json if media == JSON else codec.from_protobuf
         try:
             decoded = await off_loop(decode, body) if len(body) > OFF_LOOP_BYTES else decode(body)
         except DecodeFailed as e:
-            return error(400, str(e), media)
+            return bad_request(str(e), media, e.reason, e.field)
         except Exception as e:  # a decoder bug: answered with a Status like any error, and the log says what broke
             logger.exception("decoding failed on a request")
             return error(500, f"internal error decoding the request: {e}", media)
@@ -183,18 +215,48 @@ def build_app(export: Export, routes: dict[str, Codec], *, max_body: int) -> Fas
             return error(500, f"internal error in the pipeline: {e}", media)
         return Response(encode(codec.response(decoded.rejected, decoded.message), media), media_type=media)
 
-    async def wrong_method(request: Request) -> Response:
-        resp = error(405, f"method {request.method} not allowed on {request.url.path}; use POST", JSON)
-        resp.headers["Allow"] = "POST"
+    async def refuse_while_draining(request: Request, media: str) -> Response:
+        # the body is read (and dropped) first: closing a connection with unread data resets it, and the sender
+        # could lose the answer that tells it to retry
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body:
+                break
+        resp = error(503, SHUTTING_DOWN, media, retry_after=RETRY_AFTER)
+        resp.headers["Connection"] = "close"  # the sender reconnects, perhaps to another replica
         return resp
 
-    def endpoint_for(codec: Codec) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
+    async def answer(request: Request, media: str) -> Response:
+        path = request.scope["path"]
+        codec = routes.get(path)
+        if codec is None:
+            return error(404, f"no OTLP endpoint at {path}; this port serves POST to {served}", media)
+        if request.method != "POST":
+            resp = error(405, f"method {request.method} not allowed on {path}; use POST", media)
+            resp.headers["Allow"] = "POST"
+            return resp
+        if not drain.admit():
+            return await refuse_while_draining(request, media)
+        try:
             return await receive(request, codec)
+        finally:
+            drain.release()
 
-        return endpoint
+    async def app(scope: dict[str, Any], receive_: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+            return
+        request = Request(scope, receive_)
+        media = _answer_media(request.headers.get("content-type", ""))
+        try:
+            response = await answer(request, media)
+        except ClientDisconnect:
+            return  # the sender left before its body arrived: no one to answer
+        except Exception as e:  # a bug here: still a Status, and the log says what broke
+            logger.exception("answering an OTLP/HTTP request failed")
+            response = error(500, f"internal error: {e}", media)
+        await response(scope, receive_, send)
 
-    for path, codec in routes.items():
-        app.add_api_route(path, endpoint_for(codec), methods=["POST"])
-        app.add_api_route(path, wrong_method, methods=["GET", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     return app
