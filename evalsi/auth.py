@@ -102,6 +102,15 @@ def api_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
+def without_password(url: str) -> str:
+    """`url` as it may be logged: a password in it (`scheme://user:password@host`) shown as ***."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@") if sep else ("", "", rest)
+    if not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
+
+
 def is_loopback(endpoint: str) -> bool:
     """Whether only this machine can reach a listener on `endpoint` (127.0.0.0/8, ::1, localhost)."""
     host, _ = parse_endpoint(endpoint)

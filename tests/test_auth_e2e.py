@@ -333,3 +333,12 @@ def test_refusals_and_anonymous_requests_are_counted(collector: Collector) -> No
     assert refused.get('reason="unknown key",surface="api"', 0) >= 1, refused
     assert refused.get('reason="missing",surface="otlp_http"', 0) >= 1, refused
     assert refused.get('reason="unknown key",surface="otlp_grpc"', 0) >= 1, refused
+
+
+def test_an_exporter_endpoint_is_logged_without_its_password() -> None:
+    from evalsi.auth import without_password
+
+    assert without_password("https://user:s3cret@collector:4318") == "https://user:***@collector:4318"
+    assert without_password("https://user:p@ss@collector/x") == "https://user:***@collector/x"
+    assert without_password("collector:4317") == "collector:4317"
+    assert without_password("http://user@collector") == "http://user@collector"

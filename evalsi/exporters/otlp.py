@@ -25,6 +25,7 @@ import httpx
 from google.rpc import error_details_pb2, status_pb2
 from pydantic import Field, field_validator
 
+from evalsi.auth import without_password
 from evalsi.component import ComponentConfig, Settings, exporter
 from evalsi.duration import Duration
 from evalsi.exporters.delivery import (
@@ -237,7 +238,7 @@ class OtlpExporter:
             shutdown_timeout=config.shutdown_timeout,
             attempt_timeout=config.timeout,
             what="otlp",
-            log_extra={"endpoint": config.endpoint},
+            log_extra={"endpoint": without_password(config.endpoint)},
         )
         self._cid = cid
         self._refused = items_refused_counter(m)
@@ -290,7 +291,7 @@ class OtlpExporter:
             log=self._log,
             what=queue.kind,
             deadline=self._queue.deadline,
-            extra={"endpoint": self._config.endpoint},
+            extra={"endpoint": without_password(self._config.endpoint)},
         )
         for item, refusal in outcome.refused:
             self._refuse(queue, item, refusal)
