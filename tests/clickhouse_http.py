@@ -64,6 +64,7 @@ class ClickHouseHttp:
     path: Path
     username: str = "default"
     password: str = ""
+    port: int = 0  # 0: any free port
     requests: list[Request] = field(default_factory=list)
     url: str = ""
     _server: ThreadingHTTPServer | None = None
@@ -86,7 +87,7 @@ class ClickHouseHttp:
             def do_POST(self) -> None:
                 stand_in._handle(self)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -243,12 +244,11 @@ class StandInProcess:
             self.proc.wait()
 
 
-def start_stand_in(path: Path, *, username: str = "default", password: str = "") -> StandInProcess:
-    proc = subprocess.Popen(
-        [sys.executable, __file__, "--path", str(path), "--username", username, "--password", password],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+def start_stand_in(path: Path, *, username: str = "default", password: str = "", port: int = 0) -> StandInProcess:
+    """The stand-in in its own process on `path`; `port` 0 takes a free one. Started again with the port it had, it
+    serves the same data at the same URL (a server restarted after a crash)."""
+    command = [sys.executable, __file__, "--path", str(path), "--username", username, "--password", password]
+    proc = subprocess.Popen([*command, "--port", str(port)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
     if not line.startswith("http://"):
@@ -262,8 +262,9 @@ def main() -> None:
     parser.add_argument("--path", required=True, help="the chDB data directory")
     parser.add_argument("--username", default="default")
     parser.add_argument("--password", default="")
+    parser.add_argument("--port", type=int, default=0, help="the port to listen on (0: any free port)")
     args = parser.parse_args()
-    server = ClickHouseHttp(Path(args.path), username=args.username, password=args.password).start()
+    server = ClickHouseHttp(Path(args.path), username=args.username, password=args.password, port=args.port).start()
     print(server.url, flush=True)
     try:
         threading.Event().wait()
