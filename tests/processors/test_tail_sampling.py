@@ -758,6 +758,27 @@ def test_a_refused_batch_is_kept_and_retried_and_new_spans_are_refused_meanwhile
     assert [b.spans[0].trace_id[-1] for b in sink.of("trace")] == ["1", "2"]
 
 
+def test_new_spans_are_refused_for_the_reason_the_next_consumer_gave() -> None:
+    """A store that is down (503 / UNAVAILABLE) stays so at the receivers, not a full queue (429)."""
+    proc, sink, clock, _ = make()
+
+    async def store_down(batch: SpanBatch) -> None:
+        raise Refused("the store refuses writes (NOT_ENOUGH_SPACE)", unavailable=True, retry_after=10)
+
+    sink.consume = store_down  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        await feed(proc, [span(1, 0, None)])
+        clock.now += 2
+        await proc.tick()
+        with pytest.raises(Refused) as refused:
+            await feed(proc, [span(2, 0, None)])
+        assert refused.value.unavailable and refused.value.retry_after == 10
+        assert "NOT_ENOUGH_SPACE" in str(refused.value)
+
+    run(scenario())
+
+
 def test_shutdown_waits_for_a_refusing_consumer_to_take_the_rest() -> None:
     proc, sink, _, metrics = make()
     sink.refuse = 3

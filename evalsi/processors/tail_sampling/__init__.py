@@ -62,6 +62,7 @@ class TailSampling:
         self._outbox_spans = 0
         self._blocked = False
         self._retry_after = 1.0
+        self._refusal: Refused | None = None  # why the next consumer refused the outbox's head
         self._send_lock = asyncio.Lock()
         self._ticker: asyncio.Task[None] | None = None
         self._stopped = False
@@ -195,8 +196,11 @@ class TailSampling:
         if self._stopped:
             raise Refused("tail_sampling is shut down", unavailable=True, retry_after=5)
         if self._blocked:
+            # the next consumer's reason: a store outage stays a 503 / UNAVAILABLE, a full queue a 429
+            why = self._refusal
             raise Refused(
-                f"tail_sampling: {self._outbox_spans} decided spans wait for the next consumer; retry later",
+                f"tail_sampling: {self._outbox_spans} decided spans wait for the next consumer ({why}); retry later",
+                unavailable=why.unavailable if why is not None else False,
                 retry_after=self._retry_after,
             )
         now = self._clock()
@@ -365,6 +369,7 @@ class TailSampling:
                     outbox.appendleft(batch)
                     self._blocked = True
                     self._retry_after = e.retry_after
+                    self._refusal = e
                     return
                 except Exception:
                     self._lost.inc(len(batch.spans))

@@ -1,0 +1,987 @@
+"""Chaos benchmark: what a real `evalsi serve` keeps of what it acknowledged under overload, a store outage, a crash and
+poison spans.
+
+Each scenario starts its own `evalsi serve` (tests/running_collector.py, every endpoint on 127.0.0.1) with
+memory_limiter (a only) -> normalize -> tail_sampling (holding each trace `--decision-wait`) -> the clickhouse
+exporter, and sends pre-encoded GenAI span requests (those of benchmarks/ingest.py) over OTLP/HTTP from `--senders`
+threads that behave as OTLP clients do: a request refused with 429/503 is sent again after its `Retry-After`, one
+that hits a closed or reset connection is sent again after 1 s, and a sender whose queue is full drops new requests
+(an SDK's batch processor does the same). Request r's trace ids carry r, so the store tells which request every span
+came from.
+
+- a, overload: `--overload` x the collector's capacity (measured first, or `--rate`) for `--duration` seconds, the
+  memory_limiter's hard limit `--headroom-mib` above the idle memory: every refusal must carry Retry-After, the memory
+  is compared with the limits, and no acknowledged span may be lost.
+- b, store outage: the store is a ClickHouse-HTTP stand-in (tests/clickhouse_http.py) in its own process; it is
+  killed (SIGKILL) mid-load and started again on the same data and port `--duration` seconds later. The exporter
+  queues and retries, receivers refuse with Retry-After once its queue (`--queue-size`) is full (the design says 503; a
+  429 is printed as a note); no acknowledged span may be lost.
+- c, crash: `evalsi serve` is killed (SIGKILL) mid-load and started again on the same store. There is no write-ahead
+  log: what it acknowledged but still held in memory is lost, and this scenario measures how much (no promise of 0).
+  The restarted collector must open the store and exit cleanly.
+- d, poison: invalid spans (bad ids, a start past 2**63-1) and valid spans with hostile values (tests/hostile_otlp.py)
+  inside a stream of valid load: exactly the invalid spans are rejected (partial_success), every valid span stored.
+
+At the end of each scenario the collector is stopped (SIGTERM), the store opened from another process, and every
+acknowledged request's spans looked up by id: `lost` is spans acknowledged and not stored. Exit status 1 on any
+loss where the design promises none, or any other broken promise (a `FAIL` line says which).
+Run `python benchmarks/chaos.py --help`; figures in benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import http.client
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import ingest  # noqa: E402  (the payloads, the /proc readers, the metrics parser; it puts tests/ on the path)
+from clickhouse_http import StandInProcess, start_stand_in  # noqa: E402
+from hostile_otlp import BIG_SIZES, DOUBLES, MAX_NS, NUMERIC_STRINGS, deep_value  # noqa: E402
+from ingest import cpu_seconds, log, metric_sum  # noqa: E402
+from running_collector import Collector, serve_config, start_collector  # noqa: E402
+
+PROTOBUF = "application/x-protobuf"
+TRACE_MARK = b"\xf7\xf7\xf7\xf7"  # bytes 4-8 of every trace id in a template: not UTF-8, so in no string
+TEXT_MARK = b"~~~~~~~~"  # in response and conversation ids: replaced by the request number in hex
+CONNECTION_RETRY_S = 1.0  # a sender's wait after a closed or reset connection
+RECONNECT = -1.0
+MAX_RETRY_AFTER_S = 60.0  # a sender waits at most this long, whatever Retry-After says
+POLL_S = 0.5  # metrics and memory are read this often
+PAGE = os.sysconf("SC_PAGE_SIZE")
+SCENARIOS = {
+    "a": "overload (memory_limiter, tail_sampling holding traces)",
+    "b": "store unavailable (SIGKILL of the ClickHouse stand-in), then back",
+    "c": "kill -9 of evalsi serve, restart on the same store (no WAL: durability memory)",
+    "d": "poison spans in a stream of valid load",
+}
+
+
+# --- requests ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Poison:
+    """What a poison request adds to the plain one: spans the collector must reject, and valid spans with hostile values
+    it must store."""
+
+    invalid: list[str]  # reasons, one span each
+    hostile: list[str]  # features, one valid span (its own trace) each
+
+
+class Requests:
+    """Request bodies stamped from one encoded template: request r's trace ids carry r in bytes 4-8, its response and
+    conversation ids carry it in hex. Every `poison_every`-th request (0: none) is the poison template."""
+
+    def __init__(self, args: argparse.Namespace, tag: int, poison_every: int = 0) -> None:
+        self.spans_per_request = args.spans_per_request
+        self.tag = tag
+        self.poison_every = poison_every
+        template = ingest.build_template(args.spans_per_request, args.content_bytes, args.seed)
+        self._stamp(template, args.spans_per_trace)
+        self.plain = template.SerializeToString()
+        self._check(self.plain, args.spans_per_request)
+        self.poison = Poison([], [])
+        self.poisoned = b""
+        if poison_every:
+            marks = add_poison(template, tag, self.poison)
+            self.poisoned = template.SerializeToString()
+            ExportTraceServiceRequest.FromString(self.poisoned)  # within protobuf's own limits (depth)
+            self._check(self.poisoned, args.spans_per_request + marks)
+
+    def _stamp(self, template: Any, spans_per_trace: int) -> None:
+        start = time.time_ns() - 60_000_000_000
+        spans = template.resource_spans[0].scope_spans[0].spans
+        for i, s in enumerate(spans):
+            t, pos = divmod(i, spans_per_trace)
+            s.trace_id = self.tag.to_bytes(4, "big") + TRACE_MARK + (t + 1).to_bytes(8, "big")
+            s.span_id = (i + 1).to_bytes(8, "big")
+            s.parent_span_id = b"" if pos == 0 else (t * spans_per_trace + 1).to_bytes(8, "big")
+            if pos == 0:  # the root spans its children; children run one after another
+                s.start_time_unix_nano = start + t * 1_000_000
+                s.end_time_unix_nano = s.start_time_unix_nano + 900_000_000 * spans_per_trace
+            else:
+                s.start_time_unix_nano = start + t * 1_000_000 + (pos - 1) * 900_000_000 + 1_000_000
+                s.end_time_unix_nano = s.start_time_unix_nano + 150_000_000 + (i * 7919 % 750) * 1_000_000
+            mark = TEXT_MARK.decode()
+            s.attributes[ingest.RESPONSE_ID_ATTR].value.string_value = f"chatcmpl-{i:08x}{mark}"
+            s.attributes[ingest.CONVERSATION_ATTR].value.string_value = f"conv-{self.tag:08x}{mark}{t:06x}"
+
+    @staticmethod
+    def _check(body: bytes, trace_marks: int) -> None:
+        if body.count(TRACE_MARK) != trace_marks:  # a timestamp's bytes happen to hold the mark: try another --seed
+            raise RuntimeError(f"the trace id mark occurs {body.count(TRACE_MARK)} times, not {trace_marks}")
+
+    def is_poison(self, r: int) -> bool:
+        return self.poison_every > 0 and r % self.poison_every == self.poison_every - 1
+
+    def body(self, r: int) -> bytes:
+        raw = self.poisoned if self.is_poison(r) else self.plain
+        return raw.replace(TRACE_MARK, r.to_bytes(4, "big")).replace(TEXT_MARK, f"{r:08x}".encode())
+
+    def valid_spans(self, r: int) -> int:
+        return self.spans_per_request + (len(self.poison.hostile) if self.is_poison(r) else 0)
+
+    def spans(self, r: int) -> int:
+        return self.valid_spans(r) + (len(self.poison.invalid) if self.is_poison(r) else 0)
+
+
+def add_poison(template: Any, tag: int, poison: Poison) -> int:
+    """Append a resource of poison to `template`: spans the OTLP contract makes invalid (tests/hostile_otlp.py's
+    reasons) and valid spans carrying hostile values (its values). Returns how many trace ids carry the mark."""
+    rs = template.resource_spans.add()
+    kv = rs.resource.attributes.add()
+    kv.key, kv.value.string_value = "service.name", "poison"
+    spans = rs.scope_spans.add().spans
+    now = time.time_ns() - 30_000_000_000
+    marks = 0
+
+    def span(name: str, k: int) -> Any:
+        nonlocal marks
+        s = spans.add()
+        s.name, s.kind = name, Span.SPAN_KIND_INTERNAL
+        s.trace_id = tag.to_bytes(4, "big") + TRACE_MARK + (0xFFFF_0000 + k).to_bytes(8, "big")
+        s.span_id = (0x7F00_0000 + k).to_bytes(8, "big")
+        s.start_time_unix_nano, s.end_time_unix_nano = now, now + 5_000_000
+        marks += 1
+        return s
+
+    def attr(s: Any, key: str) -> Any:
+        kv = s.attributes.add()
+        kv.key = key
+        return kv.value
+
+    k = 0
+    for feature in ("doubles", "token counts no count holds", "100 KB string", "nesting depth 20",
+                    "end time past 2**64-1", "odd kind and status", "event time 2**64-1", "odd unicode"):  # fmt: skip
+        s = span(f"hostile {feature}", k)
+        k += 1
+        poison.hostile.append(feature)
+        if feature == "doubles":
+            for j, d in enumerate(DOUBLES):
+                attr(s, f"x.double.{j}").double_value = d
+        elif feature == "token counts no count holds":
+            attr(s, "gen_ai.operation.name").string_value = "chat"
+            attr(s, "gen_ai.usage.input_tokens").string_value = NUMERIC_STRINGS[1]  # 23 nines
+            attr(s, "gen_ai.usage.output_tokens").int_value = -1
+        elif feature == "100 KB string":
+            attr(s, "x.big").string_value = "x" * BIG_SIZES[-1]
+        elif feature == "nesting depth 20":
+            deep_value(attr(s, "x.deep"), 20, "mixed")
+        elif feature == "end time past 2**64-1":
+            s.end_time_unix_nano = 2**64 - 1
+        elif feature == "odd kind and status":
+            s.kind, s.status.code = 99, 99  # type: ignore[assignment]
+        elif feature == "event time 2**64-1":
+            ev = s.events.add()
+            ev.name, ev.time_unix_nano = "late", 2**64 - 1
+        else:
+            attr(s, "x.text").string_value = "nul\x00 rtl\u202e bom\ufeff max\U0010ffff"
+    for reason in ("short-trace-id", "long-trace-id", "zero-trace-id", "zero-span-id", "bad-parent-id",
+                   "start-after-max"):  # fmt: skip
+        s = span(f"poison {reason}", k)
+        k += 1
+        poison.invalid.append(reason)
+        if reason == "short-trace-id":
+            s.trace_id = s.trace_id[:15]
+        elif reason == "long-trace-id":
+            s.trace_id = s.trace_id + b"\x01"
+        elif reason == "zero-trace-id":
+            s.trace_id = bytes(16)
+            marks -= 1
+        elif reason == "zero-span-id":
+            s.span_id = bytes(8)
+        elif reason == "bad-parent-id":
+            s.parent_span_id = b"\x01" * 7
+        else:
+            s.start_time_unix_nano = MAX_NS + 1
+    return marks
+
+
+# --- senders -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """What the senders saw, request by request."""
+
+    offered: int = 0  # requests made
+    dropped: int = 0  # requests a sender's full queue dropped (never sent)
+    sent: set[int] = field(default_factory=set)  # requests sent at least once
+    acked: dict[int, tuple[int, int]] = field(default_factory=dict)  # request -> (accepted, rejected) spans
+    acked_at: dict[int, float] = field(default_factory=dict)
+    refusals: Counter[int] = field(default_factory=Counter)  # by HTTP status (429, 503)
+    refusals_without_retry_after: int = 0
+    retry_after_s: Counter[str] = field(default_factory=Counter)
+    connection_errors: int = 0
+    failures: list[str] = field(default_factory=list)  # answers not to retry (400, 500, ...)
+    rejection_messages: Counter[str] = field(default_factory=Counter)
+    answers: list[tuple[float, bool]] = field(default_factory=list)  # (when, refused) of each 200/429/503
+    gave_up: set[int] = field(default_factory=set)  # never acknowledged by the end
+
+    def acked_spans(self, before: float = float("inf")) -> int:
+        return sum(a for r, (a, _) in self.acked.items() if self.acked_at[r] < before)
+
+
+class Senders:
+    """`threads` OTLP/HTTP senders sharing one queue of request numbers (at most `queue_limit` waiting)."""
+
+    def __init__(self, requests: Requests, url: str, threads: int, queue_limit: int) -> None:
+        self.requests = requests
+        self.url = url  # where to send; a restarted collector listens elsewhere
+        self.tally = Tally()
+        self._queue: collections.deque[int] = collections.deque()
+        self._queue_limit = queue_limit
+        self._busy = 0
+        self._next = 0
+        self._cv = threading.Condition()
+        self._closed = False
+        self._give_up_at = float("inf")
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def offer(self, n: int = 1) -> None:
+        with self._cv:
+            for _ in range(n):
+                r, self._next = self._next, self._next + 1
+                self.tally.offered += 1
+                if len(self._queue) >= self._queue_limit:
+                    self.tally.dropped += 1
+                else:
+                    self._queue.append(r)
+            self._cv.notify_all()
+
+    def waiting(self) -> int:
+        with self._cv:
+            return len(self._queue) + self._busy
+
+    def finish(self, timeout: float) -> None:
+        """No more requests; wait until every queued one is acknowledged, giving up after `timeout`."""
+        with self._cv:
+            self._closed = True
+            self._give_up_at = time.monotonic() + timeout
+            self._cv.notify_all()
+        for t in self._threads:
+            t.join(timeout + 2 * MAX_RETRY_AFTER_S)
+        with self._cv:
+            self.tally.gave_up.update(self._queue)
+            self._queue.clear()
+
+    def _run(self) -> None:
+        conn: http.client.HTTPConnection | None = None
+        at = ""
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if not self._queue:
+                    break
+                r = self._queue.popleft()
+                self._busy += 1
+            body = self.requests.body(r)
+            try:
+                while True:
+                    if time.monotonic() > self._give_up_at:
+                        with self._cv:
+                            self.tally.gave_up.add(r)
+                        break
+                    if conn is None or at != self.url:
+                        if conn is not None:
+                            conn.close()
+                        at = self.url
+                        u = urlsplit(at)
+                        conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=60)
+                    wait = self._send(conn, r, body)
+                    if wait is None:
+                        break
+                    if wait == RECONNECT:
+                        conn.close()
+                        conn = None
+                        wait = CONNECTION_RETRY_S
+                    time.sleep(wait)
+            finally:
+                with self._cv:
+                    self._busy -= 1
+        if conn is not None:
+            conn.close()
+
+    def _send(self, conn: http.client.HTTPConnection, r: int, body: bytes) -> float | None:
+        """One attempt; the seconds to wait before the next (RECONNECT: a new connection, after CONNECTION_RETRY_S),
+        or None when the request is done with."""
+        tally = self.tally
+        with self._cv:
+            tally.sent.add(r)
+        try:
+            conn.request("POST", "/v1/traces", body=body, headers={"Content-Type": PROTOBUF})
+            resp = conn.getresponse()
+            content = resp.read()
+        except (OSError, http.client.HTTPException):
+            with self._cv:
+                tally.connection_errors += 1
+            return RECONNECT
+        now = time.monotonic()
+        if resp.status == 200:
+            answer = ExportTraceServiceResponse.FromString(content) if content else ExportTraceServiceResponse()
+            rejected = answer.partial_success.rejected_spans
+            with self._cv:
+                tally.acked[r] = (self.requests.spans(r) - rejected, rejected)
+                tally.acked_at[r] = now
+                tally.answers.append((now, False))
+                if rejected:
+                    tally.rejection_messages[answer.partial_success.error_message[:120]] += 1
+            return None
+        if resp.status in (429, 503):
+            header = resp.getheader("Retry-After")
+            with self._cv:
+                tally.refusals[resp.status] += 1
+                tally.answers.append((now, True))
+                if header is None:
+                    tally.refusals_without_retry_after += 1
+                else:
+                    tally.retry_after_s[header] += 1
+            try:
+                return min(MAX_RETRY_AFTER_S, float(header)) if header else CONNECTION_RETRY_S
+            except ValueError:  # an HTTP date: not what evalsi sends
+                return CONNECTION_RETRY_S
+        with self._cv:
+            tally.failures.append(f"request {r}: HTTP {resp.status}: {content[:200]!r}")
+        return None
+
+
+class Offer(threading.Thread):
+    """Makes requests for the senders: `rate` spans/s, or (rate None) as fast as they are taken."""
+
+    def __init__(self, senders: Senders, rate: float | None, threads: int) -> None:
+        super().__init__(daemon=True)
+        self.senders = senders
+        self.rate = rate
+        self.threads = threads
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        start = time.monotonic()
+        made = 0
+        while not self._stop_event.is_set():
+            if self.rate is None:
+                gap = self.threads - self.senders.waiting()
+                if gap > 0:
+                    self.senders.offer(gap)
+            else:
+                due = int((time.monotonic() - start) * self.rate / self.senders.requests.spans_per_request)
+                if due > made:
+                    self.senders.offer(due - made)
+                    made = due
+            self._stop_event.wait(0.02)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+
+# --- watching the collector ----------------------------------------------------------------------------------------
+
+
+def anon_bytes(pid: int) -> int:
+    """Anonymous resident memory (resident minus shared pages): what the memory_limiter measures."""
+    try:
+        fields = Path(f"/proc/{pid}/statm").read_text().split()
+    except OSError:
+        return 0
+    return (int(fields[1]) - int(fields[2])) * PAGE
+
+
+def hwm_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def labelled(text: str, name: str, label: str) -> float:
+    """A metric summed over the series whose labels include `label` (e.g. `limit="soft"`)."""
+    lines = text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name + "{") and label in line)
+
+
+@dataclass
+class Sample:
+    at: float
+    sent_spans: float
+    queue: float
+    tail_traces: float
+    anon_mb: float
+    limiter_mb: float
+    refusing: float
+    store_unavailable: float
+
+
+class Monitor(threading.Thread):
+    """Reads the collector's /metrics and its processes' memory every POLL_S."""
+
+    def __init__(self, c: Collector) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[Sample] = []
+        self.text = ""  # the last /metrics read
+        self.hwm_mb: dict[str, float] = {}
+        self._stop_event = threading.Event()
+        self.watch(c)
+
+    def watch(self, c: Collector) -> None:
+        self.c = c
+        self.pids = [c.proc.pid, *c.ready.get("workers", [])]
+
+    def run(self) -> None:
+        with httpx.Client(timeout=5) as client:
+            while not self._stop_event.is_set():
+                try:
+                    text = client.get(self.c.metrics).text
+                except httpx.HTTPError:
+                    text = ""
+                if text:
+                    self.text = text
+                self.samples.append(
+                    Sample(
+                        time.monotonic(),
+                        metric_sum(text, "otelcol_exporter_sent_spans_total") if text else float("nan"),
+                        metric_sum(text, "otelcol_exporter_queue_size") if text else float("nan"),
+                        metric_sum(text, "evalsi_tail_sampling_traces_buffered") if text else float("nan"),
+                        sum(anon_bytes(p) for p in self.pids) / 2**20,
+                        metric_sum(text, "evalsi_memory_limiter_usage_bytes") / 2**20 if text else float("nan"),
+                        metric_sum(text, "evalsi_memory_limiter_refusing") if text else float("nan"),
+                        metric_sum(text, "evalsi_exporter_store_unavailable") if text else float("nan"),
+                    )
+                )
+                for i, pid in enumerate(self.pids):
+                    name = "collector" if i == 0 else f"worker {i}"
+                    self.hwm_mb[name] = max(self.hwm_mb.get(name, 0.0), hwm_mb(pid))
+                self._stop_event.wait(POLL_S)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+    def wait_sent(self, spans: int, timeout: float) -> float | None:
+        """Wait until the exporter has written `spans` spans; when it did (monotonic), None after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            done = next((s.at for s in list(self.samples) if s.sent_spans >= spans), None)
+            if done is not None or time.monotonic() > deadline:
+                return done
+            time.sleep(POLL_S / 2)
+
+
+# --- the store ---------------------------------------------------------------------------------------------------
+
+READ_STORE = """
+import json, sys
+from chdb import session
+s = session.Session(sys.argv[1])
+tag = sys.argv[2]
+def rows(sql):
+    out = s.query(sql, "TabSeparated").bytes().decode().strip()
+    return [line.split("\\t") for line in out.splitlines() if line]
+per_request = rows(
+    "SELECT substring(TraceId, 9, 8), count(), uniqExact(SpanId) FROM default.otel_traces "
+    f"WHERE length(TraceId) = 32 AND startsWith(TraceId, '{tag}') GROUP BY 1")
+poison = rows("SELECT count() FROM default.otel_traces WHERE startsWith(SpanName, 'poison')")
+odd_ids = rows(f"SELECT count() FROM default.otel_traces WHERE length(TraceId) != 32 AND ServiceName = 'poison'")
+print(json.dumps({"requests": {r: [int(n), int(u)] for r, n, u in per_request},
+                  "poison": int(poison[0][0]), "odd_ids": int(odd_ids[0][0])}))
+"""
+
+
+@dataclass
+class Stored:
+    by_request: dict[int, tuple[int, int]]  # request -> (rows, distinct spans)
+    poison_rows: int
+
+
+def read_store(path: Path, tag: int) -> Stored:
+    """Every span of this run in the store at `path`, by request; the store opened by a separate process (the
+    collector, and the stand-in, have released it)."""
+    res = subprocess.run(
+        [sys.executable, "-c", READ_STORE, str(path), f"{tag:08x}"], capture_output=True, text=True, timeout=600
+    )
+    if res.returncode != 0:
+        raise RuntimeError(f"the store at {path} did not open: {res.stderr.strip()[-800:]}")
+    doc = json.loads(res.stdout.strip().splitlines()[-1])
+    by_request = {int(r, 16): (n, u) for r, (n, u) in doc["requests"].items()}
+    return Stored(by_request, doc["poison"] + doc["odd_ids"])
+
+
+# --- one scenario ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    scenario: str
+    title: str
+    promise: str  # "0 lost", or what is measured instead
+    spans_offered: int = 0
+    spans_not_sent: int = 0  # dropped by the senders' full queues: never sent, so not the collector's
+    spans_sent: int = 0
+    spans_acked: int = 0
+    spans_rejected: int = 0  # partial_success
+    refusals: dict[str, int] = field(default_factory=dict)  # by status, requests
+    refusals_without_retry_after: int = 0
+    spans_stored: int = 0  # distinct spans of this run in the store
+    duplicates: int = 0  # rows beyond one a span
+    lost: int = 0  # acknowledged and not stored
+    stored_not_acked: int = 0  # spans of requests never acknowledged (in flight at a crash) that the store holds
+    spans_gave_up: int = 0  # still unacknowledged when the senders stopped retrying
+    figures: dict[str, Any] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+
+def account(out: Outcome, senders: Senders, stored: Stored) -> None:
+    """The sender's side against the store's."""
+    t, req = senders.tally, senders.requests
+    out.spans_offered = sum(req.spans(r) for r in range(t.offered))
+    out.spans_sent = sum(req.spans(r) for r in t.sent)
+    out.spans_not_sent = out.spans_offered - out.spans_sent
+    out.spans_acked = sum(a for a, _ in t.acked.values())
+    out.spans_rejected = sum(rej for _, rej in t.acked.values())
+    out.refusals = {str(k): v for k, v in sorted(t.refusals.items())}
+    out.refusals_without_retry_after = t.refusals_without_retry_after
+    out.spans_gave_up = sum(req.spans(r) for r in t.gave_up)
+    for r, (rows, distinct) in stored.by_request.items():
+        out.spans_stored += distinct
+        out.duplicates += rows - distinct
+        if r not in t.acked:
+            out.stored_not_acked += distinct
+    for r, (accepted, _) in t.acked.items():
+        out.lost += max(0, accepted - stored.by_request.get(r, (0, 0))[1])
+    if t.answers:
+        streak, streak_s = longest_streak(t.answers)
+        out.figures["longest refusal streak (answers, first to last s)"] = [streak, round(streak_s, 1)]
+        out.figures["Retry-After values (s: answers)"] = dict(
+            sorted(t.retry_after_s.items(), key=lambda kv: float(kv[0]))
+        )
+    if t.refusals_without_retry_after:
+        out.failures.append(f"{t.refusals_without_retry_after} refusals (429/503) without Retry-After")
+    for f in t.failures[:5]:
+        out.failures.append(f"an answer not to retry: {f}")
+    if t.gave_up:
+        out.failures.append(f"{len(t.gave_up)} requests never acknowledged (senders gave up)")
+
+
+def config(args: argparse.Namespace, endpoint: str, *, limit_mib: int | None = None) -> dict[str, Any]:
+    cfg = serve_config(Path("unused"))
+    cfg["exporters"]["clickhouse"] = {"endpoint": endpoint}  # the product's delivery defaults
+    processors: dict[str, Any] = {
+        "normalize": {},
+        "tail_sampling": {"decision_wait": f"{args.decision_wait:g}s"},
+    }
+    chain = ["normalize", "tail_sampling"]
+    if limit_mib is not None:
+        processors = {"memory_limiter": {"check_interval": "1s", "limit_mib": limit_mib}, **processors}
+        chain = ["memory_limiter", *chain]
+    cfg["processors"] = processors
+    pipelines = cfg["service"]["pipelines"]
+    pipelines["traces"]["processors"] = chain
+    pipelines["logs"]["processors"] = [p for p in chain if p != "tail_sampling"]
+    cfg["service"]["workers"] = args.workers
+    return cfg
+
+
+def finish(out: Outcome, senders: Senders, c: Collector, monitor: Monitor, args: argparse.Namespace) -> None:
+    """Let the senders finish, then the collector write what it holds and stop (SIGTERM)."""
+    senders.finish(args.drain_timeout)
+    if out.scenario != "c":  # a restarted collector counts only what it wrote itself
+        written = monitor.wait_sent(senders.tally.acked_spans(), timeout=30)
+        last = max(senders.tally.acked_at.values(), default=0.0)
+        out.figures["last answer to all written (s)"] = None if written is None else round(written - last, 1)
+    out.figures["exporter data errors (rows dropped)"] = metric_sum(monitor.text, "evalsi_exporter_items_refused_total")
+    out.figures["tail_sampling spans lost"] = metric_sum(monitor.text, "evalsi_tail_sampling_spans_lost_total")
+    monitor.stop()
+    out.figures["peak RSS MB (VmHWM)"] = {k: round(v) for k, v in monitor.hwm_mb.items()}
+    code = c.stop(signal.SIGTERM, timeout=180)
+    out.figures["exit code"] = code
+    if code != 0:
+        out.failures.append(f"evalsi serve exited {code} on SIGTERM (log: {c.log_path})")
+
+
+def read_and_account(out: Outcome, senders: Senders, store: Path) -> Stored | None:
+    try:
+        stored = read_store(store, senders.requests.tag)
+    except RuntimeError as e:
+        out.failures.append(str(e))
+        return None
+    account(out, senders, stored)
+    out.figures["poison spans stored"] = stored.poison_rows
+    return stored
+
+
+STARTED: list[subprocess.Popen[str]] = []  # every process this script started, killed at exit if still running
+
+
+def start(tmp: Path, cfg: dict[str, Any]) -> Collector:
+    tmp.mkdir(parents=True, exist_ok=True)
+    c = start_collector(tmp, cfg, timeout=180)
+    STARTED.append(c.proc)
+    return c
+
+
+def stand_in(data: Path, port: int = 0) -> StandInProcess:
+    server = start_stand_in(data, port=port)
+    STARTED.append(server.proc)
+    return server
+
+
+def measure_capacity(args: argparse.Namespace, workdir: Path, tag: int) -> tuple[float, float]:
+    """Stored spans/s of a fresh collector fed as fast as it accepts (no memory_limiter), over `--capacity-seconds`
+    after a 5 s warm-up; and its idle anonymous memory in MiB (every process), read before the load."""
+    store = workdir / "capacity" / "store"
+    c = start(workdir / "capacity", config(args, f"chdb://{store}"))
+    try:
+        idle = sum(anon_bytes(p) for p in [c.proc.pid, *c.ready.get("workers", [])]) / 2**20
+        senders = Senders(Requests(args, tag), c.http, args.senders, args.senders)
+        offer = Offer(senders, None, args.senders)
+        offer.start()
+        with httpx.Client(timeout=10) as client:
+            time.sleep(5)
+            sent0, t0 = metric_sum(client.get(c.metrics).text, "otelcol_exporter_sent_spans_total"), time.monotonic()
+            time.sleep(args.capacity_seconds)
+            sent1, t1 = metric_sum(client.get(c.metrics).text, "otelcol_exporter_sent_spans_total"), time.monotonic()
+        offer.stop()
+        senders.finish(10)
+    finally:
+        c.stop(signal.SIGKILL)  # what it still holds does not matter here
+        shutil.rmtree(store, ignore_errors=True)
+    return (sent1 - sent0) / (t1 - t0), idle
+
+
+def overload(args: argparse.Namespace, workdir: Path, tag: int) -> Outcome:
+    out = Outcome("a", SCENARIOS["a"], "0 lost")
+    if args.rate:
+        capacity, idle = args.rate, None
+    else:
+        log("[a] measuring capacity")
+        capacity, idle = measure_capacity(args, workdir, tag ^ 0x5A5A)
+        log(f"[a] capacity {capacity:,.0f} stored spans/s; idle memory {idle:.0f} MiB")
+    if args.limit_mib:
+        limit = args.limit_mib
+    else:
+        if idle is None:  # --rate given: read the idle memory of a collector that takes nothing
+            probe = start(workdir / "idle", config(args, f"chdb://{workdir / 'idle' / 'store'}"))
+            time.sleep(2)
+            idle = sum(anon_bytes(p) for p in [probe.proc.pid, *probe.ready.get("workers", [])]) / 2**20
+            probe.stop()
+        limit = round(idle + args.headroom_mib)
+    rate = args.overload * capacity
+    out.figures.update({"capacity (stored spans/s)": round(capacity), "offered spans/s": round(rate),
+                        "idle memory MiB": None if idle is None else round(idle), "hard limit MiB": limit})  # fmt: skip
+    store = workdir / "a" / "store"
+    c = start(workdir / "a", config(args, f"chdb://{store}", limit_mib=limit))
+    monitor = Monitor(c)
+    monitor.start()
+    senders = Senders(Requests(args, tag), c.http, args.senders, args.sender_queue)
+    cpu0 = cpu_seconds(*monitor.pids)
+    log(f"[a] offering {rate:,.0f} spans/s for {args.duration:g}s; memory_limiter limit_mib {limit}")
+    offer = Offer(senders, rate, args.senders)
+    t0 = time.monotonic()
+    offer.start()
+    time.sleep(args.duration)
+    offer.stop()
+    ended = time.monotonic()
+    window = ended - t0
+    acked_in_window = senders.tally.acked_spans()
+    out.figures["acknowledged spans/s during the load"] = round(acked_in_window / window)
+    out.figures["collector CPU µs a span acknowledged"] = round(
+        1e6 * (cpu_seconds(*monitor.pids) - cpu0) / max(1, acked_in_window)
+    )
+    finish(out, senders, c, monitor, args)
+    soft = labelled(monitor.text, "evalsi_memory_limiter_limit_bytes", 'limit="soft"') / 2**20
+    out.figures["soft limit MiB"] = round(soft)
+    samples = [s for s in monitor.samples if s.anon_mb]
+    out.figures["peak memory MiB (limiter's measure, sampled)"] = round(max((s.anon_mb for s in samples), default=0))
+    out.figures["seconds refusing (limiter gauge)"] = round(POLL_S * sum(1 for s in samples if s.refusing == 1), 1)
+    accepting = next((s.at for s in samples if s.at > ended and s.refusing == 0), None)
+    out.figures["accepting again after the load ended (s)"] = None if accepting is None else round(accepting - ended, 1)
+    out.figures["memory MiB at the end (limiter's measure)"] = round(samples[-1].anon_mb) if samples else None
+    out.figures["peak exporter queue (spans)"] = round(max((s.queue for s in samples if s.queue == s.queue), default=0))
+    read_and_account(out, senders, store)
+    if out.figures["peak memory MiB (limiter's measure, sampled)"] > limit:
+        out.figures["note"] = "peak above the hard limit"
+    if out.lost:
+        out.failures.append(f"{out.lost:,} acknowledged spans lost")
+    return out
+
+
+def store_outage(args: argparse.Namespace, workdir: Path, tag: int) -> Outcome:
+    out = Outcome("b", SCENARIOS["b"], "0 lost")
+    data = workdir / "b" / "clickhouse"
+    store = stand_in(data)
+    port = urlsplit(store.url).port or 0
+    cfg = config(args, store.url)
+    cfg["exporters"]["clickhouse"]["queue_size"] = args.queue_size
+    c = start(workdir / "b", cfg)
+    monitor = Monitor(c)
+    monitor.start()
+    senders = Senders(Requests(args, tag), c.http, args.senders, args.sender_queue)
+    offer = Offer(senders, args.steady_rate, args.senders)
+    log(f"[b] {args.steady_rate:,.0f} spans/s; the store is killed after {args.warmup:g}s, for {args.duration:g}s; "
+        f"queue_size {args.queue_size:,}")  # fmt: skip
+    offer.start()
+    time.sleep(args.warmup)
+    killed = time.monotonic()
+    store.proc.kill()
+    store.proc.wait()
+    time.sleep(args.duration)
+    restarted: StandInProcess | None = None
+    try:
+        restarted = stand_in(data, port=port)
+    except RuntimeError as e:
+        out.failures.append(f"the stand-in did not start again on port {port}: {e}")
+    back = time.monotonic()
+    acked_before_back = senders.tally.acked_spans(before=back)
+    time.sleep(args.after)
+    offer.stop()
+    drained = monitor.wait_sent(acked_before_back, timeout=args.drain_timeout)
+    t = senders.tally
+    refused_at = [at for at, refused in t.answers if refused]
+    out.figures.update({
+        "offered spans/s": args.steady_rate, "queue_size": args.queue_size, "outage (s)": round(back - killed, 1),
+        "first refusal after the kill (s)": round(refused_at[0] - killed, 1) if refused_at else None,
+        "last refusal after the store was back (s)": round(refused_at[-1] - back, 1) if refused_at else None,
+        "drain: store back to every span acknowledged before written (s)":
+            None if drained is None else round(drained - back, 1),
+    })  # fmt: skip
+    if t.refusals.get(429):
+        out.figures["note"] = (
+            "refused with 429 (a queue is full), where the docs promise 503 (the store refuses writes)"
+        )
+    finish(out, senders, c, monitor, args)
+    if restarted is not None:
+        restarted.stop()
+    read_and_account(out, senders, data)
+    if drained is None:
+        out.failures.append(f"the backlog was not written {args.drain_timeout:g}s after the store came back")
+    if not refused_at:
+        out.figures["note"] = "no refusal: the queue never filled (raise the rate or lower --queue-size)"
+    if out.lost:
+        out.failures.append(f"{out.lost:,} acknowledged spans lost")
+    return out
+
+
+def longest_streak(answers: list[tuple[float, bool]]) -> tuple[int, float]:
+    """The longest run of consecutive refusals among all senders' answers in time order: (answers, first to last s)."""
+    best, best_s, n, first = 0, 0.0, 0, 0.0
+    for at, refused in sorted(answers):
+        if refused:
+            if n == 0:
+                first = at
+            n += 1
+            if n > best:
+                best, best_s = n, at - first
+        else:
+            n = 0
+    return best, best_s
+
+
+def crash(args: argparse.Namespace, workdir: Path, tag: int) -> Outcome:
+    out = Outcome("c", SCENARIOS["c"], "measured, not promised: no WAL")
+    store = workdir / "c" / "store"
+    cfg = config(args, f"chdb://{store}")
+    c = start(workdir / "c" / "first", cfg)
+    monitor = Monitor(c)
+    monitor.start()
+    senders = Senders(Requests(args, tag), c.http, args.senders, args.sender_queue)
+    offer = Offer(senders, args.steady_rate, args.senders)
+    log(f"[c] {args.steady_rate:,.0f} spans/s; kill -9 of evalsi serve after {args.warmup:g}s, then a restart")
+    offer.start()
+    time.sleep(args.warmup)
+    last = monitor.samples[-1] if monitor.samples else None
+    workers = list(c.ready.get("workers", []))
+    c.proc.kill()
+    killed = time.monotonic()
+    c.proc.wait()
+    acked_by_first = set(senders.tally.acked)
+    out.figures["held when killed (last poll): exporter queue spans, tail_sampling traces"] = (
+        [round(last.queue), round(last.tail_traces)] if last else None
+    )
+    out.figures["written by the first collector (last poll)"] = round(last.sent_spans) if last else None
+    orphans = [p for p in workers if Path(f"/proc/{p}").exists()]
+    time.sleep(2)
+    for p in orphans:
+        if Path(f"/proc/{p}").exists():
+            out.failures.append(f"pipeline worker {p} still ran 2 s after its collector was killed; killed it")
+            os.kill(p, signal.SIGKILL)
+    try:
+        c2 = start(workdir / "c" / "second", cfg)
+    except AssertionError as e:
+        out.failures.append(f"the store did not open after the crash: {e}")
+        offer.stop()
+        senders.finish(1)
+        monitor.stop()
+        return out
+    out.figures["kill to ready again (s)"] = round(time.monotonic() - killed, 1)
+    senders.url = c2.http
+    monitor.watch(c2)
+    time.sleep(args.after)
+    offer.stop()
+    finish(out, senders, c2, monitor, args)
+    found = read_and_account(out, senders, store)
+    t = senders.tally
+    stored = found.by_request if found else {}
+    lost_first = sum(max(0, t.acked[r][0] - stored.get(r, (0, 0))[1]) for r in acked_by_first)
+    out.figures["acknowledged by the killed collector (spans)"] = sum(t.acked[r][0] for r in acked_by_first)
+    out.figures["of which lost"] = lost_first
+    out.figures["lost of those acknowledged after the restart"] = out.lost - lost_first
+    out.figures["connection errors (retried)"] = t.connection_errors
+    if out.lost - lost_first:
+        out.failures.append(f"{out.lost - lost_first:,} spans acknowledged by the restarted collector lost")
+    return out
+
+
+def poison(args: argparse.Namespace, workdir: Path, tag: int) -> Outcome:
+    out = Outcome("d", SCENARIOS["d"], "0 lost; exactly the invalid spans rejected")
+    store = workdir / "d" / "store"
+    c = start(workdir / "d", config(args, f"chdb://{store}"))
+    monitor = Monitor(c)
+    monitor.start()
+    requests = Requests(args, tag, poison_every=args.poison_every)
+    senders = Senders(requests, c.http, args.senders, args.sender_queue)
+    offer = Offer(senders, args.steady_rate, args.senders)
+    log(f"[d] {args.steady_rate:,.0f} spans/s for {args.duration:g}s, 1 request in {args.poison_every} poisoned: "
+        f"{len(requests.poison.invalid)} invalid spans ({', '.join(requests.poison.invalid)}) and "
+        f"{len(requests.poison.hostile)} valid ones with hostile values")  # fmt: skip
+    offer.start()
+    time.sleep(args.duration)
+    offer.stop()
+    finish(out, senders, c, monitor, args)
+    read_and_account(out, senders, store)
+    t = senders.tally
+    wrong = {r: rej for r, (_, rej) in t.acked.items() if rej != (len(requests.poison.invalid) * requests.is_poison(r))}
+    poisoned = [r for r in t.acked if requests.is_poison(r)]
+    out.figures.update({
+        "poison requests acknowledged": len(poisoned),
+        "invalid spans a poison request": len(requests.poison.invalid),
+        "hostile valid spans a poison request": len(requests.poison.hostile),
+        "requests whose rejected count is wrong": len(wrong),
+        "rejection messages": dict(t.rejection_messages.most_common(3)),
+    })  # fmt: skip
+    if wrong:
+        r = next(iter(wrong))
+        out.failures.append(f"{len(wrong)} requests rejected the wrong number of spans (request {r}: {wrong[r]})")
+    if out.figures.get("poison spans stored"):
+        out.failures.append(f"{out.figures['poison spans stored']} invalid spans stored")
+    if out.lost:
+        out.failures.append(f"{out.lost:,} valid acknowledged spans lost")
+    return out
+
+
+# --- main --------------------------------------------------------------------------------------------------------
+
+
+def print_table(outcomes: list[Outcome]) -> None:
+    head = ["scenario", "offered", "not sent", "sent", "acknowledged", "rejected", "refused (429/503)", "stored",
+            "lost", "promise"]  # fmt: skip
+    rows = [head]
+    for o in outcomes:
+        refused = "/".join(str(o.refusals.get(k, 0)) for k in ("429", "503"))
+        refused += "" if not o.refusals_without_retry_after else f" ({o.refusals_without_retry_after} no Retry-After)"
+        rows.append([o.scenario, f"{o.spans_offered:,}", f"{o.spans_not_sent:,}", f"{o.spans_sent:,}",
+                     f"{o.spans_acked:,}", f"{o.spans_rejected:,}", refused, f"{o.spans_stored:,}", f"{o.lost:,}",
+                     o.promise])  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    for r in rows:
+        print("  ".join(v.rjust(w) if i not in (0, len(head) - 1) else v.ljust(w) for i, (v, w) in
+                        enumerate(zip(r, widths, strict=True))))  # fmt: skip
+    for o in outcomes:
+        print(f"\n{o.scenario}: {o.title}")
+        extra = {"duplicates (rows beyond one a span)": o.duplicates, "stored, never acknowledged": o.stored_not_acked,
+                 "senders gave up (spans)": o.spans_gave_up}  # fmt: skip
+        for k, v in {**o.figures, **extra}.items():
+            print(f"  {k}: {v}")
+        for f in o.failures:
+            print(f"  FAIL: {f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    p.add_argument("--scenarios", nargs="+", choices=sorted(SCENARIOS), default=sorted(SCENARIOS))
+    p.add_argument("--duration", type=float, default=60, help="seconds of overload (a), of outage (b), of load (d)")
+    p.add_argument("--spans-per-request", type=int, default=500)
+    p.add_argument("--spans-per-trace", type=int, default=5)
+    p.add_argument("--content-bytes", type=int, default=1024, help="size of each span's gen_ai.input.messages")
+    p.add_argument("--senders", type=int, default=16, help="sender threads, one connection each")
+    p.add_argument("--sender-queue", type=int, default=32, help="requests waiting for a sender at most; more dropped")
+    p.add_argument("--workers", type=int, default=1, help="service.workers")
+    p.add_argument("--decision-wait", type=float, default=2.0, help="tail_sampling's decision_wait, seconds")
+    p.add_argument("--rate", type=float, help="(a) the collector's capacity in spans/s; default: measured first")
+    p.add_argument("--capacity-seconds", type=float, default=15, help="(a) how long capacity is measured")
+    p.add_argument("--overload", type=float, default=3.0, help="(a) the load, in multiples of the capacity")
+    p.add_argument("--limit-mib", type=int, help="(a) memory_limiter limit_mib; default: idle + --headroom-mib")
+    p.add_argument("--headroom-mib", type=int, default=400, help="(a) hard limit above the idle memory")
+    p.add_argument("--steady-rate", type=float, default=2000, help="(b, c, d) spans/s offered")
+    p.add_argument("--queue-size", type=int, default=50_000, help="(b) the exporter's queue_size, spans")
+    p.add_argument("--warmup", type=float, default=15, help="(b, c) seconds of load before the kill")
+    p.add_argument("--after", type=float, default=15, help="(b, c) seconds of load after the restart")
+    p.add_argument("--poison-every", type=int, default=10, help="(d) every n-th request carries poison")
+    p.add_argument("--drain-timeout", type=float, default=120, help="how long the senders keep retrying at the end")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="evalsi-chaos-"))
+    runs = {"a": overload, "b": store_outage, "c": crash, "d": poison}
+    outcomes: list[Outcome] = []
+    try:
+        for k, name in enumerate(args.scenarios):
+            tag = random.Random(args.seed * 31 + k).getrandbits(31) | 1
+            t0 = time.monotonic()
+            outcomes.append(runs[name](args, workdir, tag))
+            outcomes[-1].figures["scenario wall time (s)"] = round(time.monotonic() - t0)
+            log(f"[{name}] done in {time.monotonic() - t0:.0f}s: lost {outcomes[-1].lost:,}")
+    finally:
+        for proc in STARTED:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if args.keep:
+            log(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        print(json.dumps([asdict(o) for o in outcomes], indent=1, default=str))
+    else:
+        print()
+        print_table(outcomes)
+    failed = [f"[{o.scenario}] {f}" for o in outcomes for f in o.failures]
+    for f in failed:
+        log(f"FAIL {f}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
