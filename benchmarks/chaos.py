@@ -63,7 +63,16 @@ import ingest  # noqa: E402  (the payloads, the /proc readers, the metrics parse
 from clickhouse_http import StandInProcess, start_stand_in  # noqa: E402
 from hostile_otlp import BIG_SIZES, DOUBLES, MAX_NS, NUMERIC_STRINGS, deep_value  # noqa: E402
 from ingest import cpu_seconds, log, metric_sum  # noqa: E402
+from pipeline import peak_rss_mb  # noqa: E402
 from running_collector import Collector, serve_config, start_collector  # noqa: E402
+
+from evalsi.processors.memory_limiter import anonymous_resident_bytes  # noqa: E402
+
+
+def anonymous_bytes(pid: int) -> int:
+    """What the memory_limiter measures of a process (0 once it is gone)."""
+    return anonymous_resident_bytes(pid) or 0
+
 
 PROTOBUF = "application/x-protobuf"
 TRACE_MARK = b"\xf7\xf7\xf7\xf7"  # bytes 4-8 of every trace id in a template: not UTF-8, so in no string
@@ -72,7 +81,6 @@ CONNECTION_RETRY_S = 1.0  # a sender's wait after a closed or reset connection
 RECONNECT = -1.0
 MAX_RETRY_AFTER_S = 60.0  # a sender waits at most this long, whatever Retry-After says
 POLL_S = 0.5  # metrics and memory are read this often
-PAGE = os.sysconf("SC_PAGE_SIZE")
 SCENARIOS = {
     "a": "overload (memory_limiter, tail_sampling holding traces)",
     "b": "store unavailable (SIGKILL of the ClickHouse stand-in), then back",
@@ -406,25 +414,6 @@ class Offer(threading.Thread):
 # --- watching the collector ----------------------------------------------------------------------------------------
 
 
-def anon_bytes(pid: int) -> int:
-    """Anonymous resident memory (resident minus shared pages): what the memory_limiter measures."""
-    try:
-        fields = Path(f"/proc/{pid}/statm").read_text().split()
-    except OSError:
-        return 0
-    return (int(fields[1]) - int(fields[2])) * PAGE
-
-
-def hwm_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 def labelled(text: str, name: str, label: str) -> float:
     """A metric summed over the series whose labels include `label` (e.g. `limit="soft"`)."""
     lines = text.splitlines()
@@ -473,7 +462,7 @@ class Monitor(threading.Thread):
                         metric_sum(text, "otelcol_exporter_sent_spans_total") if text else float("nan"),
                         metric_sum(text, "otelcol_exporter_queue_size") if text else float("nan"),
                         metric_sum(text, "evalsi_tail_sampling_traces_buffered") if text else float("nan"),
-                        sum(anon_bytes(p) for p in self.pids) / 2**20,
+                        sum(anonymous_bytes(p) for p in self.pids) / 2**20,
                         metric_sum(text, "evalsi_memory_limiter_usage_bytes") / 2**20 if text else float("nan"),
                         metric_sum(text, "evalsi_memory_limiter_refusing") if text else float("nan"),
                         metric_sum(text, "evalsi_exporter_store_unavailable") if text else float("nan"),
@@ -481,7 +470,7 @@ class Monitor(threading.Thread):
                 )
                 for i, pid in enumerate(self.pids):
                     name = "collector" if i == 0 else f"worker {i}"
-                    self.hwm_mb[name] = max(self.hwm_mb.get(name, 0.0), hwm_mb(pid))
+                    self.hwm_mb[name] = max(self.hwm_mb.get(name, 0.0), peak_rss_mb(pid))
                 self._stop_event.wait(POLL_S)
 
     def stop(self) -> None:
@@ -662,7 +651,7 @@ def measure_capacity(args: argparse.Namespace, workdir: Path, tag: int) -> tuple
     store = workdir / "capacity" / "store"
     c = start(workdir / "capacity", config(args, f"chdb://{store}"))
     try:
-        idle = sum(anon_bytes(p) for p in [c.proc.pid, *c.ready.get("workers", [])]) / 2**20
+        idle = sum(anonymous_bytes(p) for p in [c.proc.pid, *c.ready.get("workers", [])]) / 2**20
         senders = Senders(Requests(args, tag), c.http, args.senders, args.senders)
         offer = Offer(senders, None, args.senders)
         offer.start()
@@ -693,7 +682,7 @@ def overload(args: argparse.Namespace, workdir: Path, tag: int) -> Outcome:
         if idle is None:  # --rate given: read the idle memory of a collector that takes nothing
             probe = start(workdir / "idle", config(args, f"chdb://{workdir / 'idle' / 'store'}"))
             time.sleep(2)
-            idle = sum(anon_bytes(p) for p in [probe.proc.pid, *probe.ready.get("workers", [])]) / 2**20
+            idle = sum(anonymous_bytes(p) for p in [probe.proc.pid, *probe.ready.get("workers", [])]) / 2**20
             probe.stop()
         limit = round(idle + args.headroom_mib)
     rate = args.overload * capacity
