@@ -16,9 +16,11 @@ came from.
   killed (SIGKILL) mid-load and started again on the same data and port `--duration` seconds later. The exporter
   queues and retries, receivers refuse with Retry-After once its queue (`--queue-size`) is full (the design says 503; a
   429 is printed as a note); no acknowledged span may be lost.
-- c, crash: `evalsi serve` is killed (SIGKILL) mid-load and started again on the same store. There is no write-ahead
-  log: what it acknowledged but still held in memory is lost, and this scenario measures how much (no promise of 0).
-  The restarted collector must open the store and exit cleanly.
+- c, crash: `evalsi serve` is killed (SIGKILL) mid-load and started again on the same store. With
+  `--durability wal` (the default) every request is on disk before it is answered and the restart replays the log:
+  no acknowledged span may be lost, and the rows stored twice are counted (a request answered just before the kill
+  whose answer never reached its sender is sent again: at-least-once). With `--durability memory` what was held in
+  memory is lost, and this scenario measures how much. The restarted collector must open the store and exit cleanly.
 - d, poison: invalid spans (bad ids, a start past 2**63-1) and valid spans with hostile values (tests/hostile_otlp.py)
   inside a stream of valid load: exactly the invalid spans are rejected (partial_success), every valid span stored.
 
@@ -84,7 +86,7 @@ POLL_S = 0.5  # metrics and memory are read this often
 SCENARIOS = {
     "a": "overload (memory_limiter, tail_sampling holding traces)",
     "b": "store unavailable (SIGKILL of the ClickHouse stand-in), then back",
-    "c": "kill -9 of evalsi serve, restart on the same store (no WAL: durability memory)",
+    "c": "kill -9 of evalsi serve, restart on the same store and write-ahead log",
     "d": "poison spans in a stream of valid load",
 }
 
@@ -797,9 +799,13 @@ def longest_streak(answers: list[tuple[float, bool]]) -> tuple[int, float]:
 
 
 def crash(args: argparse.Namespace, workdir: Path, tag: int) -> Outcome:
-    out = Outcome("c", SCENARIOS["c"], "measured, not promised: no WAL")
+    wal = args.durability == "wal"
+    title = SCENARIOS["c"] if wal else "kill -9 of evalsi serve, restart on the same store (durability memory)"
+    out = Outcome("c", title, "0 lost (write-ahead log)" if wal else "measured, not promised: durability memory")
     store = workdir / "c" / "store"
     cfg = config(args, f"chdb://{store}")
+    if wal:
+        cfg["service"]["durability"] = {"mode": "wal", "directory": str(workdir / "c" / "wal")}
     c = start(workdir / "c" / "first", cfg)
     monitor = Monitor(c)
     monitor.start()
@@ -848,6 +854,12 @@ def crash(args: argparse.Namespace, workdir: Path, tag: int) -> Outcome:
     out.figures["connection errors (retried)"] = t.connection_errors
     if out.lost - lost_first:
         out.failures.append(f"{out.lost - lost_first:,} spans acknowledged by the restarted collector lost")
+    if wal and lost_first:
+        out.failures.append(f"{lost_first:,} spans acknowledged before the kill lost despite the write-ahead log")
+    replayed = next((e for e in c2.logs() if e.get("msg") == "write-ahead log replayed"), None)
+    if replayed is not None:
+        left_out = replayed["stored_spans_left_out"]
+        out.figures["replayed requests, stored spans left out"] = [replayed["requests"], left_out]
     return out
 
 
@@ -932,6 +944,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overload", type=float, default=3.0, help="(a) the load, in multiples of the capacity")
     p.add_argument("--limit-mib", type=int, help="(a) memory_limiter limit_mib; default: idle + --headroom-mib")
     p.add_argument("--headroom-mib", type=int, default=400, help="(a) hard limit above the idle memory")
+    p.add_argument("--durability", choices=["wal", "memory"], default="wal", help="(c) service.durability.mode")
     p.add_argument("--steady-rate", type=float, default=2000, help="(b, c, d) spans/s offered")
     p.add_argument("--queue-size", type=int, default=50_000, help="(b) the exporter's queue_size, spans")
     p.add_argument("--warmup", type=float, default=15, help="(b, c) seconds of load before the kill")

@@ -572,6 +572,8 @@ def run_one(args: argparse.Namespace, transport: str, payloads: list[bytes], wor
         config["service"]["workers"] = args.workers
     if args.worker_max_in_flight:
         config["service"]["worker_max_in_flight"] = args.worker_max_in_flight
+    if args.durability == "wal":
+        config["service"]["durability"] = {"mode": "wal", "directory": str(tmp / "wal")}
     if args.flush_interval:
         exporter["flush_interval"] = args.flush_interval
     if args.batch_size:
@@ -745,6 +747,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--idle", action="store_true", help="py-spy --idle: count idle (waiting) threads too")
     p.add_argument("--workers", type=int, default=1,
                    help="service.workers: pipeline worker processes (server CPU then sums them all)")  # fmt: skip
+    p.add_argument("--durability", choices=["memory", "wal"], default="memory",
+                   help="service.durability.mode (wal: each request fsynced before it is answered)")  # fmt: skip
     p.add_argument("--worker-max-in-flight", type=int, help="service.worker_max_in_flight (None: the default)")
     p.add_argument("--no-normalize", action="store_true",
                    help="run the pipeline without the normalize processor (to see its share)")  # fmt: skip

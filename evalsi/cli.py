@@ -126,18 +126,27 @@ def validate(
 @keys_app.command("new")
 def keys_new(
     name: Annotated[str, typer.Option("--name", help="Whose key it is (shown in logs, never the key).")] = "",
+    project: Annotated[
+        str, typer.Option("--project", help="The project a request with this key is for (`api_keys[].project`).")
+    ] = "default",
     as_json: JsonOpt = False,
 ) -> None:
     """Make an API key: the key (give it to the sender, once) and its hash (for the config's `auth.api_keys`)."""
-    from evalsi.auth import new_key
+    from evalsi.auth import PROJECT_PATTERN, new_key
 
+    if not PROJECT_PATTERN.fullmatch(project):
+        raise typer.BadParameter(
+            f"{project!r} is not a project name: lowercase letters, digits, `_` and `-`, starting with a letter or a "
+            "digit, at most 63 characters",
+            param_hint="--project",
+        )
     key, digest = new_key()
     if as_json:
-        out.print_json(json.dumps({"key": key, "hash": digest, "name": name}))
+        out.print_json(json.dumps({"key": key, "hash": digest, "name": name, "project": project}))
         return
     out.print(f"key:  {key}", highlight=False)
     out.print(f"hash: {digest}", highlight=False)
-    entry = f"{{hash: {digest}" + (f", name: {name}" if name else "") + "}"
+    entry = f"{{hash: {digest}" + (f", name: {name}" if name else "") + f", project: {project}}}"
     err.print(
         "The key is shown once: give it to the sender (`Authorization: Bearer <key>`; `EVALSI_API_KEY` for the CLI)."
         f"\nIn the config:\n  auth:\n    api_keys:\n      - {entry}",

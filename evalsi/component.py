@@ -77,6 +77,8 @@ class Next:
         self.scores: ScoreConsumer | None = None
         # set for receivers when pipelines run in worker processes: requests go there still encoded
         self.encoded: EncodedConsumer | None = None
+        # with a write-ahead log: the batches inside a consume call, which no holder reports while they are there
+        self.in_flight: Any = None
 
     @property
     def signals(self) -> set[Signal]:
@@ -92,12 +94,26 @@ class Next:
     async def consume(self, batch: SpanBatch) -> None:
         if self.traces is None:
             raise Refused("no traces pipeline takes this component's output", unavailable=True)
-        await self.traces.consume(batch)
+        if self.in_flight is None:
+            await self.traces.consume(batch)
+            return
+        token = self.in_flight.enter(batch.spans)
+        try:
+            await self.traces.consume(batch)
+        finally:
+            self.in_flight.leave(token)
 
     async def consume_logs(self, batch: LogBatch) -> None:
         if self.logs is None:
             raise Refused("no logs pipeline takes this component's output", unavailable=True)
-        await self.logs.consume_logs(batch)
+        if self.in_flight is None:
+            await self.logs.consume_logs(batch)
+            return
+        token = self.in_flight.enter(batch.records)
+        try:
+            await self.logs.consume_logs(batch)
+        finally:
+            self.in_flight.leave(token)
 
     async def consume_scores(self, batch: ScoreBatch) -> None:
         if self.scores is None:
@@ -151,6 +167,8 @@ class Settings:
     """Set in the collector process when pipelines run in workers."""
     auth: Authenticator | None = None
     """The `auth` section's key check, for components that listen (None: the config has no `auth` section)."""
+    wal: Any = None
+    """The write-ahead log receivers write a request to before they answer it (`service.durability: {mode: wal}`)."""
 
 
 @dataclass(frozen=True)

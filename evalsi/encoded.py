@@ -21,6 +21,8 @@ class EncodedBatch:
     count: int
     shards: frozenset[int]
     receiver: str = ""
+    arrived: float = 0.0  # when (monotonic) it reached the receiver, with a write-ahead log (else 0)
+    project: str = ""  # the project its sender's credential writes to ("": the spans keep the one they name)
 
     def __len__(self) -> int:
         return self.count

@@ -28,6 +28,7 @@ class LogRecord:
     service_name: str = ""
     scope_name: str = ""
     scope_version: str = ""
+    arrived: float = 0.0  # as `Span.arrived`
 
     @property
     def timestamp(self) -> int:

@@ -13,6 +13,10 @@ Source = Literal["code", "llm_judge", "human", "external", "checker", "imported"
 run, or another harness whose results were imported."""
 
 
+DEFAULT_PROJECT = "default"
+"""The project of what a sender without a project-bound credential sends, and of its scores."""
+
+
 @dataclass(slots=True)
 class Score:
     """A verdict. Only `outcome == "scored"` counts in aggregates; `reason` says why a score was skipped
@@ -38,7 +42,7 @@ class Score:
     evaluator: str = ""
     evaluator_version: str = ""
     source: Source = "code"
-    project: str = "default"
+    project: str = DEFAULT_PROJECT
     run_id: str = ""
     trial: int = 0
     task_id: str = ""

@@ -34,6 +34,23 @@ class SpanLink:
     attributes: dict[str, Any]
 
 
+PROJECT_ATTRIBUTE = "evalsi.project"
+"""The resource attribute naming a span's project: set by the receiver from the sender's credential (`auth`)."""
+
+
+def project_of(item: Any) -> str:
+    """The project of a span or log record: its `evalsi.project` resource attribute, else `default`."""
+    value = item.resource_attributes.get(PROJECT_ATTRIBUTE)
+    return value if isinstance(value, str) and value else "default"
+
+
+def trace_key(span: Any) -> str:
+    """What assembles a span into its trace: its trace id, within its project (`project/trace id`) when it has one,
+    so a second project sending the same trace id neither joins nor completes another project's trace."""
+    project = span.resource_attributes.get(PROJECT_ATTRIBUTE)
+    return f"{project}/{span.trace_id}" if project else span.trace_id
+
+
 @dataclass(slots=True)
 class Span:
     """One span. Ids are lowercase hex; attribute values keep their OTLP types.
@@ -81,6 +98,9 @@ class Span:
     # convention-specific extras with canonical key names: cache_read_input_tokens, cache_creation_input_tokens,
     # reasoning_tokens, documents (retrieval), mcp_target, a2a_method, request_type, ...
     details: dict[str, Any] = field(default_factory=dict)
+    arrived: float = 0.0
+    """When (monotonic) the request holding it reached a receiver, stamped when a write-ahead log is kept (else 0):
+    what lets the log delete a segment once nothing of it is held (`wal.py`)."""
 
     @property
     def duration_ns(self) -> int:

@@ -30,33 +30,46 @@ class TraceQueries(Protocol):
         """Where the store is, e.g. `embedded ClickHouse store at ./evalsi-data`."""
         ...
 
-    def list_traces(self, *, limit: int = 20, service: str | None = None) -> list[dict[str, Any]]: ...
+    # `project`: only what that project's senders sent and its scores (None: every project)
 
-    def get_trace(self, trace_id: str) -> list[dict[str, Any]]: ...
-
-    def list_scores(
-        self, *, limit: int = 100, trace_id: str | None = None, policy: str | None = None
+    def list_traces(
+        self, *, limit: int = 20, service: str | None = None, project: str | None = None
     ) -> list[dict[str, Any]]: ...
 
-    def score_window_stats(self, *, since_ns: int, policy: str | None = None) -> list[dict[str, Any]]: ...
+    def get_trace(self, trace_id: str, *, project: str | None = None) -> list[dict[str, Any]]: ...
 
-    def span_counts(self, trace_ids: list[str], *, since_ns: int = 0) -> dict[str, int]:
+    def list_scores(
+        self, *, limit: int = 100, trace_id: str | None = None, policy: str | None = None, project: str | None = None
+    ) -> list[dict[str, Any]]: ...
+
+    def score_window_stats(
+        self, *, since_ns: int, policy: str | None = None, project: str | None = None
+    ) -> list[dict[str, Any]]: ...
+
+    def span_counts(self, trace_ids: list[str], *, since_ns: int = 0, project: str | None = None) -> dict[str, int]:
         """Stored spans of each trace started since `since_ns` (a trace with none is left out)."""
         ...
 
-    def get_traces(self, trace_ids: list[str], *, since_ns: int = 0) -> dict[str, list[dict[str, Any]]]: ...
+    def get_traces(
+        self, trace_ids: list[str], *, since_ns: int = 0, project: str | None = None
+    ) -> dict[str, list[dict[str, Any]]]: ...
 
     def write_scores(self, scores: list[Any]) -> None:
         """Scores written directly, when no scores pipeline runs (`Score` objects)."""
         ...
 
-    def run_scores(self, run_id: str) -> list[dict[str, Any]]: ...
+    def run_scores(self, run_id: str, *, project: str | None = None) -> list[dict[str, Any]]: ...
 
-    def write_run(self, run_id: str, name: str, status: str, manifest: dict[str, Any], summary: dict[str, Any]) -> None:
+    def write_run(
+        self, run_id: str, name: str, status: str, manifest: dict[str, Any], summary: dict[str, Any],
+        *, project: str = "default",
+    ) -> None:  # fmt: skip
         """Record an offline run (the newest record of a run id wins)."""
         ...
 
-    def list_runs(self, *, limit: int = 20, run_id: str | None = None) -> list[dict[str, Any]]: ...
+    def list_runs(
+        self, *, limit: int = 20, run_id: str | None = None, project: str | None = None
+    ) -> list[dict[str, Any]]: ...
 
     def ping(self) -> bool: ...
 
@@ -90,8 +103,9 @@ class StoreExporter(Protocol):
         """Why it cannot take data now (a store outage), or None."""
         ...
 
-    def write_rows(self, kind: RowKind, body: Rows) -> None:
-        """Queue rows a worker's `RowEncoder` made; raises `Refused` while its queue is full."""
+    def write_rows(self, kind: RowKind, body: Rows, arrived: float | None = None) -> None:
+        """Queue rows a worker's `RowEncoder` made, the oldest of which reached a receiver at `arrived` (monotonic);
+        raises `Refused` while its queue is full."""
         ...
 
 

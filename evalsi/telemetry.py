@@ -62,6 +62,40 @@ class SelfMetrics:
             ["receiver", "transport"],
             registry=r,
         )
+        # what the otlp receiver's `limits` cut or refused (docs/receivers/otlp.md#limits)
+        self.receiver_truncated_attributes = Counter(
+            "evalsi_receiver_truncated_attributes",
+            "Attribute values truncated to the receiver's limits.max_attribute_value_length (each named in the "
+            "item's evalsi.truncated attribute; a resource's once for each item stored with it).",
+            ["receiver", "signal"],
+            registry=r,
+        )
+        self.receiver_dropped_attributes = Counter(
+            "evalsi_receiver_dropped_attributes",
+            "Attributes dropped past the receiver's limits.max_attributes_per_span / max_attributes_per_log_record "
+            "(counted in the item's evalsi.dropped attribute; a resource's once for each item stored with it).",
+            ["receiver", "signal"],
+            registry=r,
+        )
+        self.receiver_dropped_events = Counter(
+            "evalsi_receiver_dropped_events",
+            "Span events dropped past the receiver's limits.max_events_per_span.",
+            ["receiver"],
+            registry=r,
+        )
+        self.receiver_dropped_links = Counter(
+            "evalsi_receiver_dropped_links",
+            "Span links dropped past the receiver's limits.max_links_per_span.",
+            ["receiver"],
+            registry=r,
+        )
+        self.receiver_refused_requests = Counter(
+            "evalsi_receiver_refused_requests",
+            "Requests refused whole (400 / INVALID_ARGUMENT) for holding more spans or log records than the "
+            "receiver's limits allow.",
+            ["receiver", "signal", "limit"],
+            registry=r,
+        )
         self.exporter_sent_log_records = Counter(
             "otelcol_exporter_sent_log_records",
             "Log records successfully sent to the destination.",

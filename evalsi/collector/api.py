@@ -13,12 +13,13 @@ from fastapi import Body, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from evalsi.auth import PRINCIPAL_SCOPE_KEY, Authenticator
 from evalsi.collector import run_api, score_api
 from evalsi.component import Refused, ScoreConsumer
 from evalsi.duration import parse_duration
 from evalsi.evaluators.judge_client import Judges
 from evalsi.ids import is_trace_id
-from evalsi.score import Score, ScoreBatch
+from evalsi.score import DEFAULT_PROJECT, Score, ScoreBatch
 from evalsi.store import TraceQueries
 
 OPEN_PATHS = ("/healthz", "/readyz")
@@ -31,12 +32,23 @@ def build_api(
     scores: ScoreConsumer | None = None,
     not_ready: Callable[[], list[str]] = list,
     judges: Judges | None = None,
+    auth: Authenticator | None = None,
 ) -> FastAPI:
     """`judges` is the service's judge runtime, which `/v1/evaluate` runs judge-based evaluators with (None: they
     are skipped). `scores` is where the `scores` pipelines begin: feedback enters there, as every score does, so the
     processors in those pipelines (`evaluate`'s late path) see it; without a scores pipeline it goes to `store`.
-    `not_ready` lists why components cannot take data now (e.g. the store refuses writes): `/readyz` says so."""
+    `not_ready` lists why components cannot take data now (e.g. the store refuses writes): `/readyz` says so.
+    With `auth` checking credentials, each request sees only its credential's project (`project_of`)."""
     app = FastAPI(title="evalsi", docs_url="/docs", redoc_url=None)
+    isolated = auth is not None and auth.enabled
+
+    def project_of(request: Request) -> str | None:
+        """The project a request reads and writes: its credential's (anonymous, in `optional` mode: `default`);
+        None (every project) when no credential is checked."""
+        if not isolated:
+            return None
+        principal = request.scope.get(PRINCIPAL_SCOPE_KEY)
+        return principal.project if principal is not None else DEFAULT_PROJECT
 
     def need_store() -> TraceQueries:
         if store is None:
@@ -62,13 +74,17 @@ def build_api(
 
     @app.get("/api/v1/traces")
     async def list_traces(
-        limit: int = Query(20, ge=1, le=10_000), service: str | None = Query(None, max_length=MAX_FILTER)
+        request: Request,
+        limit: int = Query(20, ge=1, le=10_000),
+        service: str | None = Query(None, max_length=MAX_FILTER),
     ) -> dict[str, Any]:
         s = need_store()
-        return {"traces": await asyncio.to_thread(s.list_traces, limit=limit, service=service)}
+        found = await asyncio.to_thread(s.list_traces, limit=limit, service=service, project=project_of(request))
+        return {"traces": found}
 
     @app.get("/api/v1/scores")
     async def list_scores(
+        request: Request,
         limit: int = Query(100, ge=1, le=100_000),
         trace_id: str | None = None,
         policy: str | None = Query(None, max_length=MAX_FILTER),
@@ -76,13 +92,14 @@ def build_api(
         if trace_id is not None:
             _check_trace_id("trace_id", trace_id)
         s = need_store()
-        found = await asyncio.to_thread(s.list_scores, limit=limit, trace_id=trace_id, policy=policy)
+        project = project_of(request)
+        found = await asyncio.to_thread(s.list_scores, limit=limit, trace_id=trace_id, policy=policy, project=project)
         return {"scores": found}
 
     @app.get("/api/v1/traces/{trace_id}")
-    async def get_trace(trace_id: str) -> dict[str, Any]:
+    async def get_trace(request: Request, trace_id: str) -> dict[str, Any]:
         _check_trace_id("trace_id", trace_id)
-        spans = await asyncio.to_thread(need_store().get_trace, trace_id)
+        spans = await asyncio.to_thread(need_store().get_trace, trace_id, project=project_of(request))
         if not spans:
             raise HTTPException(404, f"trace {trace_id} not found")
         return {"trace_id": trace_id.lower(), "spans": spans}
@@ -105,11 +122,12 @@ def build_api(
         return await asyncio.to_thread(score_api.evaluate, plan, judges)
 
     @app.post("/v1/feedback")
-    async def feedback(body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+    async def feedback(request: Request, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
         try:
             score = score_api.feedback_score(body)
         except score_api.RequestError as e:
             raise HTTPException(e.status, str(e)) from None
+        score.project = project_of(request) or DEFAULT_PROJECT  # a verdict lands in its sender's project only
         if scores is None:
             await asyncio.to_thread(need_store().write_scores, [score])
             return {"stored": score_api.score_record(score)}
@@ -124,7 +142,7 @@ def build_api(
     # --- offline runs (`evalsi run`) ---------------------------------------------------------------------
 
     @app.post("/v1/runs/{run_id}/score")
-    async def score_run(run_id: str, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+    async def score_run(request: Request, run_id: str, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
         """Score a run's traces once they are stored; the scores go where every score goes (the scores pipeline,
         else the store) and come back in the answer."""
         try:
@@ -132,8 +150,9 @@ def build_api(
         except run_api.RunRequestError as e:
             raise HTTPException(e.status, str(e)) from None
         s = need_store()
-        traces, missing = await asyncio.to_thread(run_api.wait_for_traces, s, plan)
-        found = await asyncio.to_thread(run_api.score_traces, plan, traces, judges)
+        project = project_of(request)
+        traces, missing = await asyncio.to_thread(run_api.wait_for_traces, s, plan, project)
+        found = await asyncio.to_thread(run_api.score_traces, plan, traces, judges, project or DEFAULT_PROJECT)
         if found:
             await _hand_on_scores(found, deadline=time.monotonic() + max(5.0, plan.request.wait_s))
         return {"scores": [run_api.score_dict(x) for x in found], "missing": missing}
@@ -155,43 +174,48 @@ def build_api(
                 await asyncio.sleep(e.retry_after)
 
     @app.post("/v1/traces/select")
-    async def select_traces(body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+    async def select_traces(request: Request, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
         """Stored trace ids matching a CEL condition over `trace` (for re-scoring stored traces)."""
         try:
-            found = await asyncio.to_thread(run_api.select_traces, need_store(), body)
+            found = await asyncio.to_thread(run_api.select_traces, need_store(), body, project_of(request))
         except run_api.RunRequestError as e:
             raise HTTPException(e.status, str(e)) from None
         return {"trace_ids": found}
 
     @app.post("/v1/runs")
-    async def record_run(body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+    async def record_run(request: Request, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
         try:
             r = run_api.parse_run_record(body)
         except run_api.RunRequestError as e:
             raise HTTPException(e.status, str(e)) from None
-        await asyncio.to_thread(need_store().write_run, r.run_id, r.name, r.status, r.manifest, r.summary)
+        project = project_of(request) or DEFAULT_PROJECT
+        await asyncio.to_thread(
+            need_store().write_run, r.run_id, r.name, r.status, r.manifest, r.summary, project=project
+        )
         return {"run_id": r.run_id, "status": r.status}
 
     @app.get("/api/v1/runs")
-    async def list_runs(limit: int = Query(20, ge=1, le=10_000)) -> dict[str, Any]:
-        return {"runs": await asyncio.to_thread(need_store().list_runs, limit=limit)}
+    async def list_runs(request: Request, limit: int = Query(20, ge=1, le=10_000)) -> dict[str, Any]:
+        return {"runs": await asyncio.to_thread(need_store().list_runs, limit=limit, project=project_of(request))}
 
     @app.get("/api/v1/runs/{run_id}")
-    async def get_run(run_id: str) -> dict[str, Any]:
+    async def get_run(request: Request, run_id: str) -> dict[str, Any]:
         _check_run_id(run_id)
-        found = await asyncio.to_thread(need_store().list_runs, limit=1, run_id=run_id)
+        found = await asyncio.to_thread(need_store().list_runs, limit=1, run_id=run_id, project=project_of(request))
         if not found:
             raise HTTPException(404, f"run {run_id} not found")
         return found[0]
 
     @app.get("/api/v1/runs/{run_id}/scores")
-    async def get_run_scores(run_id: str) -> dict[str, Any]:
+    async def get_run_scores(request: Request, run_id: str) -> dict[str, Any]:
         _check_run_id(run_id)
-        return {"scores": await asyncio.to_thread(need_store().run_scores, run_id)}
+        return {"scores": await asyncio.to_thread(need_store().run_scores, run_id, project=project_of(request))}
 
     @app.get("/api/v1/policies/stats")
     async def policy_stats(
-        window: str = Query("5m", max_length=100), policy: str | None = Query(None, max_length=MAX_FILTER)
+        request: Request,
+        window: str = Query("5m", max_length=100),
+        policy: str | None = Query(None, max_length=MAX_FILTER),
     ) -> dict[str, Any]:
         try:
             seconds = parse_duration(window)
@@ -202,7 +226,8 @@ def build_api(
         if seconds > score_api.MAX_WINDOW_S:
             raise HTTPException(400, f"window: at most {score_api.MAX_WINDOW_S // 3600:g}h (ten years)")
         since_ns = time.time_ns() - int(seconds * 1e9)
-        rows = await asyncio.to_thread(need_store().score_window_stats, since_ns=since_ns, policy=policy)
+        stats = need_store().score_window_stats
+        rows = await asyncio.to_thread(stats, since_ns=since_ns, policy=policy, project=project_of(request))
         return {"window": window, "since_unix_nano": since_ns, "stats": score_api.window_stats(rows)}
 
     return app

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from evalsi.auth import AuthConfig, is_loopback
 from evalsi.collector.builtin import load_builtin_components
 from evalsi.component import REGISTRY, SIGNALS, ComponentConfig, Kind
+from evalsi.wal import DurabilityConfig
 
 
 class ConfigError(Exception):
@@ -143,6 +144,8 @@ class ServiceConfig(_Strict):
     """Requests a worker may hold not yet taken by its pipelines before the receivers answer 429."""
     api: ApiConfig = Field(default_factory=ApiConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    durability: DurabilityConfig = Field(default_factory=DurabilityConfig)
+    """`memory` (the default) or `wal`: what an answered request survives (see docs/operations.md)."""
 
 
 _SECTIONS: dict[str, Kind] = {"receivers": "receiver", "processors": "processor", "exporters": "exporter"}
@@ -277,7 +280,7 @@ def parse_config(raw: Any, source: str = "", base_dir: Path | None = None) -> Co
     auth: AuthConfig | None = None
     if raw.get("auth") is not None:
         try:
-            auth = AuthConfig.model_validate(raw["auth"])
+            auth = AuthConfig.model_validate(raw["auth"], context=context)
         except ValidationError as e:
             errors.extend(m for m in _pydantic_errors(e, ("auth",)) if m.split(": ", 1)[0] not in unset)
 
@@ -286,6 +289,7 @@ def parse_config(raw: Any, source: str = "", base_dir: Path | None = None) -> Co
         if raw.get("auth") is None:
             errors.extend(_open_listener_errors(service, components))
         errors.extend(_pipeline_errors(service, sections))
+        errors.extend(_durability_errors(service))
         service, workers_note = _chosen_workers(service)
         errors.extend(_worker_errors(service))
     if errors or service is None:
@@ -339,6 +343,19 @@ def _chosen_workers(service: ServiceConfig) -> tuple[ServiceConfig, str]:
         reason = why[0].split(": ", 1)[-1].split(";")[0]
         return service.model_copy(update={"workers": 1}), f"workers: auto -> one process ({reason})"
     return trial, f"workers: auto -> {n} pipeline workers ({n} cores)"
+
+
+def _durability_errors(service: ServiceConfig) -> list[str]:
+    """A write-ahead log keeps each request until the store holds it: with no store it would keep everything."""
+    if service.durability.mode != "wal":
+        return []
+    signals = {type_of(n) for n, p in service.pipelines.items() if any(is_store(e) for e in p.exporters)}
+    if not signals & {"traces", "logs"}:
+        return [
+            "service.durability.mode: wal keeps each request until the store holds it, but no pipeline writes a "
+            "store (e.g. clickhouse): add the store to a traces pipeline, or set mode: memory"
+        ]
+    return []
 
 
 def _worker_errors(service: ServiceConfig) -> list[str]:

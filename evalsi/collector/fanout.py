@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from evalsi.component import Consumer, LogConsumer, Refused, ScoreConsumer, Signal
+from evalsi.held import arrived_of, earliest
 from evalsi.log_record import LogBatch
 from evalsi.score import ScoreBatch
 from evalsi.span import SpanBatch
@@ -32,6 +33,7 @@ class _Pending(Generic[B]):
     deliver: Callable[[], Awaitable[None]]
     refusal: Refused
     size: int
+    arrived: float | None = None  # when its oldest item reached a receiver (see `held_since`)
 
 
 class _FanOut(Generic[B]):
@@ -45,6 +47,10 @@ class _FanOut(Generic[B]):
     def pending(self) -> int:
         """Consumers' parts not yet taken."""
         return len(self._pending)
+
+    def held_since(self) -> float | None:
+        """When the oldest item of a part not yet taken reached a receiver (see `wal.py`)."""
+        return earliest(p.arrived for p in self._pending)
 
     def _parts(self, batch: B) -> list[Callable[[], Awaitable[None]]]:
         """One delivery per consumer, each of the batch it may own."""
@@ -70,7 +76,8 @@ class _FanOut(Generic[B]):
             except Refused as r:
                 if taken == 0:
                     raise  # nothing of it was taken: the sender keeps it
-                self._pending.append(_Pending(deliver, r, self._size(batch)))
+                items = getattr(batch, "spans", None) or getattr(batch, "records", None) or ()
+                self._pending.append(_Pending(deliver, r, self._size(batch), arrived_of(items)))
         if self._pending and self._task is None:
             self._task = asyncio.create_task(self._retry())
 

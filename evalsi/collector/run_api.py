@@ -137,16 +137,18 @@ def plan_scoring(run_id: str, body: Any) -> RunScoring:
     return RunScoring(run_id, request, evaluators)
 
 
-def wait_for_traces(store: TraceQueries, plan: RunScoring) -> tuple[dict[str, list[Span]], dict[str, str]]:
+def wait_for_traces(
+    store: TraceQueries, plan: RunScoring, project: str | None = None
+) -> tuple[dict[str, list[Span]], dict[str, str]]:
     """The traces once stored whole (each with at least the spans the harness sent), and why each other one is
-    missing after `wait_s`."""
+    missing after `wait_s` (only `project`'s traces, when given)."""
     wanted = {t.trace_id.lower(): t.spans for t in plan.request.traces}
     since = plan.request.since_unix_nano
     deadline = time.monotonic() + plan.request.wait_s
     pause = 0.05
     counts: dict[str, int] = {}
     while True:
-        counts = store.span_counts(list(wanted), since_ns=since)
+        counts = store.span_counts(list(wanted), since_ns=since, project=project)
         pending = [t for t, n in wanted.items() if counts.get(t, 0) < n]
         if not pending or time.monotonic() >= deadline:
             break
@@ -159,12 +161,14 @@ def wait_for_traces(store: TraceQueries, plan: RunScoring) -> tuple[dict[str, li
         for t, n in wanted.items()
         if counts.get(t, 0) < n
     }
-    traces = store.get_traces(complete, since_ns=since) if complete else {}
+    traces = store.get_traces(complete, since_ns=since, project=project) if complete else {}
     return {t: [span_from_canonical(c) for c in rows] for t, rows in traces.items()}, missing
 
 
-def score_traces(plan: RunScoring, traces: dict[str, list[Span]], judges: Judges | None) -> list[Score]:
-    """Every evaluator over every stored trace, each score keyed by the run, the trial and the task."""
+def score_traces(
+    plan: RunScoring, traces: dict[str, list[Span]], judges: Judges | None, project: str = "default"
+) -> list[Score]:
+    """Every evaluator over every stored trace, each score keyed by the project, the run, the trial and the task."""
     out: list[Score] = []
     for item in plan.request.traces:
         spans = traces.get(item.trace_id.lower())
@@ -190,6 +194,7 @@ def score_traces(plan: RunScoring, traces: dict[str, list[Span]], judges: Judges
             s.session_id = root.session_id or ""
             s.policy = plan.policy
             s.run_id, s.trial, s.task_id = plan.run_id, item.trial, item.task_id
+            s.project = project
         out.extend(found)
     return out
 
@@ -214,19 +219,19 @@ class SelectRequest(_Body):
     """At most this many recent traces looked at."""
 
 
-def select_traces(store: TraceQueries, body: Any) -> list[str]:
+def select_traces(store: TraceQueries, body: Any, project: str | None = None) -> list[str]:
     """Stored traces matching a CEL condition over `trace`, newest first (for `evalsi rescore --traces`)."""
     request: SelectRequest = _parse(SelectRequest, body)
     try:
         program = cel.compile(request.where, variables=("trace",))
     except ValueError as e:
         raise RunRequestError(400, f"where: {e}") from None
-    recent = [t["trace_id"] for t in store.list_traces(limit=request.scan)
+    recent = [t["trace_id"] for t in store.list_traces(limit=request.scan, project=project)
               if t["start_time_unix_nano"] >= request.since_unix_nano]  # fmt: skip
     found: list[str] = []
     for at in range(0, len(recent), 500):
         chunk = recent[at : at + 500]
-        traces = store.get_traces(chunk, since_ns=request.since_unix_nano)
+        traces = store.get_traces(chunk, since_ns=request.since_unix_nano, project=project)
         for trace_id in chunk:
             spans = [span_from_canonical(c) for c in traces.get(trace_id, [])]
             if spans and program.matches(cel.trace_activation(spans, trace_id)):

@@ -22,13 +22,18 @@ from evalsi.collector.workers.pool import WorkerPool
 from evalsi.component import REGISTRY, Kind, Next, ScoreConsumer, Settings, Signal
 from evalsi.encoded import EncodedBatch
 from evalsi.evaluators.judge_client import Judges
+from evalsi.held import InFlight, earliest
 from evalsi.log_record import LogBatch
 from evalsi.serving import AsgiServer
 from evalsi.span import SpanBatch
 from evalsi.store import StoreExporter, TraceQueries
+from evalsi.supervise import supervise
 from evalsi.telemetry import SelfMetrics
+from evalsi.wal import WriteAheadLog, without_stored_spans
 
 log = logging.getLogger("evalsi.service")
+
+RETIRE_INTERVAL = 0.25  # how often the write-ahead log deletes the segments nothing depends on
 
 
 def _skip_unwanted_sessions(chains: list[list[Any]]) -> None:
@@ -122,6 +127,11 @@ class Service:
         # the judge runtime of /v1/evaluate (its metrics are this service's); judges never run in pipeline workers
         self.judges = Judges(self.metrics) if worker_store is None else None
         self.pool: WorkerPool | None = None  # set in the collector process when pipelines run in workers
+        durable = config.service.durability.mode == "wal"
+        self.wal = WriteAheadLog(config.service.durability, self.metrics) if durable and worker_store is None else None
+        self.in_flight = InFlight() if durable else None
+        """With a write-ahead log: batches inside a consume call (every `Next` reports them)."""
+        self._retiring: asyncio.Task[None] | None = None
         self.heads: dict[str, dict[Signal, Any]] = {}  # what each receiver feeds, by signal
         self.hubs: dict[str, Any] = {}
         """With workers, in the collector process: the instances where workers' processors meet (`meets`)."""
@@ -149,13 +159,18 @@ class Service:
         in_workers = self.config.service.workers > 1 and self.worker_store is None
         return Settings(
             id=cid, metrics=self.metrics, logger=logging.getLogger(f"evalsi.{kind}.{cid}"), worker=worker,
-            collector=self if in_workers else None, auth=self.auth,
+            collector=self if in_workers else None, auth=self.auth, wal=self.wal,
         )  # fmt: skip
 
     def route_feedback(self, processor: str, scores: list[Any]) -> None:
         """`CollectorPeers`: feedback to the pipeline workers holding its traces."""
         if self.pool is not None:
             self.pool.route_feedback(processor, scores)
+
+    def _next(self) -> Next:
+        nxt = Next()
+        nxt.in_flight = self.in_flight
+        return nxt
 
     def _create(self, kind: Kind, cid: str, *args: Any) -> Any:
         factory = REGISTRY[(kind, type_of(cid))]
@@ -183,7 +198,7 @@ class Service:
                     self.exporters[eid] = self._create("exporter", eid)
             for pid in pipe.processors:
                 if pid not in processors:
-                    processor_next[pid] = Next()
+                    processor_next[pid] = self._next()
                     processors[pid] = self._create("processor", pid, processor_next[pid])
                     edges[pid] = set()
         for name, pipe in pipelines.items():
@@ -209,7 +224,7 @@ class Service:
                     if not factory.meets:
                         continue
                     if pid not in processors:
-                        processor_next[pid] = Next()
+                        processor_next[pid] = self._next()
                         processors[pid] = self._create("processor", pid, processor_next[pid])
                         edges[pid] = set()
                     self.hubs[pid] = processors[pid]
@@ -226,7 +241,7 @@ class Service:
                 if pid not in in_scores:
                     nxt.scores = self.scores
         for rid, by_signal in receiver_heads.items():
-            nxt = Next()
+            nxt = self._next()
             for data, heads in by_signal.items():
                 setattr(nxt, data, self._fan(data, heads))
             self.heads[rid] = {data: getattr(nxt, data) for data in by_signal}
@@ -247,7 +262,7 @@ class Service:
                 hub.watch(self.pool)
         pipelines = self.config.service.pipelines
         for rid in dict.fromkeys(r for n, p in pipelines.items() if type_of(n) != "scores" for r in p.receivers):
-            nxt = Next()
+            nxt = self._next()
             admitting: dict[str, list[Any]] = {}
             for name, pipe in pipelines.items():
                 if rid in pipe.receivers:
@@ -305,9 +320,66 @@ class Service:
             lost["items a pipeline branch refused"] = fanned
         return lost
 
+    def held_since(self) -> float | None:
+        """When the oldest span or log record that a component of this process (or a worker) holds, not yet stored,
+        reached a receiver; None when nothing is held. The write-ahead log deletes what came before."""
+        holders = [c for _, c in self.processors] + list(self.exporters.values()) + list(self._fans)
+        found = earliest(c.held_since() for c in holders if hasattr(c, "held_since"))
+        in_flight = self.in_flight.held_since() if self.in_flight is not None else None
+        pool = self.pool.held_since() if self.pool is not None else None
+        return earliest((found, in_flight, pool))
+
+    async def _replay(self) -> None:
+        """Hand what a previous run's write-ahead log holds to the pipelines again, leaving out the spans the store
+        holds already (so a span is stored once, and a trace stored whole is not evaluated again)."""
+        assert self.wal is not None
+        segments = list(self.wal.replayable)
+        if not segments:
+            return
+        t0, requests, spans_skipped = time.monotonic(), 0, 0
+        log.info("replaying the write-ahead log", extra={"segments": len(segments)})
+        for path in segments:
+            for record in self.wal.records(path):
+                receiver = self.receivers.get(record.receiver)
+                if receiver is None or not hasattr(receiver, "replay"):
+                    log.error(
+                        "write-ahead log: a request for a receiver no longer configured is left out",
+                        extra={"receiver": record.receiver},
+                    )
+                    continue
+                body = receiver.protobuf_of(record.signal, record.format, record.body)
+                if record.signal == "traces":
+                    self.wal.replayed_spans.add(body)  # a sender may send it again: dropped, not stored twice
+                body, skipped = await self._unstored(record.signal, body)
+                spans_skipped += skipped
+                if body is not None:
+                    await receiver.replay(record.signal, body, record.project)
+                    requests += 1
+            self.wal.replayed(path, time.monotonic())
+        log.info(
+            "write-ahead log replayed",
+            extra={"requests": requests, "stored_spans_left_out": spans_skipped,
+                   "replay_s": round(time.monotonic() - t0, 2)},
+        )  # fmt: skip
+
+    async def _unstored(self, signal: str, body: bytes) -> tuple[bytes | None, int]:
+        """A logged request (protobuf) without the spans the store holds (None when nothing is left)."""
+        if signal != "traces" or self.store_exporter is None or self.store_exporter.store is None:
+            return body, 0
+        store = self.store_exporter.store
+        return await asyncio.to_thread(without_stored_spans, body, store.stored_span_keys)
+
+    async def _retire_loop(self) -> None:
+        assert self.wal is not None
+        while True:
+            await asyncio.sleep(RETIRE_INTERVAL)
+            self.wal.retire(earliest((self.held_since(), time.monotonic())) or time.monotonic())
+
     async def start(self) -> None:
         """Exporters first (the store opens), then processors, then receivers, as the Collector does."""
         try:
+            if self.wal is not None:
+                self.wal.open()
             for eid, exp in self.exporters.items():
                 await self._start_one(f"exporters.{eid}", exp)
             for pid, proc in self.processors:
@@ -316,6 +388,9 @@ class Service:
                 return  # a worker serves nothing: the collector process answers for it
             if self.pool is not None:
                 await self._start_one("service.workers", self.pool)
+            if self.wal is not None:
+                await self._replay()
+                self._retiring = supervise("write-ahead log retire", self._retire_loop, log=log, metrics=self.metrics)
             telemetry = self.config.service.telemetry.metrics
             if telemetry.level != "none":
                 registry = self.metrics.registry
@@ -326,7 +401,7 @@ class Service:
                     metrics_app = gate(metrics_app, self.auth, surface="metrics")
                 self.telemetry = AsgiServer(metrics_app, telemetry.address)
                 await self.telemetry.start()
-            api = build_api(self.store, self.status, self.scores, self.not_ready, judges=self.judges)
+            api = build_api(self.store, self.status, self.scores, self.not_ready, judges=self.judges, auth=self.auth)
             self.api = AsgiServer(
                 gate(api, self.auth, surface="api", open_paths=OPEN_PATHS), self.config.service.api.endpoint
             )
@@ -370,6 +445,13 @@ class Service:
             if where.startswith("exporters."):
                 await comp.shutdown()
         self._started.clear()
+        if self._retiring is not None:
+            self._retiring.cancel()
+            self._retiring = None
+        if self.wal is not None:
+            # what the exporters could not store stays in the log (their queues report it held) for the next start
+            self.wal.retire(earliest((self.held_since(), time.monotonic())) or time.monotonic(), closing=True)
+            self.wal.close()
         for server in (self.api, self.telemetry):
             if server is not None:
                 await server.stop()

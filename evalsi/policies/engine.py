@@ -35,7 +35,7 @@ from evalsi.policies.notify import AlertEvent
 from evalsi.policies.promote import Datasets, record
 from evalsi.policies.window import AlertRule, PolicyWindow, WindowStats
 from evalsi.score import Score
-from evalsi.span import Span
+from evalsi.span import Span, project_of
 from evalsi.trajectory import build_trajectory
 
 __all__ = [
@@ -150,6 +150,7 @@ class TraceView:
         self.spans = sorted(spans, key=lambda s: s.start_time_unix_nano)
         self.root = next((s for s in self.spans if not s.parent_span_id), self.spans[0])
         self.trace_id = self.root.trace_id
+        self.project = project_of(self.root)
         self._trace_fields = trace_fields
         self._span_fields = span_fields
         self._trace_span_maps = trace_span_maps
@@ -466,6 +467,7 @@ class Policy:
                 produced = decision.ran[i] = stage.run(view)
                 for s in produced:
                     s.trace_id = view.trace_id
+                    s.project = view.project
                     s.session_id = s.session_id or view.session_id
                     s.policy = self.name
                     if run_id and not s.run_id:

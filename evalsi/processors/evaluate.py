@@ -29,7 +29,7 @@ from evalsi.policies.engine import PolicyDecision, WindowRecord
 from evalsi.policies.feedback import is_feedback
 from evalsi.processors.tail_sampling.buffer import SessionBuffer
 from evalsi.score import Score, ScoreBatch
-from evalsi.span import BatchKind, Span, SpanBatch
+from evalsi.span import BatchKind, Span, SpanBatch, trace_key
 from evalsi.supervise import supervise
 
 
@@ -451,7 +451,7 @@ class Evaluate:
         if batch.kind is BatchKind.TRACE:
             traces: dict[str, list[Span]] = {}
             for span in batch.spans:
-                traces.setdefault(span.trace_id, []).append(span)
+                traces.setdefault(trace_key(span), []).append(span)  # within its project
             if self._full() and self.config.overload == "backpressure":
                 raise Refused(
                     f"evaluate: {len(self._queue) + self._in_engine} traces wait for evaluation (queue_size); "

@@ -31,7 +31,7 @@ def _sent_rows(outbox: queue.SimpleQueue[Any]) -> list[str]:
     while not outbox.empty():
         msg = outbox.get()
         if msg[0] == "table":
-            ids += pa.ipc.open_stream(pa.py_buffer(msg[2])).read_all()["SpanId"].to_pylist()
+            ids += pa.ipc.open_stream(pa.py_buffer(msg[-1])).read_all()["SpanId"].to_pylist()
     return ids
 
 
@@ -49,11 +49,11 @@ def test_a_flush_that_raises_is_logged_restarted_and_loses_nothing(caplog: pytes
     real_send = link._send
     calls = {"n": 0}
 
-    def flaky_send(kind: str, table: pa.Table) -> None:
+    def flaky_send(kind: str, table: pa.Table, arrived: float | None) -> None:
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("the link broke once")
-        real_send(kind, table)
+        real_send(kind, table, arrived)
 
     link._send = flaky_send  # type: ignore[method-assign]
 

@@ -10,6 +10,7 @@ import threading
 from typing import Any
 
 from evalsi.component import Refused
+from evalsi.held import arrived_of, earliest
 from evalsi.log_record import LogBatch, LogRecord
 from evalsi.score import ScoreBatch, score_rows
 from evalsi.span import BatchKind, Span, SpanBatch
@@ -50,10 +51,14 @@ class StoreLink:
         self.peers: WorkerPeers | None = None
         """How the worker's processors reach the collector process (set by the worker runtime)."""
 
-    def _send(self, kind: RowKind, rows: Rows) -> None:
+    def _send(self, kind: RowKind, rows: Rows, arrived: float | None) -> None:
         if not self._room.acquire(blocking=False):
             raise Refused("the store is behind; retry later", retry_after=0.5)
-        self._outbox.put(("table", kind, rows))
+        self._outbox.put(("table", kind, arrived, rows))  # the body goes last (see pipe.py)
+
+    def held_since(self) -> float | None:
+        """When the oldest span or log record not yet sent to the collector reached a receiver."""
+        return earliest((arrived_of(self._spans), arrived_of(self._logs)))
 
     async def consume(self, batch: SpanBatch) -> None:
         if batch.kind is BatchKind.SESSION:
@@ -65,7 +70,7 @@ class StoreLink:
             self._flush_spans()  # a revision goes after the spans it revises
             rows = self._encode("revisions", spans)
             if rows is not None:
-                self._send("revisions", rows)
+                self._send("revisions", rows, arrived_of(spans))
             return
         if not self._room_left():
             raise Refused("the store is behind; retry later", retry_after=0.5)
@@ -112,7 +117,7 @@ class StoreLink:
             try:
                 rows = self._encode("spans", spans)
                 if rows is not None:
-                    self._send("spans", rows)
+                    self._send("spans", rows, arrived_of(spans))
             except BaseException:  # kept for the next flush: Refused, or a failure the supervisor logs
                 self._spans = spans + self._spans
                 raise
@@ -123,7 +128,7 @@ class StoreLink:
             try:
                 rows = self._encode("logs", records)
                 if rows is not None:
-                    self._send("logs", rows)
+                    self._send("logs", rows, arrived_of(records))
             except BaseException:
                 self._logs = records + self._logs
                 raise

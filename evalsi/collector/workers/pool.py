@@ -22,6 +22,7 @@ from evalsi.collector.workers.worker import PipelineFactory, worker_main
 from evalsi.component import Refused
 from evalsi.encoded import EncodedBatch
 from evalsi.evaluators.judge_client import LocalLedger
+from evalsi.held import earliest
 from evalsi.log_record import LogBatch
 from evalsi.policies.engine import WindowRecord
 from evalsi.score import Score, scores_from_rows
@@ -48,7 +49,9 @@ class _Worker:
     process: Any = None
     conn: Any = None
     outbox: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
-    in_flight: set[int] = field(default_factory=set)  # requests sent that the worker's pipelines have not taken
+    # requests sent that the worker's pipelines have not taken, and when each reached a receiver
+    in_flight: dict[int, float] = field(default_factory=dict)
+    held: float | None = None  # what the worker last said it holds (see `WorkerPool.held_since`)
     ready: asyncio.Future[int] | None = None
     drained: asyncio.Event = field(default_factory=asyncio.Event)
     metrics: list[Metric] = field(default_factory=list)
@@ -87,6 +90,8 @@ class WorkerPool:
         self.hubs = hubs if hubs is not None else {}
         """The collector process's side of each processor that runs in the workers and meets here (`evaluate`):
         it takes the workers' evaluated scores and session traces, by processor id."""
+        self.lost_since: float | None = None
+        """With a write-ahead log: when the oldest item a dead worker held reached a receiver (kept in the log)."""
         self.ledger = LocalLedger()
         """The judges' budgets and rate limits of every worker, kept here: one budget, not one per worker."""
 
@@ -109,8 +114,8 @@ class WorkerPool:
         # each owner gets the whole body and decodes only its traces' items: re-encoding a request per worker
         # costs the collector ~18 µs a span, a second parse costs each worker ~1.5 µs
         for w in targets:
-            w.in_flight.add(self._seq)
-            w.outbox.put(("batch", self._seq, batch.signal, batch.receiver, batch.body))
+            w.in_flight[self._seq] = batch.arrived
+            w.outbox.put(("batch", self._seq, batch.signal, batch.receiver, batch.arrived, batch.project, batch.body))
 
     async def consume(self, batch: SpanBatch) -> None:
         raise Refused("spans reach pipeline workers encoded", unavailable=True)
@@ -146,7 +151,7 @@ class WorkerPool:
         )
         w.process.start()
         child.close()
-        w.conn, w.outbox, w.in_flight = parent, queue.SimpleQueue(), set()
+        w.conn, w.outbox, w.in_flight, w.held = parent, queue.SimpleQueue(), {}, None
         w.ready, w.stopping = self._loop.create_future(), False
         w.drained = asyncio.Event()
         threading.Thread(target=self._send_loop, args=(w, parent, w.outbox), daemon=True).start()
@@ -176,7 +181,7 @@ class WorkerPool:
                 # blocks this thread while the store queue is full: the worker's link fills and it stops taking
                 # requests, so the receivers answer 429 (backpressure, not loss)
                 with contextlib.suppress(RuntimeError):
-                    asyncio.run_coroutine_threadsafe(self._write_rows(msg[1], msg[2]), loop).result()
+                    asyncio.run_coroutine_threadsafe(self._write_rows(msg[1], msg[3], msg[2]), loop).result()
                 w.outbox.put(("table_taken",))
             elif kind == "evaluated":  # likewise: the worker waits while the scores pipeline is behind
                 hub = self.hubs.get(msg[1])
@@ -193,19 +198,22 @@ class WorkerPool:
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(self._on_exit, w)
 
-    async def _write_rows(self, kind: RowKind, body: bytearray) -> None:
+    async def _write_rows(self, kind: RowKind, body: bytearray, arrived: float | None) -> None:
         assert self._store is not None, "a worker sent rows, but no pipeline writes a store"
         while True:
             try:
-                self._store.write_rows(kind, body)
+                self._store.write_rows(kind, body, arrived)
                 return
             except Refused as r:
                 await asyncio.sleep(min(r.retry_after, 0.5))
 
     def _on_message(self, w: _Worker, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
-        if kind == "ack":
-            w.in_flight.discard(msg[1])
+        if kind == "ack":  # with what the worker holds once it took the request
+            w.in_flight.pop(msg[1], None)
+            w.held = msg[2]
+        elif kind == "held":
+            w.held = msg[1]
         elif kind == "metrics":
             w.metrics = msg[1]
         elif kind == "ready":
@@ -231,6 +239,13 @@ class WorkerPool:
             return
         lost = len(w.in_flight)
         code = w.process.exitcode if w.process is not None else None
+        floor = earliest((w.held, *(a for a in w.in_flight.values() if a)))
+        if floor is not None:  # what it held is in the write-ahead log: keep it there until a restart replays it
+            self.lost_since = earliest((self.lost_since, floor))
+            log.error(
+                "the write-ahead log keeps what the dead worker held; restart evalsi to replay it (until then the "
+                "log keeps every segment from then on)"
+            )
         log.error(
             "pipeline worker died; restarting it (what it held is lost)",
             extra={"worker": w.index, "exitcode": code, "requests_in_flight": len(w.in_flight)},
@@ -254,6 +269,13 @@ class WorkerPool:
         """Have `processor`'s instance in every worker collect garbage (memory_limiter, above its limits)."""
         for w in self._workers:
             w.outbox.put(("collect_garbage", processor))
+
+    def held_since(self) -> float | None:
+        """When the oldest item sent to a worker and not yet stored reached a receiver: requests not yet taken, and
+        what each worker last said it holds (a worker's report comes after the rows it sent, on the same pipe)."""
+        return earliest(
+            (self.lost_since, *(earliest((w.held, *(a for a in w.in_flight.values() if a))) for w in self._workers))
+        )
 
     @property
     def pids(self) -> list[int]:

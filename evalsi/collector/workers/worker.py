@@ -19,6 +19,7 @@ from evalsi.collector.workers.link import LINK_TABLES_IN_FLIGHT, StoreLink, Work
 from evalsi.collector.workers.pipe import receive_message, send_message
 from evalsi.component import REGISTRY, Refused
 from evalsi.encoded import Decoder, EncodedBatch
+from evalsi.held import stamp, stamp_project
 from evalsi.store import RowEncoder
 from evalsi.supervise import supervise
 from evalsi.telemetry import SelfMetrics
@@ -26,6 +27,7 @@ from evalsi.telemetry import SelfMetrics
 log = logging.getLogger("evalsi.workers")
 
 METRICS_INTERVAL = 1.0
+HELD_INTERVAL = 0.25
 
 
 class Pipelines(Protocol):
@@ -40,6 +42,8 @@ class Pipelines(Protocol):
     async def start(self) -> None: ...
 
     async def shutdown(self) -> None: ...
+
+    def held_since(self) -> float | None: ...
 
 
 class PipelineFactory(Protocol):
@@ -127,6 +131,7 @@ class _WorkerRuntime:
         metrics_task = supervise(
             "worker metrics", lambda: self._metrics_loop(service.metrics), log=log, metrics=service.metrics
         )
+        held_task = supervise("worker held", lambda: self._held_loop(service), log=log, metrics=service.metrics)
         shard = (self.index, self.shards)
         decoders = {rid: _decoder(rid) for rid in service.heads}
         while True:
@@ -144,19 +149,25 @@ class _WorkerRuntime:
                 if target is not None and hasattr(target, "collect_garbage"):
                     target.collect_garbage()
                 continue
-            _, seq, signal_name, receiver, body = msg
+            _, seq, signal_name, receiver, arrived, project, body = msg
             head = service.heads.get(receiver, {}).get(signal_name)
             if head is not None:
                 encoded = EncodedBatch(signal_name, body, 0, frozenset(), receiver)
                 decode = decoders[receiver]
                 batch = decode(encoded, shard, metrics=service.metrics, log=log)
+                if arrived:
+                    stamp(batch, arrived)
+                if project:
+                    stamp_project(batch, project)
                 if len(batch):
                     decoded[signal_name].inc(len(batch))
                     await _hand_on(head.consume if signal_name == "traces" else head.consume_logs, batch)
-            self.outbox.put(("ack", seq))
+            self.outbox.put(("ack", seq, service.held_since()))
         metrics_task.cancel()
+        held_task.cancel()
         await service.shutdown()
         self.outbox.put(("metrics", list(service.metrics.registry.collect())))
+        self.outbox.put(("held", service.held_since()))  # after its last rows: nothing, unless the store refused
         self.outbox.put(("drained",))
         self.outbox.put(None)
         await asyncio.to_thread(sender.join)  # every table sent before the process ends
@@ -165,6 +176,12 @@ class _WorkerRuntime:
         while True:
             await asyncio.sleep(METRICS_INTERVAL)
             self.outbox.put(("metrics", list(metrics.registry.collect())))
+
+    async def _held_loop(self, service: Pipelines) -> None:
+        """What this worker holds, for the collector's write-ahead log (after the rows sent before it)."""
+        while True:
+            await asyncio.sleep(HELD_INTERVAL)
+            self.outbox.put(("held", service.held_since()))
 
 
 async def _hand_on(consume: Any, batch: Any) -> None:

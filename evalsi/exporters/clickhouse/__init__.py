@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from evalsi.exporters.clickhouse.rows import (
 from evalsi.exporters.clickhouse.store import TraceStore
 from evalsi.exporters.delivery import items_refused_counter
 from evalsi.exporters.sending import Lane, SendQueue
+from evalsi.held import arrived_of, earliest
 from evalsi.log_record import LogBatch
 from evalsi.score import ScoreBatch
 from evalsi.span import BatchKind, SpanBatch
@@ -220,6 +222,7 @@ class ClickHouseExporter:
             ["exporter"],
         ).labels(settings.id)
         self._outage: tuple[str, float] | None = None  # (reason, since): the store refuses writes
+        self._cohorts: dict[int, deque[list[Any]]] = {}  # by lane: [arrived, weight] of each offer not yet settled
         self.store: TraceStore | None = None
         self.unstored: dict[str, int] = {}  # what shutdown could not write, by kind
         lane = self._lane
@@ -277,8 +280,36 @@ class ClickHouseExporter:
         lane: Lane[Any] = Lane(
             kind, self._config.batch_size, lambda chunk: self._write(lane, chunk, convert, insert, tables),
             sent=sent, failed=failed, weight=_rows if tables else None, held_in_flight=True,
+            done=lambda chunk: self._settled(lane, chunk),
         )  # fmt: skip
+        self._cohorts[id(lane)] = deque()
         return lane
+
+    def _offer(self, lane: Lane[Any], items: list[Any], arrived: float | None) -> None:
+        """Queue `items`, noting when the oldest reached a receiver: the lane sends in order, so what `done` reports
+        settles the oldest offers first."""
+        cohorts = self._cohorts[id(lane)]
+        cohorts.append([arrived, lane.weigh(items)])
+        try:
+            self._queue.offer(lane, items)
+        except BaseException:
+            cohorts.pop()
+            raise
+
+    def _settled(self, lane: Lane[Any], chunk: list[Any]) -> None:
+        cohorts = self._cohorts[id(lane)]
+        left = lane.weigh(chunk)
+        while left and cohorts:
+            oldest = cohorts[0]
+            taken = min(oldest[1], left)
+            oldest[1] -= taken
+            left -= taken
+            if not oldest[1]:
+                cohorts.popleft()
+
+    def held_since(self) -> float | None:
+        """When the oldest span or log record queued or being written reached a receiver (see `wal.py`)."""
+        return earliest(c[0] for cohorts in self._cohorts.values() for c in cohorts)
 
     async def start(self) -> None:
         c = self._config
@@ -330,20 +361,20 @@ class ClickHouseExporter:
         if not all(s.sampled for s in spans):
             spans = [s for s in spans if s.sampled]  # the sampler counted the others
         if spans:
-            self._queue.offer(self._revisions if batch.revision else self._spans, spans)
+            self._offer(self._revisions if batch.revision else self._spans, spans, arrived_of(spans))
 
     async def consume_logs(self, batch: LogBatch) -> None:
-        self._queue.offer(self._logs, batch.records)
+        self._offer(self._logs, batch.records, arrived_of(batch.records))
 
     async def consume_scores(self, batch: ScoreBatch) -> None:
         self._queue.offer(self._scores, batch.scores)
 
-    def write_rows(self, kind: RowKind, body: Rows) -> None:
-        """Rows a pipeline worker already put in the store's columns (`ArrowRows.encode`); raises `Refused` like
-        `consume` when the queue is full."""
+    def write_rows(self, kind: RowKind, body: Rows, arrived: float | None = None) -> None:
+        """Rows a pipeline worker already put in the store's columns (`ArrowRows.encode`), the oldest of which reached
+        a receiver at `arrived`; raises `Refused` like `consume` when the queue is full."""
         table = from_ipc(body)
         lane = {"spans": self._span_tables, "revisions": self._revision_tables, "logs": self._log_tables}[kind]
-        self._queue.offer(lane, [table])
+        self._offer(lane, [table], arrived)
 
     async def _write(
         self,

@@ -196,6 +196,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         lambda t: traces_ddl(t.traces, t.extra_settings) + logs_ddl(t.logs, t.extra_settings) + scores_ddl(t.scores)
         + runs_ddl(t.runs),
     ),
+    Migration(
+        2,
+        "evalsi_runs.Project: the project of the credential that recorded the run",
+        lambda t: [f"ALTER TABLE {t.runs} ADD COLUMN IF NOT EXISTS Project LowCardinality(String) DEFAULT 'default'"],
+    ),
 )  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
@@ -337,10 +342,19 @@ SCORES_SCHEMA = pa.schema(
 )
 
 
-def list_scores_sql(table: str, *, with_trace: bool, with_policy: bool) -> str:
+SPAN_PROJECT = (
+    "(ResourceAttributes['evalsi.project'] = {project:String}"
+    " OR ({project:String} = 'default' AND ResourceAttributes['evalsi.project'] = ''))"
+)
+"""A span's project: the `evalsi.project` resource attribute the receiver sets from the sender's credential (none:
+`default`). Parameter: {project:String}."""
+SCORE_PROJECT = "Project = {project:String}"
+
+
+def list_scores_sql(table: str, *, with_trace: bool, with_policy: bool, with_project: bool = False) -> str:
     """Scores newest first, each key once (FINAL). Parameters: {limit:UInt32}, {trace_id:String} (hex, checked),
-    {policy_hex:String} (see `store.hex_param`)."""
-    where = []
+    {policy_hex:String} (see `store.hex_param`), {project:String}."""
+    where = [SCORE_PROJECT] if with_project else []
     if with_trace:
         where.append("TraceId = {trace_id:String}")
     if with_policy:
@@ -370,10 +384,13 @@ def delete_spans_sql(table: str, keys: list[tuple[str, str]]) -> str:
     return f"DELETE FROM {table} WHERE (TraceId, SpanId) IN ({pairs})"
 
 
-def list_traces_sql(table: str, with_service: bool) -> str:
+def list_traces_sql(table: str, with_service: bool, with_project: bool = False) -> str:
     """One row per trace, newest first. Parameters: {limit:UInt32}, optionally {service_hex:String} (see
-    `store.hex_param`)."""
-    where = "WHERE ServiceName = unhex({service_hex:String})" if with_service else ""
+    `store.hex_param`) and {project:String}."""
+    conditions = (["ServiceName = unhex({service_hex:String})"] if with_service else []) + (
+        [SPAN_PROJECT] if with_project else []
+    )
+    where = ("WHERE " + " AND ".join(conditions)) if conditions else ""
     return f"""
 SELECT
     TraceId AS trace_id,
@@ -411,9 +428,10 @@ _SPAN_COLUMNS = """    TraceId, SpanId, ParentSpanId, TraceState, SpanName, Span
 """
 
 
-def trace_spans_sql(table: str) -> str:
+def trace_spans_sql(table: str, with_project: bool = False) -> str:
     """Every span of one trace, in start order; the trace_id_ts table narrows the time range as Grafana does.
-    Parameter: {trace_id:String}."""
+    Parameters: {trace_id:String}, optionally {project:String}."""
+    project = f"\n  AND {SPAN_PROJECT}" if with_project else ""
     return f"""
 WITH
     (SELECT min(Start) FROM {table}_trace_id_ts WHERE TraceId = {{trace_id:String}}) AS t_start,
@@ -421,16 +439,18 @@ WITH
 SELECT
 {_SPAN_COLUMNS}FROM {table}
 WHERE TraceId = {{trace_id:String}}
-  AND Timestamp >= t_start AND Timestamp <= t_end
+  AND Timestamp >= t_start AND Timestamp <= t_end{project}
 ORDER BY Timestamp, SpanId
 """
 
 
-def score_window_stats_sql(table: str, *, with_policy: bool) -> str:
+def score_window_stats_sql(table: str, *, with_policy: bool, with_project: bool = False) -> str:
     """Per (policy, evaluator, name): scored scores since {since_ns:Int64}, each key once (FINAL): n, the values'
     count, mean, sample sd and p50/p95 (linear interpolation, as numpy), and pass counts. Optional
     {policy_hex:String} (see `store.hex_param`)."""
     policy = "AND Policy = unhex({policy_hex:String})" if with_policy else ""
+    if with_project:
+        policy += f" AND {SCORE_PROJECT}"
     return f"""
 SELECT Policy AS policy, Evaluator AS evaluator, Name AS name, count() AS n,
     count(Value) AS value_n, avg(Value) AS value_mean, stddevSamp(Value) AS value_sd,
@@ -460,10 +480,11 @@ SETTINGS index_granularity = 8192"""
     ]
 
 
-def list_runs_sql(table: str, *, with_id: bool) -> str:
+def list_runs_sql(table: str, *, with_id: bool, with_project: bool = False) -> str:
     """Runs newest first, each once (FINAL). Parameters: {limit:UInt32}, optionally {run_id_hex:String} (see
-    `store.hex_param`)."""
-    where = "WHERE RunId = unhex({run_id_hex:String})" if with_id else ""
+    `store.hex_param`) and {project:String}."""
+    conditions = (["RunId = unhex({run_id_hex:String})"] if with_id else []) + ([SCORE_PROJECT] if with_project else [])
+    where = ("WHERE " + " AND ".join(conditions)) if conditions else ""
     return f"""
 SELECT toUnixTimestamp64Nano(Timestamp) AS timestamp_unix_nano, RunId AS run_id, Name AS name, Status AS status,
     Manifest AS manifest, Summary AS summary
@@ -480,35 +501,45 @@ def _ids(trace_ids: list[str]) -> str:
     return ", ".join(f"'{t}'" for t in trace_ids)
 
 
-def span_counts_sql(table: str, trace_ids: list[str]) -> str:
-    """Stored spans per trace, for traces started since a time. Parameter: {since:Int64}."""
+def span_counts_sql(table: str, trace_ids: list[str], with_project: bool = False) -> str:
+    """Stored spans per trace, for traces started since a time. Parameters: {since:Int64}, optionally
+    {project:String}."""
+    project = f" AND {SPAN_PROJECT}" if with_project else ""
     return f"""
 SELECT TraceId AS trace_id, count() AS spans
 FROM {table}
-WHERE TraceId IN ({_ids(trace_ids)}) AND Timestamp >= fromUnixTimestamp64Nano({{since:Int64}})
+WHERE TraceId IN ({_ids(trace_ids)}) AND Timestamp >= fromUnixTimestamp64Nano({{since:Int64}}){project}
 GROUP BY TraceId
 """
 
 
-def traces_spans_sql(table: str, trace_ids: list[str]) -> str:
-    """Every span of several traces started since a time, by trace and start. Parameter: {since:Int64}. Columns as
-    `trace_spans_sql`."""
+def span_keys_sql(table: str, trace_ids: list[str]) -> str:
+    """The trace and span id of every stored span of some traces."""
+    return f"SELECT DISTINCT TraceId, SpanId FROM {table} WHERE TraceId IN ({_ids(trace_ids)})"
+
+
+def traces_spans_sql(table: str, trace_ids: list[str], with_project: bool = False) -> str:
+    """Every span of several traces started since a time, by trace and start. Parameters: {since:Int64}, optionally
+    {project:String}. Columns as `trace_spans_sql`."""
+    project = f" AND {SPAN_PROJECT}" if with_project else ""
     return f"""
 SELECT
 {_SPAN_COLUMNS}FROM {table}
-WHERE TraceId IN ({_ids(trace_ids)}) AND Timestamp >= fromUnixTimestamp64Nano({{since:Int64}})
+WHERE TraceId IN ({_ids(trace_ids)}) AND Timestamp >= fromUnixTimestamp64Nano({{since:Int64}}){project}
 ORDER BY TraceId, Timestamp, SpanId
 """
 
 
-def run_scores_sql(table: str) -> str:
-    """Every score of a run, each key once (FINAL). Parameter: {run_id_hex:String} (see `store.hex_param`)."""
+def run_scores_sql(table: str, with_project: bool = False) -> str:
+    """Every score of a run, each key once (FINAL). Parameters: {run_id_hex:String} (see `store.hex_param`),
+    optionally {project:String}."""
+    project = f" AND {SCORE_PROJECT}" if with_project else ""
     return f"""
 SELECT toUnixTimestamp64Nano(Timestamp) AS timestamp_unix_nano, Project AS project, TraceId AS trace_id,
     SpanId AS span_id, Policy AS policy, Evaluator AS evaluator, EvaluatorVersion AS evaluator_version, Name AS name,
     Value AS value, Passed AS passed, Label AS label, Explanation AS explanation, Outcome AS outcome, Reason AS reason,
     Source AS source, JudgeCostUsd AS judge_cost_usd, RunId AS run_id, Trial AS trial, TaskId AS task_id
 FROM {table} FINAL
-WHERE RunId = unhex({{run_id_hex:String}})
+WHERE RunId = unhex({{run_id_hex:String}}){project}
 ORDER BY TaskId, Trial, Name
 """

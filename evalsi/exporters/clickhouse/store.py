@@ -25,13 +25,14 @@ from evalsi.exporters.clickhouse.schema import (
     schema_versions_ddl,
     score_window_stats_sql,
     span_counts_sql,
+    span_keys_sql,
     table_definitions_sql,
     trace_spans_sql,
     traces_spans_sql,
     ttl_expression,
     ttl_targets,
 )
-from evalsi.score import Score
+from evalsi.score import DEFAULT_PROJECT, Score
 from evalsi.span import Span
 
 _HEX = re.compile(r"[0-9a-f]+")  # with fullmatch: no trailing newline
@@ -66,6 +67,18 @@ def hex_param(name: str, text: str) -> str:
 
 _UINT32_MAX = 2**32 - 1
 _INT64_MAX = 2**63 - 1
+
+
+PROJECT = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+
+
+def _project(project: str | None) -> dict[str, str]:
+    """The {project:String} parameter of a query filtered by project (none: every project)."""
+    if project is None:
+        return {}
+    if not PROJECT.fullmatch(project):
+        raise ValueError(f"not a project name: {project[:80]!r} (lowercase letters, digits, - and _; 63 at most)")
+    return {"project": project}
 
 
 def _limit(limit: int) -> int:
@@ -189,14 +202,16 @@ class TraceStore:
             self.insert_scores(scores_to_arrow(scores))
 
     def list_scores(
-        self, *, limit: int = 100, trace_id: str | None = None, policy: str | None = None
+        self, *, limit: int = 100, trace_id: str | None = None, policy: str | None = None, project: str | None = None
     ) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"limit": _limit(limit)}
+        params: dict[str, Any] = {"limit": _limit(limit), **_project(project)}
         if trace_id:
             params["trace_id"] = _checked([trace_id])[0]
         if policy:
             params["policy_hex"] = hex_param("policy", policy)
-        sql = list_scores_sql(self.scores_table, with_trace=bool(trace_id), with_policy=bool(policy))
+        sql = list_scores_sql(
+            self.scores_table, with_trace=bool(trace_id), with_policy=bool(policy), with_project=project is not None
+        )
         rows = self.backend.query(sql, params)
         for r in rows:
             r["timestamp_unix_nano"] = int(r["timestamp_unix_nano"])
@@ -207,13 +222,16 @@ class TraceStore:
                 r[key] = r[key] or None
         return rows
 
-    def score_window_stats(self, *, since_ns: int, policy: str | None = None) -> list[dict[str, Any]]:
+    def score_window_stats(
+        self, *, since_ns: int, policy: str | None = None, project: str | None = None
+    ) -> list[dict[str, Any]]:
         """Per (policy, evaluator, name), the scored scores since `since_ns`: n, value_n, value_mean, value_sd,
         p50, p95, pass_n, passed (None where a series has no values)."""
-        params: dict[str, Any] = {"since_ns": _since(since_ns)}
+        params: dict[str, Any] = {"since_ns": _since(since_ns), **_project(project)}
         if policy:
             params["policy_hex"] = hex_param("policy", policy)
-        rows = self.backend.query(score_window_stats_sql(self.scores_table, with_policy=bool(policy)), params)
+        sql = score_window_stats_sql(self.scores_table, with_policy=bool(policy), with_project=project is not None)
+        rows = self.backend.query(sql, params)
         for r in rows:
             for key in ("n", "value_n", "pass_n", "passed"):
                 r[key] = int(r[key])
@@ -222,11 +240,13 @@ class TraceStore:
                 r[key] = None if v is None or not r["value_n"] or v != v else float(v)
         return rows
 
-    def list_traces(self, *, limit: int = 20, service: str | None = None) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"limit": _limit(limit)}
+    def list_traces(
+        self, *, limit: int = 20, service: str | None = None, project: str | None = None
+    ) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": _limit(limit), **_project(project)}
         if service:
             params["service_hex"] = hex_param("service", service)
-        rows = self.backend.query(list_traces_sql(self.table, bool(service)), params)
+        rows = self.backend.query(list_traces_sql(self.table, bool(service), project is not None), params)
         out = []
         for r in rows:
             out.append(
@@ -246,29 +266,47 @@ class TraceStore:
             )
         return out
 
-    def get_trace(self, trace_id: str) -> list[dict[str, Any]]:
-        """The trace's spans in the canonical shape, in start order; empty when unknown."""
-        rows = self.backend.query(trace_spans_sql(self.table), {"trace_id": _checked([trace_id])[0]})
+    def get_trace(self, trace_id: str, *, project: str | None = None) -> list[dict[str, Any]]:
+        """The trace's spans in the canonical shape, in start order; empty when unknown (in `project`)."""
+        params = {"trace_id": _checked([trace_id])[0], **_project(project)}
+        rows = self.backend.query(trace_spans_sql(self.table, project is not None), params)
         return [canonical_from_row(r) for r in rows]
 
-    def span_counts(self, trace_ids: list[str], *, since_ns: int = 0) -> dict[str, int]:
+    def span_counts(self, trace_ids: list[str], *, since_ns: int = 0, project: str | None = None) -> dict[str, int]:
         """Stored spans of each trace (started since `since_ns`); a trace with none is left out."""
-        rows = self.backend.query(span_counts_sql(self.table, _checked(trace_ids)), {"since": _since(since_ns)})
+        sql = span_counts_sql(self.table, _checked(trace_ids), project is not None)
+        rows = self.backend.query(sql, {"since": _since(since_ns), **_project(project)})
         return {r["trace_id"]: int(r["spans"]) for r in rows}
 
-    def get_traces(self, trace_ids: list[str], *, since_ns: int = 0) -> dict[str, list[dict[str, Any]]]:
+    def stored_span_keys(self, trace_ids: list[str]) -> set[tuple[str, str]]:
+        """The (trace id, span id) of every stored span of these traces (what a write-ahead log replay leaves out)."""
+        found: set[tuple[str, str]] = set()
+        for i in range(0, len(trace_ids), 500):
+            rows = self.backend.query(span_keys_sql(self.table, _checked(trace_ids[i : i + 500])))
+            found.update((r["TraceId"], r["SpanId"]) for r in rows)
+        return found
+
+    def get_traces(
+        self, trace_ids: list[str], *, since_ns: int = 0, project: str | None = None
+    ) -> dict[str, list[dict[str, Any]]]:
         """The spans of several traces in the canonical shape, by trace id, each in start order."""
-        rows = self.backend.query(traces_spans_sql(self.table, _checked(trace_ids)), {"since": _since(since_ns)})
+        sql = traces_spans_sql(self.table, _checked(trace_ids), project is not None)
+        rows = self.backend.query(sql, {"since": _since(since_ns), **_project(project)})
         out: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
             out.setdefault(r["TraceId"], []).append(canonical_from_row(r))
         return out
 
-    def run_scores(self, run_id: str) -> list[dict[str, Any]]:
-        return self.backend.query(run_scores_sql(self.scores_table), {"run_id_hex": hex_param("run_id", run_id)})
+    def run_scores(self, run_id: str, *, project: str | None = None) -> list[dict[str, Any]]:
+        params = {"run_id_hex": hex_param("run_id", run_id), **_project(project)}
+        return self.backend.query(run_scores_sql(self.scores_table, project is not None), params)
 
-    def write_run(self, run_id: str, name: str, status: str, manifest: dict[str, Any], summary: dict[str, Any]) -> None:
+    def write_run(
+        self, run_id: str, name: str, status: str, manifest: dict[str, Any], summary: dict[str, Any],
+        *, project: str = DEFAULT_PROJECT,
+    ) -> None:  # fmt: skip
         """Record a run (its newest record wins)."""
+        _project(project)
         table = pa.table(
             {
                 "Timestamp": pa.array([time.time_ns()], pa.timestamp("ns")),
@@ -277,15 +315,19 @@ class TraceStore:
                 "Status": [status],
                 "Manifest": [json.dumps(manifest, sort_keys=True, default=str)],
                 "Summary": [json.dumps(summary, sort_keys=True, default=str)],
+                "Project": [project],
             }
         )
         self.backend.insert(self.runs_table, table)
 
-    def list_runs(self, *, limit: int = 20, run_id: str | None = None) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"limit": _limit(limit)}
+    def list_runs(
+        self, *, limit: int = 20, run_id: str | None = None, project: str | None = None
+    ) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": _limit(limit), **_project(project)}
         if run_id:
             params["run_id_hex"] = hex_param("run_id", run_id)
-        rows = self.backend.query(list_runs_sql(self.runs_table, with_id=bool(run_id)), params)
+        sql = list_runs_sql(self.runs_table, with_id=bool(run_id), with_project=project is not None)
+        rows = self.backend.query(sql, params)
         for r in rows:
             r["manifest"] = json.loads(r["manifest"] or "{}")
             r["summary"] = json.loads(r["summary"] or "{}")

@@ -10,6 +10,7 @@ from pydantic import field_validator
 
 from evalsi.component import ComponentConfig, Next, Refused, Settings, processor
 from evalsi.duration import Duration
+from evalsi.held import arrived_of, earliest
 from evalsi.log_record import LogBatch
 
 # each mapper registers itself with its precedence (lower is tried first): agentgateway 10, mlflow 20,
@@ -169,6 +170,10 @@ class Normalize:
             await asyncio.sleep(0.1)
         lost = len(self._due[False]) + len(self._due[True])
         self.settings.logger.error("normalize: %d spans could not be handed on at shutdown", lost)
+
+    def held_since(self) -> float | None:
+        """When the oldest span or content event held here reached a receiver (see `wal.py`)."""
+        return earliest((self._join.held_since(), arrived_of(self._due[False]), arrived_of(self._due[True])))
 
     async def consume(self, batch: SpanBatch) -> None:
         mappers = self.mappers

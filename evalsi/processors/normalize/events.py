@@ -13,6 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from evalsi.held import arrived_of, earliest
 from evalsi.log_record import LogRecord
 from evalsi.processors.normalize.messages import (
     CHOICE_EVENT,
@@ -105,6 +106,12 @@ class EventJoin:
     _passed: OrderedDict[Key, Span] = field(default_factory=OrderedDict)
     # services seen logging GenAI content events: only their spans are worth holding
     _event_services: set[str] = field(default_factory=set)
+
+    def held_since(self) -> float | None:
+        """When the oldest span held for its events, or event held for its span, reached a receiver."""
+        spans = arrived_of(w.span for w in self._held.values())
+        records = arrived_of(r for recs, _ in self._events.values() for r in recs)
+        return earliest((spans, records))
 
     def on_span(self, span: Span, now: float | None = None) -> bool:
         """Join a normalized span; False means hold it (it is released by `due` or `on_records`)."""

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from evalsi.component import Next, Refused, Settings, processor
+from evalsi.held import arrived_of, earliest
 from evalsi.processors.tail_sampling.buffer import (
     EVICTED,
     MAX_TRACE_DURATION,
@@ -24,7 +25,7 @@ from evalsi.processors.tail_sampling.buffer import (
 from evalsi.processors.tail_sampling.config import PolicyConfig, TailSamplingConfig
 from evalsi.processors.tail_sampling.decisions import DecidedTraces, DecisionCache
 from evalsi.processors.tail_sampling.policies import Decision, PolicySet
-from evalsi.span import BatchKind, Span, SpanBatch
+from evalsi.span import BatchKind, Span, SpanBatch, trace_key
 
 __all__ = ["PolicyConfig", "TailSampling", "TailSamplingConfig"]
 
@@ -188,6 +189,13 @@ class TailSampling:
 
     # --- intake ------------------------------------------------------------------------------------------------
 
+    def held_since(self) -> float | None:
+        """When the oldest span buffered or waiting in the outbox reached a receiver (see `wal.py`); a
+        session's spans are not counted: they were handed on with their traces."""
+        buffered = arrived_of(span for trace in self._buffer.traces.values() for span in trace.spans)
+        waiting = arrived_of(s for b in self._outbox if b.kind is not BatchKind.SESSION for s in b.spans)
+        return earliest((buffered, waiting))
+
     async def consume(self, batch: SpanBatch) -> None:
         if batch.kind is BatchKind.SESSION:
             self._enqueue(batch.spans, BatchKind.SESSION)
@@ -212,14 +220,15 @@ class TailSampling:
         revised: list[Span] = []
         reemit: dict[str, list[Span]] = {}
         for span in batch.spans:
-            trace = traces.get(span.trace_id)
+            key = trace_key(span)
+            trace = traces.get(key)
             if trace is not None:
                 if revision:
                     buffer.replace(trace, span)
                 else:
                     buffer.add(span, now, trace)
                 continue
-            sampled = decisions.get(span.trace_id)
+            sampled = decisions.get(key)
             if sampled is None:
                 if revision:
                     revised.append(span)  # its trace's decision is forgotten: it goes on as it is
@@ -253,12 +262,13 @@ class TailSampling:
     def _late(self, span: Span, sampled: bool, now: float, late: list[Span], reemit: dict[str, list[Span]]) -> None:
         self._late_by[sampled].inc()
         self._sessions.add_late(span, now)
-        spans = self._decided.get(span.trace_id) if self._decided.size else None
+        key = trace_key(span)
+        spans = self._decided.get(key) if self._decided.size else None
         if spans is None:
             late.append(span)
             return
         spans.append(span)
-        reemit[span.trace_id] = spans
+        reemit[key] = spans
 
     # --- decisions ---------------------------------------------------------------------------------------------
 
@@ -291,9 +301,9 @@ class TailSampling:
                 self._completed_by[EVICTED].inc()
                 self._evicted.labels(self.settings.id, reason).inc()
                 self._warn_eviction(reason)
-            self._decisions.put(trace.trace_id, sampled)
+            self._decisions.put(trace.key, sampled)
             if self._decided.size:
-                self._decided.put(trace.trace_id, list(spans))
+                self._decided.put(trace.key, list(spans))
             if sessions.enabled:
                 session_id = session_of(spans)
                 if session_id:

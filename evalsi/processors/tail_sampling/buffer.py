@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evalsi.cel import trace_activation
-from evalsi.span import Span
+from evalsi.span import Span, trace_key
 
 # reasons a trace or session is complete: the label values of the completion metrics
 QUIET = "quiet"
@@ -39,6 +39,11 @@ class Trace:
     has_root: bool = False
     size: int = 0
     _activations: dict[frozenset[str], dict[str, Any]] | None = None
+    key: str = ""  # `span.trace_key`: the trace id within its project (the trace id when it has none)
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            self.key = self.trace_id
 
     def activation(self, fields: frozenset[str]) -> dict[str, Any]:
         """The CEL activation of this trace with span maps cut to `fields` (built once per field set)."""
@@ -73,15 +78,16 @@ class TraceBuffer:
     def __len__(self) -> int:
         return len(self.traces)
 
-    def get(self, trace_id: str) -> Trace | None:
-        return self.traces.get(trace_id)
+    def get(self, key: str) -> Trace | None:
+        return self.traces.get(key)
 
     def add(self, span: Span, now: float, trace: Trace | None = None) -> None:
         """Buffer a span; `trace` is its buffered trace when the caller already looked it up."""
         size = span_size(span)
         self.bytes += size
         if trace is None:
-            trace = self.traces[span.trace_id] = Trace(span.trace_id, [span], now, now, size=size)
+            key = trace_key(span)
+            trace = self.traces[key] = Trace(span.trace_id, [span], now, now, size=size, key=key)
         else:
             trace.spans.append(span)
             trace.size += size
@@ -91,8 +97,8 @@ class TraceBuffer:
         if trace.has_root:
             # keep `_quiet` in last-arrival order
             quiet = self._quiet
-            quiet.pop(trace.trace_id, None)
-            quiet[trace.trace_id] = trace
+            quiet.pop(trace.key, None)
+            quiet[trace.key] = trace
 
     def replace(self, trace: Trace, span: Span) -> None:
         """A revision of a buffered span (same span id) takes its place; an unknown span id is added."""
@@ -145,8 +151,8 @@ class TraceBuffer:
         return out
 
     def _take(self, trace: Trace) -> None:
-        del self.traces[trace.trace_id]
-        self._quiet.pop(trace.trace_id, None)
+        del self.traces[trace.key]
+        self._quiet.pop(trace.key, None)
         self.bytes -= trace.size
 
 

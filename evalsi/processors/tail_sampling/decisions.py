@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from evalsi.span import Span
+from evalsi.span import Span, trace_key
 
 
 class DecisionCache:
@@ -62,7 +62,7 @@ class DecidedTraces:
 
     def revise(self, span: Span) -> None:
         """A revision of a kept span takes its place."""
-        spans = self._spans.get(span.trace_id)
+        spans = self._spans.get(trace_key(span))
         if spans is None:
             return
         for i, held in enumerate(spans):

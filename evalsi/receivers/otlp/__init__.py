@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import replace
+from typing import Any
 
-from evalsi.auth import gate
+from evalsi.auth import Principal, gate
 from evalsi.component import Next, Refused, Settings, receiver
 from evalsi.encoded import EncodedBatch
+from evalsi.held import stamp, stamp_project
 from evalsi.log_record import LogBatch
 from evalsi.receivers.otlp.config import MIB, OtlpReceiverConfig
 from evalsi.receivers.otlp.decode import (
@@ -15,6 +18,8 @@ from evalsi.receivers.otlp.decode import (
     TRACES,
     Codec,
     Decoded,
+    DecodeFailed,
+    ReceiverLimits,
     checking_codec,
     count_clamped,
     decode_encoded,
@@ -22,8 +27,10 @@ from evalsi.receivers.otlp.decode import (
 from evalsi.receivers.otlp.drain import Drain
 from evalsi.receivers.otlp.grpc_transport import GrpcTransport
 from evalsi.receivers.otlp.http_transport import build_app, otlp_refusal
+from evalsi.score import DEFAULT_PROJECT
 from evalsi.serving import AsgiServer
 from evalsi.span import SpanBatch
+from evalsi.wal import drop_spans
 
 
 @receiver("otlp", config=OtlpReceiverConfig, signals=("traces", "logs"), decode=decode_encoded)
@@ -35,6 +42,7 @@ class OtlpReceiver:
         self._settings = settings
         self._next = next
         self._codecs = [c for c in (TRACES, LOGS) if c.signal in next.signals]
+        self._limits = ReceiverLimits(config.limits, f"receivers.{settings.id}.limits", settings.id, settings.metrics)
         if next.encoded is not None:  # the pipelines run in worker processes, which decode
             self._codecs = [checking_codec(c, next.encoded.shards) for c in self._codecs]
         self._grpc: GrpcTransport | None = None
@@ -52,7 +60,9 @@ class OtlpReceiver:
             "logs": {t: m.receiver_refused_log_records.labels(settings.id, t) for t in transports},
         }
 
-    async def _export(self, codec: Codec, decoded: Decoded, transport: str) -> None:
+    async def _export(
+        self, codec: Codec, decoded: Decoded, transport: str, body: bytes, json: bool, principal: Principal | None
+    ) -> None:
         refused = self._refused[codec.signal][transport]
         if decoded.rejected:
             refused.inc(decoded.rejected)
@@ -62,18 +72,104 @@ class OtlpReceiver:
         n = len(decoded.batch)
         if not n:
             return
+        wal = self._settings.wal
+        project = self._project(principal)
         try:
-            if isinstance(decoded.batch, EncodedBatch):
-                assert self._next.encoded is not None
-                await self._next.encoded.consume_encoded(replace(decoded.batch, receiver=self._settings.id))
-            elif isinstance(decoded.batch, SpanBatch):
-                await self._next.consume(decoded.batch)
-            elif isinstance(decoded.batch, LogBatch):
-                await self._next.consume_logs(decoded.batch)
+            if wal is None:
+                await self._hand_on(decoded, project=project)
+            else:
+                wal.check_room()  # before the pipeline takes it: a refusal after would mean a duplicate
+                if codec.signal == "traces" and wal.replayed_spans.active():
+                    decoded = self._without_replayed(codec, decoded, wal)
+                    if not len(decoded.batch):
+                        return  # every span of it was replayed already: a sender's second copy
+                arrived = time.monotonic()
+                await self._hand_on(decoded, arrived, project)
+                if isinstance(decoded.batch, EncodedBatch):  # JSON already re-encoded: log the protobuf
+                    body, json = decoded.batch.body, False
+                # answered once on disk: a crash from here on replays it at the next start
+                fmt = "json" if json else "protobuf"
+                await wal.append(codec.signal, fmt, self._settings.id, body, arrived, project or "")
         except Refused:
             refused.inc(n)
             raise
         self._accepted[codec.signal][transport].inc(n)
+
+    def _without_replayed(self, codec: Codec, decoded: Decoded, wal: Any) -> Decoded:
+        """The request without the spans the write-ahead log replayed at start (sent again by a sender that never got
+        the answer to the first copy), counted."""
+        again = wal.replayed_spans.again
+        batch = decoded.batch
+        if isinstance(batch, SpanBatch):
+            spans = [s for s in batch.spans if not again(s.trace_id + s.span_id)]
+            dropped = len(batch.spans) - len(spans)
+            if dropped:
+                decoded = replace(decoded, batch=SpanBatch(spans, batch.revision, batch.kind))
+        elif isinstance(batch, EncodedBatch):
+            body, dropped = drop_spans(batch.body, again)
+            if dropped:
+                checked = codec.from_protobuf(body)
+                decoded = replace(decoded, batch=checked.batch)
+        else:
+            return decoded
+        if dropped:
+            wal.duplicates.inc(dropped)
+            self._settings.logger.info("dropped %d spans the write-ahead log replayed, sent again", dropped)
+        return decoded
+
+    def _project(self, principal: Principal | None) -> str | None:
+        """The project the sender writes to: its credential's, when credentials are checked (None: the spans keep
+        the `evalsi.project` resource attribute they came with, if any)."""
+        auth = self._settings.auth
+        if auth is None or not auth.enabled:
+            return None
+        return principal.project if principal is not None else DEFAULT_PROJECT
+
+    async def _hand_on(self, decoded: Decoded, arrived: float = 0.0, project: str | None = None) -> None:
+        batch = decoded.batch
+        if isinstance(batch, EncodedBatch):
+            assert self._next.encoded is not None
+            batch = replace(batch, receiver=self._settings.id, arrived=arrived, project=project or "")
+            await self._next.encoded.consume_encoded(batch)
+            return
+        if arrived:
+            stamp(batch, arrived)
+        if project is not None:
+            stamp_project(batch, project)
+        if isinstance(batch, SpanBatch):
+            await self._next.consume(batch)
+        elif isinstance(batch, LogBatch):
+            await self._next.consume_logs(batch)
+
+    def protobuf_of(self, signal: str, fmt: str, body: bytes) -> bytes:
+        """A request this receiver logged, as protobuf (an OTLP/JSON one re-encoded)."""
+        if fmt == "protobuf":
+            return body
+        decoded = checking_codec(TRACES if signal == "traces" else LOGS, 1).from_json(body)
+        assert isinstance(decoded.batch, EncodedBatch)
+        return decoded.batch.body
+
+    async def replay(self, signal: str, body: bytes, project: str = "") -> None:
+        """Hand on a request a previous run logged (protobuf) and answered, waiting while the pipeline refuses."""
+        codec = next((c for c in self._codecs if c.signal == signal), None)
+        if codec is None:
+            self._settings.logger.error("write-ahead log: %s no pipeline takes any more are left out", signal)
+            return
+        try:
+            decoded = self._limits.apply(codec).from_protobuf(body)
+        except DecodeFailed as e:  # e.g. limits lowered since it was logged: the request is refused now, as it would be
+            self._settings.logger.error("write-ahead log: a logged request is refused on replay: %s", e)
+            return
+        if not len(decoded.batch):
+            return
+        delay = 0.01
+        while True:
+            try:
+                await self._hand_on(decoded, time.monotonic(), project or None)
+                return
+            except Refused as r:
+                await asyncio.sleep(min(delay, r.retry_after))
+                delay = min(delay * 2, 0.5)
 
     async def start(self) -> None:
         protocols = self._config.protocols
@@ -81,7 +177,7 @@ class OtlpReceiver:
         if protocols.grpc is not None:
             self._grpc = GrpcTransport(
                 self._export, self._codecs, protocols.grpc.endpoint, protocols.grpc.max_recv_msg_size_mib * MIB,
-                auth=self._settings.auth, drain=self._drain,
+                auth=self._settings.auth, drain=self._drain, limits=self._limits,
             )  # fmt: skip
             await self._grpc.start()
             self.endpoints["grpc"] = self._grpc.endpoint
@@ -89,7 +185,8 @@ class OtlpReceiver:
         if protocols.http is not None:
             paths = {"traces": protocols.http.traces_url_path, "logs": protocols.http.logs_url_path}
             routes = {paths[c.signal]: c for c in self._codecs}
-            app = build_app(self._export, routes, max_body=protocols.http.max_request_body_size, drain=self._drain)
+            max_body = protocols.http.max_request_body_size
+            app = build_app(self._export, routes, max_body=max_body, drain=self._drain, limits=self._limits)
             self._http = AsgiServer(
                 gate(app, self._settings.auth, surface="otlp_http", refusal=otlp_refusal), protocols.http.endpoint
             )

@@ -1,4 +1,4 @@
-"""Config of the OTLP receiver: which protocols listen where, and how large a request may be."""
+"""Config of the OTLP receiver: which protocols listen where, how large a request may be, and what one may carry."""
 
 from __future__ import annotations
 
@@ -17,11 +17,35 @@ def _endpoint(value: str) -> str:
     return value
 
 
+def _no_bool(value: Any) -> Any:
+    """A size or count limit is a number (YAML's `true` is not 1)."""
+    if isinstance(value, bool):
+        raise ValueError("must be a whole number of at least 1, not true/false")
+    return value
+
+
+def _at_least_one(value: int) -> int:
+    """A size or count limit is at least 1: 0 or a negative number would silently turn it off (gRPC reads -1 as
+    "unlimited") or refuse everything, so either is a config error naming the key."""
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value} (a limit cannot be switched off; raise it instead)")
+    return value
+
+
 class GrpcConfig(ComponentConfig):
     endpoint: str = "127.0.0.1:4317"
     max_recv_msg_size_mib: int = 20
 
     _check_endpoint = field_validator("endpoint")(_endpoint)
+    _not_bool = field_validator("max_recv_msg_size_mib", mode="before")(_no_bool)
+    _check_size = field_validator("max_recv_msg_size_mib")(_at_least_one)
+
+    @field_validator("max_recv_msg_size_mib")
+    @classmethod
+    def _fits_grpc(cls, value: int) -> int:
+        if value * MIB > 2**31 - 1:  # gRPC takes the size as a 32-bit int and fails to start past it
+            raise ValueError(f"must be at most 2047 (gRPC's largest message is 2 GiB - 1 byte), got {value}")
+        return value
 
 
 class HttpConfig(ComponentConfig):
@@ -31,6 +55,25 @@ class HttpConfig(ComponentConfig):
     logs_url_path: str = "/v1/logs"
 
     _check_endpoint = field_validator("endpoint")(_endpoint)
+    _not_bool = field_validator("max_request_body_size", mode="before")(_no_bool)
+    _check_size = field_validator("max_request_body_size")(_at_least_one)
+
+
+class Limits(ComponentConfig):
+    """What one request may carry (docs/receivers/otlp.md#limits). The count defaults are 8x the OpenTelemetry SDKs'
+    own (128); the value length fits a whole 200k-token conversation in one attribute. The request's size is
+    `protocols.http.max_request_body_size` / `protocols.grpc.max_recv_msg_size_mib`, both after decompression."""
+
+    max_attribute_value_length: int = MIB  # bytes of a string / bytes value (each element of an array or map too)
+    max_attributes_per_span: int = 1024  # also of each event, each link and the resource of spans
+    max_events_per_span: int = 1024
+    max_links_per_span: int = 1024
+    max_attributes_per_log_record: int = 1024  # also of the resource of log records
+    max_spans_per_request: int = 100_000
+    max_log_records_per_request: int = 100_000
+
+    _not_bool = field_validator("*", mode="before")(_no_bool)
+    _check = field_validator("*")(_at_least_one)
 
 
 class Protocols(ComponentConfig):
@@ -50,6 +93,7 @@ class Protocols(ComponentConfig):
 class OtlpReceiverConfig(ComponentConfig):
     # no `protocols` at all: both, on their default loopback endpoints
     protocols: Protocols = Protocols(grpc=GrpcConfig(), http=HttpConfig())
+    limits: Limits = Limits()
 
     def listeners(self) -> dict[str, str]:
         """The endpoints this receiver listens on, by key path (for the `auth` rule on reachable listeners)."""

@@ -6,8 +6,10 @@ import base64
 import binascii
 import json
 import logging
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache, partial
 from typing import Any
 
 from google.protobuf import json_format, message_factory
@@ -18,6 +20,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from evalsi.encoded import EncodedBatch
 from evalsi.log_record import LogBatch, LogRecord
+from evalsi.receivers.otlp.config import Limits
 from evalsi.receivers.otlp.status import export_response, logs_export_response
 from evalsi.span import SPAN_KINDS, STATUS_CODES, Span, SpanBatch, SpanEvent, SpanLink
 from evalsi.telemetry import SelfMetrics
@@ -30,6 +33,13 @@ _ZERO_SPAN = bytes(8)
 MAX_TIME_NS = (1 << 63) - 1
 # The marker attribute of a span or log record whose out-of-range fields the receiver clamped: the fields' names.
 CLAMPED = "evalsi.clamped"
+# The marker attributes of a span or log record cut to the receiver's `limits`: the keys of the attribute values
+# truncated (`gen_ai.prompt`, `events[0].gen_ai.prompt`, `resource.x`), and what was dropped past a count limit with
+# how many (`attributes:12`, `events:3`, `links:1`, `events[0].attributes:2`, `resource.attributes:7`).
+TRUNCATED = "evalsi.truncated"
+DROPPED = "evalsi.dropped"
+
+LIMITS = Limits()  # the defaults
 
 
 class DecodeFailed(ValueError):
@@ -42,6 +52,31 @@ class DecodeFailed(ValueError):
         self.field = field
 
 
+class OverLimit(DecodeFailed):
+    """A request holding more spans or log records than the receiver's limit: refused whole (400 /
+    INVALID_ARGUMENT, which senders do not retry), its message naming the limit's key; the sender should send smaller
+    batches."""
+
+    def __init__(self, message: str, reason: str, limit: str, signal: str, count: int) -> None:
+        super().__init__(message, reason)
+        self.limit = limit  # the key, e.g. max_spans_per_request
+        self.signal = signal
+        self.count = count  # the items the request held
+
+
+@dataclass(slots=True)
+class Cuts:
+    """What a decoding cut to the receiver's `limits` (each item cut is marked with `evalsi.truncated` /
+    `evalsi.dropped`)."""
+
+    items: int = 0  # spans or log records cut
+    truncated: int = 0  # attribute values truncated
+    dropped_attributes: int = 0
+    dropped_events: int = 0
+    dropped_links: int = 0
+    note: str = ""  # the first item cut, for the log
+
+
 @dataclass(slots=True)
 class Decoded:
     """What a request held: the valid items as a batch, and how many were rejected and why."""
@@ -49,8 +84,12 @@ class Decoded:
     batch: SpanBatch | LogBatch | EncodedBatch
     rejected: int = 0
     message: str = ""
-    clamped: int = 0  # items kept with out-of-range fields clamped (and marked with `evalsi.clamped`)
-    clamp_note: str = ""  # the first of those, for the log
+    # items kept changed: out-of-range fields clamped (marked with `evalsi.clamped`) or cut to the receiver's limits
+    # (`evalsi.truncated`, `evalsi.dropped`); where this is non-zero, `count_clamped` counts and logs them all
+    clamped: int = 0
+    clamp_note: str = ""  # the first item with fields clamped, for the log
+    out_of_range: int = 0  # the items with fields clamped
+    cuts: Cuts | None = None  # what was cut to the limits, when anything was
 
 
 def any_value(v: AnyValue) -> Any:
@@ -95,6 +134,199 @@ def attributes(kvs: Any) -> dict[str, Any]:
         else:
             out[kv.key] = any_value(v)
     return out
+
+
+def _sized_attributes(kvs: Any, max_length: int) -> tuple[dict[str, Any], bool]:
+    """`attributes(kvs)`, and whether a value may be longer than `max_length` bytes (a string of more than a quarter
+    of that many characters, measured on the slow path; bytes, an array or a map holding a longer one), found while
+    decoding: for a request larger than the limit, where every value is looked at (~30 ns a string)."""
+    quarter = max_length >> 2
+    out: dict[str, Any] = {}
+    long = False
+    for kv in kvs:
+        v = kv.value
+        which = v.WhichOneof("value")
+        if which == "string_value":
+            value = out[kv.key] = v.string_value
+            if len(value) > quarter:
+                long = True
+        elif which == "int_value":
+            out[kv.key] = v.int_value
+        elif which == "double_value":
+            out[kv.key] = v.double_value
+        elif which == "bool_value":
+            out[kv.key] = v.bool_value
+        elif which == "array_value":
+            items = out[kv.key] = [
+                x.string_value if x.WhichOneof("value") == "string_value" else any_value(x)
+                for x in v.array_value.values
+            ]
+            for x in items:
+                if type(x) is str:
+                    if len(x) > quarter:
+                        long = True
+                elif not long and _truncated(x, max_length) is not x:
+                    long = True
+        else:
+            value = out[kv.key] = any_value(v)
+            if not long and _truncated(value, max_length) is not value:
+                long = True
+    return out, long
+
+
+def _truncated(value: Any, limit: int) -> Any:
+    """`value` with every string or bytes in it (an array's or map's elements too) at most `limit` bytes long, a
+    string cut at a UTF-8 character boundary; the same object when nothing in it is longer."""
+    if isinstance(value, str):
+        if len(value) * 4 <= limit:  # at most 4 bytes a character: short enough without encoding it
+            return value
+        if len(value) <= limit and len(value.encode("utf-8", "surrogatepass")) <= limit:
+            return value
+        # the first `limit` bytes lie within the first `limit` characters; a character cut in two is dropped
+        return value[:limit].encode("utf-8", "surrogatepass")[:limit].decode("utf-8", "ignore")
+    if isinstance(value, bytes):
+        return value[:limit] if len(value) > limit else value
+    if isinstance(value, list):
+        items = [_truncated(v, limit) for v in value]
+        return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
+    if isinstance(value, dict):
+        cut = {k: _truncated(v, limit) for k, v in value.items()}
+        return cut if any(cut[k] is not v for k, v in value.items()) else value
+    return value
+
+
+class _Cut:
+    """What the limits cut of one span or log record (or of a resource, for each of its items): the entries of its
+    marker attributes and the counts."""
+
+    __slots__ = ("attributes", "dropped", "events", "links", "truncated")
+
+    def __init__(self) -> None:
+        self.truncated: list[str] = []
+        self.dropped: list[str] = []
+        self.attributes = self.events = self.links = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.truncated or self.dropped)
+
+    def attrs(self, kvs: Any, max_count: int, max_length: int, where: str) -> dict[str, Any]:
+        """Decode the first `max_count` attributes, their values truncated to `max_length` bytes; `where` prefixes
+        what the markers name (`events[2].`)."""
+        n = len(kvs)
+        if n > max_count:
+            self.dropped.append(f"{where}attributes:{n - max_count}")
+            self.attributes += n - max_count
+            kvs = kvs[:max_count]
+        out = attributes(kvs)
+        for key, value in out.items():
+            cut = _truncated(value, max_length)
+            if cut is not value:
+                out[key] = cut  # the same keys: safe while iterating
+                self.truncated.append(where + key)
+        return out
+
+    def add(self, other: _Cut | None) -> None:
+        if other:
+            self.truncated += other.truncated
+            self.dropped += other.dropped
+            self.attributes += other.attributes
+
+    def mark(self, attrs: dict[str, Any], cuts: Cuts, what: str) -> None:
+        """Mark the item's attributes (past the limit: the markers are extra) and count the cut in `cuts`."""
+        if self.truncated:
+            attrs[TRUNCATED] = self.truncated
+        if self.dropped:
+            attrs[DROPPED] = self.dropped
+        cuts.items += 1
+        cuts.truncated += len(self.truncated)
+        cuts.dropped_attributes += self.attributes
+        cuts.dropped_events += self.events
+        cuts.dropped_links += self.links
+        if not cuts.note:
+            parts = [f"truncated {', '.join(self.truncated[:5])}" if self.truncated else ""]
+            parts.append(f"dropped {', '.join(self.dropped[:5])}" if self.dropped else "")
+            cuts.note = f"{what}: {'; '.join(p for p in parts if p)}"
+
+
+def _resource(resource: Any, max_count: int, max_length: int, check_sizes: bool) -> tuple[dict[str, Any], _Cut | None]:
+    """A resource's attributes, and what the limits cut of them (None: nothing)."""
+    kvs = resource.attributes
+    if len(kvs) <= max_count:
+        out, long = _sized_attributes(kvs, max_length) if check_sizes else (attributes(kvs), False)
+        if not long:
+            return out, None
+    cut = _Cut()
+    out = cut.attrs(kvs, max_count, max_length, "resource.")
+    return out, (cut or None)
+
+
+def _over(items: list[SpanEvent] | list[SpanLink], max_count: int, max_length: int, check_sizes: bool) -> bool:
+    """Whether an event or a link decoded the fast way holds more attributes than the limit (duplicate keys counted
+    once: what is stored stays within it) or, with `check_sizes`, a value that may be too long."""
+    for x in items:
+        if len(x.attributes) > max_count:
+            return True
+        if check_sizes:
+            for value in x.attributes.values():
+                if _truncated(value, max_length) is not value:
+                    return True
+    return False
+
+
+def _cut_span(s: Any, limits: Limits, cut: _Cut) -> tuple[dict[str, Any], list[SpanEvent], list[SpanLink]]:
+    """A span's attributes, events and links within the limits; what was cut goes into `cut`."""
+    max_attrs, max_length = limits.max_attributes_per_span, limits.max_attribute_value_length
+    span_attributes = cut.attrs(s.attributes, max_attrs, max_length, "")
+    found = s.events
+    if len(found) > limits.max_events_per_span:
+        dropped = len(found) - limits.max_events_per_span
+        cut.dropped.append(f"events:{dropped}")
+        cut.events += dropped
+        found = found[: limits.max_events_per_span]
+    events = [
+        SpanEvent(e.time_unix_nano, e.name, cut.attrs(e.attributes, max_attrs, max_length, f"events[{i}]."))
+        for i, e in enumerate(found)
+    ]
+    found = s.links
+    if len(found) > limits.max_links_per_span:
+        dropped = len(found) - limits.max_links_per_span
+        cut.dropped.append(f"links:{dropped}")
+        cut.links += dropped
+        found = found[: limits.max_links_per_span]
+    links = [
+        SpanLink(
+            ln.trace_id.hex(),
+            ln.span_id.hex(),
+            ln.trace_state,
+            cut.attrs(ln.attributes, max_attrs, max_length, f"links[{i}]."),
+        )
+        for i, ln in enumerate(found)
+    ]
+    return span_attributes, events, links
+
+
+def _over_request_limit(n: int, limit: int, what: str, key: str, signal: str) -> OverLimit:
+    name = f"max_{what.replace(' ', '_')}s_per_request"
+    return OverLimit(
+        f"the request holds {n} {what}s, more than {key}.{name} ({limit}) allows; send them in smaller batches "
+        f"(e.g. the SDK batch processor's max_export_batch_size)",
+        f"TOO_MANY_{what.replace(' ', '_').upper()}S",
+        name,
+        signal,
+        n,
+    )
+
+
+def _check_span_count(req: ExportTraceServiceRequest, limits: Limits, key: str) -> None:
+    n = sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+    if n > limits.max_spans_per_request:
+        raise _over_request_limit(n, limits.max_spans_per_request, "span", key, "traces")
+
+
+def _check_log_count(req: ExportLogsServiceRequest, limits: Limits, key: str) -> None:
+    n = sum(len(sl.log_records) for rl in req.resource_logs for sl in rl.scope_logs)
+    if n > limits.max_log_records_per_request:
+        raise _over_request_limit(n, limits.max_log_records_per_request, "log record", key, "logs")
 
 
 def _check_ids(trace_id: bytes, span_id: bytes, parent: bytes) -> str:
@@ -142,14 +374,35 @@ def _clamp_note(what: str, clamped: int, first_clamp: str) -> str:
 
 
 def count_clamped(metrics: Any, receiver: str, signal: str, decoded: Decoded, log: logging.Logger) -> None:
-    """Count and log the items a decoding kept with fields clamped, where it decoded them (the receiver, or a
-    pipeline worker)."""
-    metrics.counter(
-        "evalsi_receiver_clamped_items",
-        "Spans and log records accepted with out-of-range fields clamped (marked with the evalsi.clamped attribute).",
-        ["receiver", "signal"],
-    ).labels(receiver, signal).inc(decoded.clamped)
-    log.warning("clamped %s: %s", signal, decoded.clamp_note)
+    """Count and log the items a decoding kept changed (fields clamped, or cut to the limits), where it decoded them
+    (the receiver, or a pipeline worker)."""
+    if decoded.out_of_range:
+        metrics.counter(
+            "evalsi_receiver_clamped_items",
+            "Spans and log records accepted with out-of-range fields clamped (marked with the evalsi.clamped "
+            "attribute).",
+            ["receiver", "signal"],
+        ).labels(receiver, signal).inc(decoded.out_of_range)
+        log.warning("clamped %s: %s", signal, decoded.clamp_note)
+    cuts = decoded.cuts
+    if cuts is not None and cuts.items:
+        count_cuts(metrics, receiver, signal, cuts)
+        what = "span" if signal == "traces" else "log record"
+        log.warning(
+            "cut %s to the receiver's limits: %d %s(s) kept with attributes, events or links cut (%s, %s); first: %s",
+            signal, cuts.items, what, TRUNCATED, DROPPED, cuts.note,
+        )  # fmt: skip
+
+
+def count_cuts(metrics: SelfMetrics, receiver: str, signal: str, cuts: Cuts) -> None:
+    if cuts.truncated:
+        metrics.receiver_truncated_attributes.labels(receiver, signal).inc(cuts.truncated)
+    if cuts.dropped_attributes:
+        metrics.receiver_dropped_attributes.labels(receiver, signal).inc(cuts.dropped_attributes)
+    if cuts.dropped_events:
+        metrics.receiver_dropped_events.labels(receiver).inc(cuts.dropped_events)
+    if cuts.dropped_links:
+        metrics.receiver_dropped_links.labels(receiver).inc(cuts.dropped_links)
 
 
 def _check_log_ids(trace_id: bytes, span_id: bytes) -> str:
@@ -166,15 +419,29 @@ def shard_of(trace_id: bytes, shards: int) -> int:
     return int.from_bytes(trace_id[8:], "big") % shards if len(trace_id) == 16 else 0
 
 
-def spans_from_request(req: ExportTraceServiceRequest, shard: tuple[int, int] | None = None) -> Decoded:
-    """The request's valid spans; with `shard=(i, n)` only those of traces worker i of n owns (the others are
-    decoded by their own worker; invalid spans were already counted by the receiver)."""
+def spans_from_request(
+    req: ExportTraceServiceRequest,
+    shard: tuple[int, int] | None = None,
+    limits: Limits = LIMITS,
+    size: int | None = None,
+    key: str = "limits",
+) -> Decoded:
+    """The request's valid spans, cut to `limits`; with `shard=(i, n)` only those of traces worker i of n owns (the
+    others are decoded by their own worker; invalid spans were already counted, and the request's span count checked,
+    by the receiver). `size`: the request's encoded size, when known (no value in a smaller request can be over
+    the value length limit, so then none is looked at); `key`: where the limits are in the config, for messages."""
+    if shard is None:
+        _check_span_count(req, limits, key)
     spans: list[Span] = []
-    rejected = clamped = 0
+    rejected = clamped = out_of_range = 0
     first_error = first_clamp = ""
     n_kinds = len(SPAN_KINDS)
+    max_attrs, max_length = limits.max_attributes_per_span, limits.max_attribute_value_length
+    max_events, max_links = limits.max_events_per_span, limits.max_links_per_span
+    check_sizes = size is None or size > max_length
+    cuts = Cuts()
     for rs in req.resource_spans:
-        resource_attributes = attributes(rs.resource.attributes)
+        resource_attributes, resource_cut = _resource(rs.resource, max_attrs, max_length, check_sizes)
         service = resource_attributes.get("service.name", "")
         service_name = service if isinstance(service, str) else str(service)
         for ss in rs.scope_spans:
@@ -199,16 +466,49 @@ def spans_from_request(req: ExportTraceServiceRequest, shard: tuple[int, int] | 
                 kind = s.kind
                 status = s.status
                 code = status.code
-                events = (
-                    [SpanEvent(e.time_unix_nano, e.name, attributes(e.attributes)) for e in s.events]
-                    if s.events
-                    else []
-                )
-                span_attributes = attributes(s.attributes)
+                found_attributes, found_events, found_links = s.attributes, s.events, s.links
+                cut = None
+                # the limits cost the common span three lengths (and, in a request larger than the value length
+                # limit, a look at each value's length): only a span over one is decoded again, the slow way
+                if len(found_attributes) > max_attrs or len(found_events) > max_events or len(found_links) > max_links:
+                    cut = _Cut()
+                    span_attributes, events, links = _cut_span(s, limits, cut)
+                else:
+                    events = (
+                        [SpanEvent(e.time_unix_nano, e.name, attributes(e.attributes)) for e in found_events]
+                        if found_events
+                        else []
+                    )
+                    if check_sizes:
+                        span_attributes, long = _sized_attributes(found_attributes, max_length)
+                    else:
+                        span_attributes, long = attributes(found_attributes), False
+                    links = (
+                        [
+                            SpanLink(ln.trace_id.hex(), ln.span_id.hex(), ln.trace_state, attributes(ln.attributes))
+                            for ln in found_links
+                        ]
+                        if found_links
+                        else []
+                    )
+                    if (
+                        long
+                        or (events and _over(events, max_attrs, max_length, check_sizes))
+                        or (links and _over(links, max_attrs, max_length, check_sizes))
+                    ):
+                        cut = _Cut()
+                        span_attributes, events, links = _cut_span(s, limits, cut)
+                if resource_cut is not None:
+                    cut = cut or _Cut()
+                    cut.add(resource_cut)
+                if cut:
+                    clamped += 1
+                    cut.mark(span_attributes, cuts, f"span {s.name!r} ({trace_id.hex()}/{span_id.hex()})")
                 if end < start or end > MAX_TIME_NS or not 0 <= kind < n_kinds or not 0 <= code < 3 or events:
                     fields = _span_clamps(start, end, kind, code, [e.time_unix_nano for e in events])
                     if fields:
-                        clamped += 1
+                        out_of_range += 1
+                        clamped += not cut
                         if not first_clamp:
                             first_clamp = f"span {s.name!r} ({trace_id.hex()}/{span_id.hex()}): {', '.join(fields)}"
                         span_attributes[CLAMPED] = fields
@@ -217,14 +517,6 @@ def spans_from_request(req: ExportTraceServiceRequest, shard: tuple[int, int] | 
                         for e in events:
                             if e.time_unix_nano > MAX_TIME_NS:
                                 e.time_unix_nano = start
-                links = (
-                    [
-                        SpanLink(ln.trace_id.hex(), ln.span_id.hex(), ln.trace_state, attributes(ln.attributes))
-                        for ln in s.links
-                    ]
-                    if s.links
-                    else []
-                )
                 # positional: this constructor runs once per span on the ingest path
                 spans.append(
                     Span(
@@ -248,8 +540,16 @@ def spans_from_request(req: ExportTraceServiceRequest, shard: tuple[int, int] | 
                         s.flags,
                     )
                 )
-    note = _clamp_note("span", clamped, first_clamp) if clamped else ""
-    return Decoded(SpanBatch(spans), rejected, _answer("span", rejected, first_error), clamped, note)
+    note = _clamp_note("span", out_of_range, first_clamp) if out_of_range else ""
+    return Decoded(
+        SpanBatch(spans),
+        rejected,
+        _answer("span", rejected, first_error),
+        clamped,
+        note,
+        out_of_range,
+        cuts if cuts.items else None,
+    )
 
 
 def _log_clamps(time_ns: int, observed_ns: int) -> list[str]:
@@ -264,12 +564,25 @@ def _clamp_time(t: int) -> int:
     return 0 if t > MAX_TIME_NS else t
 
 
-def logs_from_request(req: ExportLogsServiceRequest, shard: tuple[int, int] | None = None) -> Decoded:
+def logs_from_request(
+    req: ExportLogsServiceRequest,
+    shard: tuple[int, int] | None = None,
+    limits: Limits = LIMITS,
+    size: int | None = None,
+    key: str = "limits",
+) -> Decoded:
+    """The request's valid log records, their attributes cut to `limits` (the arguments as for `spans_from_request`;
+    a record's body is not cut: the request's size bounds it)."""
+    if shard is None:
+        _check_log_count(req, limits, key)
     records: list[LogRecord] = []
-    rejected = clamped = 0
+    rejected = clamped = out_of_range = 0
     first_error = first_clamp = ""
+    max_attrs, max_length = limits.max_attributes_per_log_record, limits.max_attribute_value_length
+    check_sizes = size is None or size > max_length
+    cuts = Cuts()
     for rl in req.resource_logs:
-        resource_attributes = attributes(rl.resource.attributes)
+        resource_attributes, resource_cut = _resource(rl.resource, max_attrs, max_length, check_sizes)
         service = resource_attributes.get("service.name", "")
         service_name = service if isinstance(service, str) else str(service)
         for sl in rl.scope_logs:
@@ -285,12 +598,28 @@ def logs_from_request(req: ExportLogsServiceRequest, shard: tuple[int, int] | No
                     if not first_error:
                         first_error = f"log record: {problem}"
                     continue
-                attrs = attributes(r.attributes)
+                found = r.attributes
+                cut = None
+                if len(found) > max_attrs:
+                    cut = _Cut()
+                    attrs = cut.attrs(found, max_attrs, max_length, "")
+                else:
+                    attrs, long = _sized_attributes(found, max_length) if check_sizes else (attributes(found), False)
+                    if long:
+                        cut = _Cut()
+                        attrs = cut.attrs(found, max_attrs, max_length, "")
+                if resource_cut is not None:
+                    cut = cut or _Cut()
+                    cut.add(resource_cut)
+                if cut:
+                    clamped += 1
+                    cut.mark(attrs, cuts, f"log record ({trace_id.hex() or 'no trace'}/{span_id.hex() or 'no span'})")
                 event_name = r.event_name or attrs.get("event.name", "")
                 time_ns, observed_ns = r.time_unix_nano, r.observed_time_unix_nano
                 if time_ns > MAX_TIME_NS or observed_ns > MAX_TIME_NS:
                     fields = _log_clamps(time_ns, observed_ns)
-                    clamped += 1
+                    out_of_range += 1
+                    clamped += not cut
                     if not first_clamp:
                         first_clamp = f"log record: {', '.join(fields)}"
                     attrs[CLAMPED] = fields
@@ -313,8 +642,16 @@ def logs_from_request(req: ExportLogsServiceRequest, shard: tuple[int, int] | No
                         scope_version=scope_version,
                     )
                 )
-    note = _clamp_note("log record", clamped, first_clamp) if clamped else ""
-    return Decoded(LogBatch(records), rejected, _answer("log record", rejected, first_error), clamped, note)
+    note = _clamp_note("log record", out_of_range, first_clamp) if out_of_range else ""
+    return Decoded(
+        LogBatch(records),
+        rejected,
+        _answer("log record", rejected, first_error),
+        clamped,
+        note,
+        out_of_range,
+        cuts if cuts.items else None,
+    )
 
 
 def _parse_protobuf(body: bytes, message: Message, what: str) -> None:
@@ -324,16 +661,16 @@ def _parse_protobuf(body: bytes, message: Message, what: str) -> None:
         raise DecodeFailed(f"body is not a valid OTLP {what} protobuf: {e}", "INVALID_PROTOBUF") from None
 
 
-def decode_traces_protobuf(body: bytes) -> Decoded:
+def decode_traces_protobuf(body: bytes, limits: Limits = LIMITS, key: str = "limits") -> Decoded:
     req = ExportTraceServiceRequest()
     _parse_protobuf(body, req, "ExportTraceServiceRequest")
-    return spans_from_request(req)
+    return spans_from_request(req, None, limits, len(body), key)
 
 
-def decode_logs_protobuf(body: bytes) -> Decoded:
+def decode_logs_protobuf(body: bytes, limits: Limits = LIMITS, key: str = "limits") -> Decoded:
     req = ExportLogsServiceRequest()
     _parse_protobuf(body, req, "ExportLogsServiceRequest")
-    return logs_from_request(req)
+    return logs_from_request(req, None, limits, len(body), key)
 
 
 def _hex_to_b64(value: Any) -> Any:
@@ -498,16 +835,18 @@ def _fix_log_ids(doc: dict[str, Any]) -> None:
                 _fix_ids(r)
 
 
-def decode_traces_json(body: bytes) -> Decoded:
+def decode_traces_json(body: bytes, limits: Limits = LIMITS, key: str = "limits") -> Decoded:
+    # an OTLP/JSON body is at least as long as any string or bytes value in it (escapes and base64 only lengthen
+    # them): its length bounds them as a protobuf body's does
     req = ExportTraceServiceRequest()
     _parse_json(body, req, "ExportTraceServiceRequest", _fix_span_ids)
-    return spans_from_request(req)
+    return spans_from_request(req, None, limits, len(body), key)
 
 
-def decode_logs_json(body: bytes) -> Decoded:
+def decode_logs_json(body: bytes, limits: Limits = LIMITS, key: str = "limits") -> Decoded:
     req = ExportLogsServiceRequest()
     _parse_json(body, req, "ExportLogsServiceRequest", _fix_log_ids)
-    return logs_from_request(req)
+    return logs_from_request(req, None, limits, len(body), key)
 
 
 @dataclass(frozen=True)
@@ -519,6 +858,9 @@ class Codec:
     from_protobuf: Callable[[bytes], Decoded]
     from_json: Callable[[bytes], Decoded]
     response: Callable[[int, str], Message]  # the export response, with partial success when items were rejected
+    limits: Limits = LIMITS  # what one request may carry
+    key: str = "limits"  # where those limits are in the config (`receivers.otlp.limits`), for messages
+    shards: int = 0  # a checking codec's worker count (see `checking_codec`); 0: a codec that decodes
 
 
 TRACES = Codec(
@@ -535,6 +877,66 @@ LOGS = Codec(
     decode_logs_json,
     logs_export_response,
 )
+
+
+def limited(codec: Codec, limits: Limits, key: str = "limits") -> Codec:
+    """The same codec (decoding, or checking for pipeline workers) applying `limits`, found at `key` in the config."""
+    if codec.signal == "traces":
+        from_protobuf, from_json = decode_traces_protobuf, decode_traces_json
+    else:
+        from_protobuf, from_json = decode_logs_protobuf, decode_logs_json
+    full = Codec(
+        codec.signal,
+        codec.grpc_service,
+        partial(from_protobuf, limits=limits, key=key),
+        partial(from_json, limits=limits, key=key),
+        codec.response,
+        limits,
+        key,
+    )
+    return checking_codec(full, codec.shards) if codec.shards else full
+
+
+# With pipeline workers, a request's limits go to the workers with it: its body (the protobuf request) is followed by
+# one more field, of a number no OTLP message uses, holding them (so the body stays a valid request), which the
+# worker's decoding reads back; a body without it is decoded with the defaults. So a worker never decodes with other
+# limits than those of the receiver that checked the request, and with the default limits the body is not copied.
+_LIMIT_KEYS = tuple(Limits.model_fields)
+_LIMITS_FORMAT = struct.Struct(f"<{len(_LIMIT_KEYS)}q")
+_TRAILER_FIELD = 0x7E5A1  # 517537
+_TRAILER_MAGIC = b"evalsi.limits/1"
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_TRAILER_HEAD = _varint(_TRAILER_FIELD << 3 | 2) + _varint(len(_TRAILER_MAGIC) + _LIMITS_FORMAT.size) + _TRAILER_MAGIC
+_TRAILER_SIZE = len(_TRAILER_HEAD) + _LIMITS_FORMAT.size
+
+
+def limits_trailer(limits: Limits) -> bytes:
+    """What follows a checked request's body on its way to a worker: the limits to decode it with."""
+    return _TRAILER_HEAD + _LIMITS_FORMAT.pack(*(getattr(limits, k) for k in _LIMIT_KEYS))
+
+
+@lru_cache(maxsize=64)
+def _limits_of(values: tuple[int, ...]) -> Limits:
+    return Limits.model_construct(**dict(zip(_LIMIT_KEYS, values, strict=True)))
+
+
+def split_limits(body: bytes) -> tuple[Limits, bytes | memoryview]:
+    """The limits a checked request's body carries, and the request without them (the defaults and the body as it
+    is, when it carries none)."""
+    end = len(body) - _LIMITS_FORMAT.size
+    if len(body) < _TRAILER_SIZE or body[end - len(_TRAILER_HEAD) : end] != _TRAILER_HEAD:
+        return LIMITS, body
+    return _limits_of(_LIMITS_FORMAT.unpack_from(body, end)), memoryview(body)[: len(body) - _TRAILER_SIZE]
 
 
 _Checked = tuple[int, int, str, frozenset[int]]
@@ -597,20 +999,26 @@ def _check_logs(req: ExportLogsServiceRequest, shards: int) -> _Checked:
 
 
 def checking_codec(codec: Codec, shards: int) -> Codec:
-    """The same codec, but it only parses and checks ids, keeping the request encoded for worker processes:
-    the answer (status, partial success) is the one full decoding would give."""
+    """The same codec, but it only parses and checks ids (and the request's item count against the codec's
+    limits), keeping the request encoded for worker processes, with the limits the workers cut it to: the answer
+    (status, partial success) is the one full decoding would give."""
     if codec.signal == "traces":
         message_type: Any = ExportTraceServiceRequest
         check: Callable[[Any, int], _Checked] = _check_spans
         fix_ids: Any = _fix_span_ids
+        check_count: Callable[[Any, Limits, str], None] = _check_span_count
     else:
         message_type, check, fix_ids = ExportLogsServiceRequest, _check_logs, _fix_log_ids
+        check_count = _check_log_count
     what = message_type.DESCRIPTOR.name
     signal: Any = codec.signal
+    limits, key = codec.limits, codec.key
+    trailer = limits_trailer(limits) if limits != LIMITS else b""
 
     def checked(req: Message, body: bytes) -> Decoded:
+        check_count(req, limits, key)
         valid, rejected, message, owners = check(req, shards)
-        return Decoded(EncodedBatch(signal, body, valid, owners), rejected, message)
+        return Decoded(EncodedBatch(signal, body + trailer if trailer else body, valid, owners), rejected, message)
 
     def from_protobuf(body: bytes) -> Decoded:
         req = message_type()
@@ -622,19 +1030,54 @@ def checking_codec(codec: Codec, shards: int) -> Codec:
         _parse_json(body, req, what, fix_ids)
         return checked(req, req.SerializeToString())
 
-    return Codec(codec.signal, codec.grpc_service, from_protobuf, from_json, codec.response)
+    return Codec(codec.signal, codec.grpc_service, from_protobuf, from_json, codec.response, limits, key, shards)
 
 
 def decode_encoded(
     batch: EncodedBatch, shard: tuple[int, int], *, metrics: SelfMetrics, log: logging.Logger
 ) -> SpanBatch | LogBatch:
     """In a pipeline worker: the spans or log records of a checked request that belong to this worker's traces,
-    with their clamps counted and logged here (the receiver's check read only ids and start times)."""
+    cut to the receiver's limits, with their clamps and cuts counted and logged here (the receiver's check read only
+    ids, start times and the item count)."""
+    limits, body = split_limits(batch.body)
     if batch.signal == "traces":
-        result = spans_from_request(ExportTraceServiceRequest.FromString(batch.body), shard)
+        result = spans_from_request(ExportTraceServiceRequest.FromString(body), shard, limits, len(body))
     else:
-        result = logs_from_request(ExportLogsServiceRequest.FromString(batch.body), shard)
+        result = logs_from_request(ExportLogsServiceRequest.FromString(body), shard, limits, len(body))
     if result.clamped:
         count_clamped(metrics, batch.receiver, batch.signal, result, log)
     assert not isinstance(result.batch, EncodedBatch)
     return result.batch
+
+
+@dataclass(frozen=True)
+class ReceiverLimits:
+    """A receiver's limits as its transports apply them: the config section, where it is in the config (for
+    messages), and the receiver's id and metrics (for the zero series and the refusals' counts)."""
+
+    limits: Limits = LIMITS
+    key: str = "limits"
+    receiver: str = ""
+    metrics: SelfMetrics | None = None
+
+    def apply(self, codec: Codec) -> Codec:
+        """The codec cutting to these limits; its counters shown from 0 on, so a rate works from the start."""
+        m = self.metrics
+        if m is not None:
+            m.receiver_truncated_attributes.labels(self.receiver, codec.signal)
+            m.receiver_dropped_attributes.labels(self.receiver, codec.signal)
+            limit = "max_spans_per_request" if codec.signal == "traces" else "max_log_records_per_request"
+            m.receiver_refused_requests.labels(self.receiver, codec.signal, limit)
+            if codec.signal == "traces":
+                m.receiver_dropped_events.labels(self.receiver)
+                m.receiver_dropped_links.labels(self.receiver)
+        return limited(codec, self.limits, self.key)
+
+    def refused(self, e: OverLimit, transport: str) -> None:
+        """Count a request refused for a count limit, and its items among the receiver's refused ones."""
+        m = self.metrics
+        if m is None:
+            return
+        m.receiver_refused_requests.labels(self.receiver, e.signal, e.limit).inc()
+        items = m.receiver_refused_spans if e.signal == "traces" else m.receiver_refused_log_records
+        items.labels(self.receiver, transport).inc(e.count)

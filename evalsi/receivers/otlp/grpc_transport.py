@@ -8,15 +8,15 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from evalsi.auth import Authenticator, GrpcKeyCheck
+from evalsi.auth import Authenticator, GrpcKeyCheck, Principal, Unauthenticated, principal_from_metadata
 from evalsi.component import Refused
-from evalsi.receivers.otlp.decode import Codec, Decoded, DecodeFailed
+from evalsi.receivers.otlp.decode import Codec, Decoded, DecodeFailed, OverLimit, ReceiverLimits
 from evalsi.receivers.otlp.drain import RETRY_AFTER, SHUTTING_DOWN, Drain
 from evalsi.receivers.otlp.status import Violation, status_message
 
 logger = logging.getLogger("evalsi.receiver.otlp")
 
-Export = Callable[[Codec, Decoded, str], Awaitable[None]]
+Export = Callable[[Codec, Decoded, str, bytes, bool, Principal | None], Awaitable[None]]
 
 
 async def _abort(
@@ -36,9 +36,14 @@ async def _abort(
 class GrpcTransport:
     def __init__(
         self, export: Export, codecs: list[Codec], endpoint: str, max_recv_bytes: int,
-        auth: Authenticator | None = None, drain: Drain | None = None,
+        auth: Authenticator | None = None, drain: Drain | None = None, limits: ReceiverLimits | None = None,
     ) -> None:  # fmt: skip
+        """`max_recv_bytes` bounds a message after decompression (gRPC's own check: RESOURCE_EXHAUSTED); the codecs
+        apply `limits` (by default those of the receiver `export` belongs to) to what a message holds."""
         self._export = export
+        self._auth = auth
+        self._limits = limits if limits is not None else ReceiverLimits()
+        codecs = [self._limits.apply(codec) for codec in codecs]
         self._drain = drain if drain is not None else Drain()
         self._server = grpc.aio.server(
             interceptors=[GrpcKeyCheck(auth)] if auth is not None and auth.enabled else None,
@@ -75,11 +80,20 @@ class GrpcTransport:
     async def _answer(self, codec: Codec, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
             decoded: Decoded = codec.from_protobuf(request)
+        except OverLimit as e:  # more items than the receiver takes in one request: the sender should split it
+            self._limits.refused(e, "grpc")
+            logger.warning("refused an OTLP/gRPC request (INVALID_ARGUMENT): %s", e)
+            violation = Violation(e.reason, str(e), e.field)
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e), violation=violation)
         except DecodeFailed as e:
             violation = Violation(e.reason, str(e), e.field)
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e), violation=violation)
+        try:  # the interceptor checked the credential already: this only reads who it is
+            principal = principal_from_metadata(self._auth, context.invocation_metadata())
+        except Unauthenticated as e:
+            await _abort(context, grpc.StatusCode.UNAUTHENTICATED, str(e))
         try:
-            await self._export(codec, decoded, "grpc")
+            await self._export(codec, decoded, "grpc", request, False, principal)
         except Refused as r:
             code = grpc.StatusCode.UNAVAILABLE if r.unavailable else grpc.StatusCode.RESOURCE_EXHAUSTED
             # RetryInfo is what makes RESOURCE_EXHAUSTED retryable for OTLP clients

@@ -15,14 +15,17 @@ import zstandard
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from evalsi.auth import PRINCIPAL_SCOPE_KEY, Principal
 from evalsi.component import Refused
-from evalsi.receivers.otlp.decode import Codec, Decoded, DecodeFailed
+from evalsi.receivers.otlp.decode import Codec, Decoded, DecodeFailed, OverLimit, ReceiverLimits
 from evalsi.receivers.otlp.drain import RETRY_AFTER, SHUTTING_DOWN, Drain
 from evalsi.receivers.otlp.status import HTTP_TO_CODE, JSON, PROTOBUF, Violation, encode, status_message
 
 logger = logging.getLogger("evalsi.receiver.otlp")
 
-Export = Callable[[Codec, Decoded, str], Awaitable[None]]
+Export = Callable[[Codec, Decoded, str, bytes, bool, Principal | None], Awaitable[None]]
+"""How a transport hands on a decoded request: with the transport's name, the body as decoded, whether it is JSON,
+and who sent it (None: no credential is checked)."""
 T = TypeVar("T")
 
 # Compressed bodies are inflated, and inflated bodies larger than this decoded, in threads, so that a big request
@@ -143,10 +146,15 @@ def otlp_refusal(scope: dict[str, Any], message: str) -> tuple[int, list[tuple[b
 Asgi = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
 
-def build_app(export: Export, routes: dict[str, Codec], *, max_body: int, drain: Drain) -> Asgi:
+def build_app(
+    export: Export, routes: dict[str, Codec], *, max_body: int, drain: Drain, limits: ReceiverLimits | None = None
+) -> Asgi:
     """One POST endpoint per signal path (e.g. /v1/traces, /v1/logs). Every other answer is an error with a
     `google.rpc.Status` body in the request's encoding too: 404 for another path, 405 for another method, and 503
-    with `Retry-After` once `drain` is closing."""
+    with `Retry-After` once `drain` is closing. `max_body` bounds the body before and after decompression; the
+    codecs apply `limits` (by default those of the receiver `export` belongs to) to what a body holds."""
+    limits = limits if limits is not None else ReceiverLimits()
+    routes = {path: limits.apply(codec) for path, codec in routes.items()}
     # threads are started on first use and end with the process (or the app, when it is collected)
     executor = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="otlp-http-decode")
     served = ", ".join(routes)
@@ -201,13 +209,16 @@ def build_app(export: Export, routes: dict[str, Codec], *, max_body: int, drain:
         decode = codec.from_json if media == JSON else codec.from_protobuf
         try:
             decoded = await off_loop(decode, body) if len(body) > OFF_LOOP_BYTES else decode(body)
+        except OverLimit as e:  # more items than the receiver takes in one request: the sender should split it
+            limits.refused(e, "http")
+            return bad_request(str(e), media, e.reason, e.field)
         except DecodeFailed as e:
             return bad_request(str(e), media, e.reason, e.field)
         except Exception as e:  # a decoder bug: answered with a Status like any error, and the log says what broke
             logger.exception("decoding failed on a request")
             return error(500, f"internal error decoding the request: {e}", media)
         try:
-            await export(codec, decoded, "http")
+            await export(codec, decoded, "http", body, media == JSON, request.scope.get(PRINCIPAL_SCOPE_KEY))
         except Refused as r:
             return error(503 if r.unavailable else 429, str(r), media, retry_after=r.retry_after)
         except Exception as e:  # a pipeline bug: the sender must not retry forever, and the log says what broke

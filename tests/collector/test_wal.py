@@ -1,0 +1,213 @@
+"""The write-ahead log (`service.durability: {mode: wal}`): what was answered survives kill -9 and is stored once,
+through a real `evalsi serve`, in one process and with pipeline workers; and the log's own file format and rules."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from running_collector import Collector, serve_config, start_collector, wait_until
+
+from evalsi.collector.config import ConfigError, parse_config
+from evalsi.component import Refused
+from evalsi.telemetry import SelfMetrics
+from evalsi.wal import DurabilityConfig, WriteAheadLog, _encode, read_segment, without_stored_spans
+
+PROTOBUF = {"Content-Type": "application/x-protobuf"}
+T0 = time.time_ns() - 60_000_000_000
+
+
+def _request(first: int, traces: int, per_trace: int = 3) -> bytes:
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    rs.resource.attributes.append(KeyValue(key="service.name", value={"string_value": "wal-test"}))
+    spans = rs.scope_spans.add().spans
+    for t in range(first, first + traces):
+        trace_id = (0xFEED).to_bytes(8, "big") + t.to_bytes(8, "big")
+        for n in range(per_trace):
+            spans.append(
+                Span(
+                    trace_id=trace_id,
+                    span_id=(n + 1).to_bytes(8, "big"),
+                    parent_span_id=b"" if n == 0 else (1).to_bytes(8, "big"),
+                    name=f"step {n}",
+                    start_time_unix_nano=T0 + n,
+                    end_time_unix_nano=T0 + n + 1_000,
+                )
+            )
+    return req.SerializeToString()
+
+
+def _config(tmp: Path, *, workers: int = 1, decision_wait: str = "30s") -> dict[str, Any]:
+    cfg = serve_config(tmp / "store")
+    cfg["service"]["workers"] = workers
+    cfg["service"]["durability"] = {"mode": "wal", "directory": str(tmp / "wal")}
+    # traces wait in tail sampling far longer than the test: at the kill, everything answered is in memory only
+    cfg["processors"]["tail_sampling"] = {"decision_wait": decision_wait}
+    cfg["service"]["pipelines"]["traces"]["processors"] = ["normalize", "tail_sampling"]
+    return cfg
+
+
+def _send(c: Collector, first: int, traces: int) -> None:
+    r = httpx.post(c.http + "/v1/traces", content=_request(first, traces), headers=PROTOBUF, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def _segments(tmp: Path) -> list[Path]:
+    return sorted((tmp / "wal").glob("wal-*.log"))
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-workers"])
+def test_kill_9_loses_no_answered_span_and_stores_each_once(tmp_path: Path, workers: int) -> None:
+    c = start_collector(tmp_path, _config(tmp_path, workers=workers))
+    for i in range(20):
+        _send(c, 10 * i, 10)  # 20 requests of 10 traces of 3 spans: 600 spans answered 200
+    assert c.stored_spans() == 0  # tail sampling holds them all
+    assert c.stop(signal.SIGKILL) == -signal.SIGKILL
+    assert _segments(tmp_path), "the answered requests are in the log"
+
+    # the restart replays them; a short decision_wait now lets tail sampling hand them to the store
+    c = start_collector(tmp_path, _config(tmp_path, workers=workers, decision_wait="200ms"))
+    try:
+        # a sender whose answer the kill cut off sends its request again: the replay has it already
+        _send(c, 190, 10)
+        assert c.wait_stored(600) == 600
+        time.sleep(1.0)
+        assert c.stored_spans() == 600  # each once
+        traces = httpx.get(c.api + "/api/v1/traces?limit=1000").json()["traces"]
+        assert len(traces) == 200 and {t["span_count"] for t in traces} == {3}
+        replayed = [e for e in c.logs() if e.get("msg") == "write-ahead log replayed"]
+        assert replayed and replayed[0]["requests"] == 20
+        assert "evalsi_wal_duplicate_spans_total 30.0" in httpx.get(c.metrics).text
+        # once stored, the log deletes what it no longer needs
+        assert wait_until(lambda: sum(p.stat().st_size for p in _segments(tmp_path)) == 0, timeout=10)
+    finally:
+        assert c.stop() == 0
+
+
+def test_a_replayed_request_leaves_out_spans_the_store_has(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, decision_wait="100ms")
+    c = start_collector(tmp_path, cfg)
+    _send(c, 0, 4)  # 12 spans, stored
+    assert c.wait_stored(12) == 12
+    assert c.stop() == 0
+    # a log a crash left: the same request again (its spans are in the store) and a new one
+    wal = tmp_path / "wal"
+    for p in _segments(tmp_path):
+        p.unlink()
+    (wal / "wal-000000000100.log").write_bytes(
+        _encode(1, "traces", "protobuf", "otlp", _request(0, 4))
+        + _encode(2, "traces", "protobuf", "otlp", _request(4, 2))
+    )
+    c = start_collector(tmp_path, cfg)
+    try:
+        assert c.wait_stored(18) == 18
+        time.sleep(1.0)
+        assert c.stored_spans() == 18  # the 12 already stored were left out, the 6 new ones stored
+        replayed = next(e for e in c.logs() if e.get("msg") == "write-ahead log replayed")
+        assert replayed["stored_spans_left_out"] == 12
+    finally:
+        assert c.stop() == 0
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-workers"])
+def test_a_clean_stop_leaves_no_log_to_replay(tmp_path: Path, workers: int) -> None:
+    c = start_collector(tmp_path, _config(tmp_path, workers=workers, decision_wait="100ms"))
+    _send(c, 0, 5)
+    assert c.wait_stored(15) == 15
+    assert c.stop() == 0
+    assert sum(p.stat().st_size for p in _segments(tmp_path)) == 0
+
+
+# --- the log itself -----------------------------------------------------------------------------------------------
+
+
+def test_records_read_back_and_a_torn_tail_ends_the_segment(tmp_path: Path) -> None:
+    a = _encode(1, "traces", "protobuf", "otlp", b"first")
+    b = _encode(2, "logs", "json", "otlp/2", b'{"resourceLogs": []}')
+    path = tmp_path / "wal-000000000001.log"
+    path.write_bytes(a + b + b[: len(b) // 2])  # the process died while writing a third record
+    records, why = read_segment(path)
+    assert [(r.seq, r.signal, r.format, r.receiver, r.body) for r in records] == [
+        (1, "traces", "protobuf", "otlp", b"first"),
+        (2, "logs", "json", "otlp/2", b'{"resourceLogs": []}'),
+    ]
+    assert "torn" in why
+    flipped = bytearray(a)
+    flipped[-1] ^= 0xFF  # a damaged byte fails the checksum
+    path.write_bytes(bytes(flipped) + b)
+    records, why = read_segment(path)
+    assert records == [] and "damaged" in why
+
+
+def test_append_is_on_disk_before_it_returns_and_retire_follows_the_watermark(tmp_path: Path) -> None:
+    async def run() -> None:
+        wal = WriteAheadLog(DurabilityConfig(mode="wal", directory=str(tmp_path), max_size_mib=1), SelfMetrics())
+        wal.open()
+        try:
+            await asyncio.gather(*(wal.append("traces", "protobuf", "otlp", b"x" * 100, 10.0 + i) for i in range(50)))
+            (segment,) = [p for p in tmp_path.glob("wal-*.log") if p.stat().st_size]
+            assert len(read_segment(segment)[0]) == 50
+            wal._active.opened -= 10  # type: ignore[union-attr]  # as if a second had passed: it closes
+            assert wal.retire(5.0) == 0  # something that arrived at 5.0 is still held
+            assert segment.exists()
+            assert wal.retire(59.0) == 0  # the newest request (59.0) arrived at the watermark
+            assert wal.retire(59.5) == 1
+            assert not segment.exists()
+            await wal.append("traces", "protobuf", "otlp", b"y" * (1024 * 1024), 100.0)
+            with pytest.raises(Refused, match="max_size_mib") as refused:
+                wal.check_room()
+            assert refused.value.unavailable and refused.value.retry_after > 0
+        finally:
+            wal.close()
+
+    asyncio.run(run())
+
+
+def test_without_stored_spans_keeps_the_rest_of_the_request() -> None:
+    body = _request(0, 2)  # traces ...00 and ...01, spans 1-3 each
+    t0 = ((0xFEED).to_bytes(8, "big") + (0).to_bytes(8, "big")).hex()
+    asked: list[list[str]] = []
+
+    def stored(trace_ids: list[str]) -> set[tuple[str, str]]:
+        asked.append(trace_ids)
+        return {(t0, (1).to_bytes(8, "big").hex()), (t0, (2).to_bytes(8, "big").hex())}
+
+    left, skipped = without_stored_spans(body, stored)
+    assert skipped == 2 and left is not None
+    spans = ExportTraceServiceRequest.FromString(left).resource_spans[0].scope_spans[0].spans
+    assert [(s.trace_id.hex()[-2:], int.from_bytes(s.span_id, "big")) for s in spans] == [
+        ("00", 3),
+        ("01", 1),
+        ("01", 2),
+        ("01", 3),
+    ]
+    assert len(asked) == 1 and len(asked[0]) == 2
+    everything = without_stored_spans(_request(0, 1), lambda ids: {(ids[0], f"{n:016x}") for n in (1, 2, 3)})
+    assert everything == (None, 3)
+
+
+def test_durability_config_errors_name_the_key(tmp_path: Path) -> None:
+    cfg = serve_config(tmp_path / "store")
+    cfg["service"]["durability"] = {"mode": "disk"}
+    with pytest.raises(ConfigError, match=r"service\.durability\.mode"):
+        parse_config(cfg)
+    cfg["service"]["durability"] = {"mode": "wal", "max_size_mib": 0}
+    with pytest.raises(ConfigError, match=r"service\.durability\.max_size_mib"):
+        parse_config(cfg)
+    cfg = serve_config(tmp_path / "store")
+    cfg["service"]["durability"] = {"mode": "wal"}
+    del cfg["service"]["pipelines"]["traces"]
+    del cfg["service"]["pipelines"]["logs"]
+    cfg["exporters"] = {"debug": {}}
+    cfg["service"]["pipelines"]["traces"] = {"receivers": ["otlp"], "exporters": ["debug"]}
+    with pytest.raises(ConfigError, match=r"service\.durability\.mode: .*no pipeline writes a store"):
+        parse_config(cfg)

@@ -1,0 +1,154 @@
+"""Projects end to end: each API key writes to its own project and reads only it, through a running `evalsi serve` and
+real clients (the OpenTelemetry SDK's exporters over HTTP and gRPC, the API). The same trace id sent by two projects
+stays two traces to their readers; a resource attribute naming another project is not honoured; feedback, run scores
+and policy stats stay in their project."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from running_collector import Collector, serve_config, start_collector, wait_until
+
+from evalsi.auth import new_key
+
+A_KEY, A_HASH = new_key()
+B_KEY, B_HASH = new_key()
+SHARED_TRACE = 0x5EED_0000_0000_0000_0000_0000_0000_0001
+
+
+class _FixedTrace(IdGenerator):
+    """Every trace gets the same id: what a second team would do to join or overwrite another's trace."""
+
+    def __init__(self) -> None:
+        self._span = 0
+
+    def generate_span_id(self) -> int:
+        self._span += 1
+        return self._span
+
+    def generate_trace_id(self) -> int:
+        return SHARED_TRACE
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-workers"])
+def collector(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Collector]:
+    tmp = tmp_path_factory.mktemp("projects")
+    cfg = serve_config(tmp / "store")
+    cfg["service"]["workers"] = request.param
+    cfg["processors"]["tail_sampling"] = {"decision_wait": "300ms"}
+    cfg["service"]["pipelines"]["traces"]["processors"] = ["normalize", "tail_sampling"]
+    cfg["auth"] = {
+        "mode": "strict",
+        "api_keys": [
+            {"hash": A_HASH, "name": "team a's agents", "project": "team-a"},
+            {"hash": B_HASH, "name": "team b's agents", "project": "team-b"},
+        ],
+    }
+    c = start_collector(tmp, cfg)
+    yield c
+    assert c.stop() == 0
+
+
+def _send(exporter: Any, name: str, resource: dict[str, str] | None = None) -> None:
+    attributes = {"service.name": f"svc-{name}", **(resource or {})}
+    provider = TracerProvider(resource=Resource.create(attributes), id_generator=_FixedTrace())
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("t").start_as_current_span(name):
+        pass
+    provider.shutdown()
+
+
+def _trace(c: Collector, key: str) -> httpx.Response:
+    return httpx.get(f"{c.api}/api/v1/traces/{SHARED_TRACE:032x}", headers=_bearer(key))
+
+
+@pytest.fixture(scope="module")
+def sent(collector: Collector) -> Collector:
+    c = collector
+    # team a over HTTP, naming team b in its resource (not honoured: its key writes to team-a)
+    _send(HttpExporter(endpoint=c.http + "/v1/traces", headers=_bearer(A_KEY)), "a-step", {"evalsi.project": "team-b"})
+    # team b over gRPC, the same trace id
+    _send(GrpcExporter(endpoint=c.grpc, insecure=True, headers=(("authorization", f"Bearer {B_KEY}"),)), "b-step")
+    for key in (A_KEY, B_KEY):
+        assert wait_until(lambda key=key: _trace(c, key).status_code == 200, timeout=30)
+    return c
+
+
+def test_each_project_reads_only_its_own_spans_of_a_shared_trace_id(sent: Collector) -> None:
+    a, b = _trace(sent, A_KEY).json()["spans"], _trace(sent, B_KEY).json()["spans"]
+    assert [s["name"] for s in a] == ["a-step"]
+    assert [s["name"] for s in b] == ["b-step"]
+    # the project the key writes to, whatever the resource said
+    assert a[0]["resource_attributes"]["evalsi.project"] == "team-a"
+    assert b[0]["resource_attributes"]["evalsi.project"] == "team-b"
+
+
+def test_the_same_trace_id_from_two_projects_is_assembled_as_two_traces(sent: Collector) -> None:
+    def completed() -> float:
+        text = httpx.get(sent.metrics, headers=_bearer(A_KEY)).text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("evalsi_tail_sampling_traces_completed_total{")
+        )
+
+    assert wait_until(lambda: completed() == 2, timeout=15)  # workers report every second
+
+
+def test_trace_lists_are_per_project(sent: Collector) -> None:
+    for key, name in ((A_KEY, "svc-a-step"), (B_KEY, "svc-b-step")):
+        traces = httpx.get(f"{sent.api}/api/v1/traces", headers=_bearer(key)).json()["traces"]
+        assert [(t["trace_id"], t["span_count"], t["service_name"]) for t in traces] == [
+            (f"{SHARED_TRACE:032x}", 1, name)
+        ]
+
+
+def test_feedback_lands_in_the_senders_project_only(sent: Collector) -> None:
+    body = {"trace_id": f"{SHARED_TRACE:032x}", "name": "helpful", "value": True}
+    r = httpx.post(f"{sent.api}/v1/feedback", json=body, headers=_bearer(A_KEY))
+    assert r.status_code == 200, r.text
+
+    def scores(key: str) -> list[dict[str, Any]]:
+        url = f"{sent.api}/api/v1/scores?trace_id={SHARED_TRACE:032x}"
+        return httpx.get(url, headers=_bearer(key)).json()["scores"]
+
+    assert wait_until(lambda: len(scores(A_KEY)) == 1, timeout=30)
+    assert scores(A_KEY)[0]["project"] == "team-a" and scores(A_KEY)[0]["passed"] is True
+    assert scores(B_KEY) == []
+    stats = httpx.get(f"{sent.api}/api/v1/policies/stats?window=1h", headers=_bearer(B_KEY)).json()["stats"]
+    assert stats == []
+
+
+def test_runs_are_per_project(sent: Collector) -> None:
+    run = {"run_id": "run-projects-1", "name": "smoke", "status": "finished", "manifest": {}, "summary": {}}
+    r = httpx.post(f"{sent.api}/v1/runs", json=run, headers=_bearer(A_KEY))
+    assert r.status_code == 200, r.text
+    assert httpx.get(f"{sent.api}/api/v1/runs/run-projects-1", headers=_bearer(A_KEY)).status_code == 200
+    assert httpx.get(f"{sent.api}/api/v1/runs/run-projects-1", headers=_bearer(B_KEY)).status_code == 404
+    listed = httpx.get(f"{sent.api}/api/v1/runs", headers=_bearer(B_KEY)).json()["runs"]
+    assert "run-projects-1" not in [x["run_id"] for x in listed]
+
+
+def test_without_auth_a_resource_may_name_its_project(tmp_path: Path) -> None:
+    c = start_collector(tmp_path, serve_config(tmp_path / "store"))
+    try:
+        _send(HttpExporter(endpoint=c.http + "/v1/traces"), "solo", {"evalsi.project": "team-c"})
+        assert wait_until(lambda: httpx.get(f"{c.api}/api/v1/traces/{SHARED_TRACE:032x}").status_code == 200)
+        spans = httpx.get(f"{c.api}/api/v1/traces/{SHARED_TRACE:032x}").json()["spans"]
+        assert spans[0]["resource_attributes"]["evalsi.project"] == "team-c"  # no credential: nothing to check
+    finally:
+        assert c.stop() == 0
