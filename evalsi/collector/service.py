@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import make_asgi_app
@@ -14,7 +15,7 @@ from prometheus_client import make_asgi_app
 from evalsi import __version__
 from evalsi.auth import Authenticator, gate
 from evalsi.collector.api import OPEN_PATHS, build_api
-from evalsi.collector.config import Config, is_store, type_of
+from evalsi.collector.config import Config, ConfigError, is_store, load_config, type_of
 from evalsi.collector.fanout import FanOut, LogFanOut, ScoreFanOut, fan
 from evalsi.collector.heap import tune_gc
 from evalsi.collector.workers.metrics import merged_registry
@@ -375,6 +376,40 @@ class Service:
             await asyncio.sleep(RETIRE_INTERVAL)
             self.wal.retire(earliest((self.held_since(), time.monotonic())) or time.monotonic())
 
+    def policy_lists(self) -> dict[str, tuple[list[str], Path]]:
+        """The policy files each `evaluate` processor lists in the config file as it is now (for a reload), by
+        processor id; empty when the config is not a file or no longer parses (the lists in use stay)."""
+        source = Path(self.config.source)
+        if not self.config.source or not source.is_file():
+            return {}
+        try:
+            now = load_config(source)
+        except ConfigError as e:
+            log.error("reload: the config no longer loads; the policy lists in use stay", extra={"error": str(e)})
+            return {}
+        found = {}
+        for (kind, cid), cfg in now.components.items():
+            if kind == "processor" and type_of(cid) == "evaluate":
+                found[cid] = (list(cfg.policies), cfg._base_dir)  # type: ignore[attr-defined]
+        return found
+
+    async def reload(self, lists: dict[str, tuple[list[str], Path]] | None = None) -> None:
+        """SIGHUP: every `evaluate` processor loads its policy files again (with the config's policy list as it is
+        now); a file that fails keeps the policies in use, and the log says why. Pipeline workers do the same."""
+        lists = self.policy_lists() if lists is None else lists
+        for pid, proc in self.processors:
+            if not hasattr(proc, "reload"):
+                continue
+            policies, base_dir = lists.get(pid, (None, None))
+            try:
+                changed = await proc.reload(policies, base_dir)
+            except ValueError as e:
+                log.error("policy reload failed; the policies in use stay", extra={"processor": pid, "error": str(e)})
+                continue
+            log.info("policies reloaded", extra={"processor": pid, "policies": changed})
+        if self.pool is not None:
+            self.pool.reload(lists)
+
     async def start(self) -> None:
         """Exporters first (the store opens), then processors, then receivers, as the Collector does."""
         try:
@@ -479,6 +514,17 @@ class Service:
                 loop.add_signal_handler(sig, self._stop.set)
             except (NotImplementedError, RuntimeError):  # not the main thread
                 pass
+        reloading: set[asyncio.Task[None]] = set()
+
+        def on_hangup() -> None:
+            task = loop.create_task(self.reload())
+            reloading.add(task)
+            task.add_done_callback(reloading.discard)
+
+        try:
+            loop.add_signal_handler(signal.SIGHUP, on_hangup)
+        except (NotImplementedError, RuntimeError, AttributeError):
+            pass
         await self.start()
         tune_gc()
         try:

@@ -818,6 +818,30 @@ class PolicySet:
         self._alerts.clear()
         return out
 
+    def carry_over(self, old: PolicySet) -> list[str]:
+        """After a reload: each policy with the same name, window length and alerts as one of `old` keeps its open
+        window (and counts), so a reload does not reset what alerts see; what `old` has not handed out yet (alerts
+        fired, windows closed) is handed out from here. Returns the names of the policies that kept their window."""
+        kept = []
+        for p in self.policies:
+            before = old.by_name.get(p.name)
+            if before is None or isinstance(p.window, RecordingWindow) or isinstance(before.window, RecordingWindow):
+                continue  # (a pipeline worker's windows only record: the collector process's hold the counts)
+            if before.window.seconds != p.window.seconds:
+                continue
+            rules = [(a.name, a.condition, a.notify) for a in p.window.alerts]
+            if rules != [(a.name, a.condition, a.notify) for a in before.window.alerts]:
+                continue
+            before.window.alerts = p.window.alerts  # the same rules, compiled afresh
+            p.window = before.window
+            p.stats = before.stats
+            kept.append(p.name)
+        self._alerts.extend(old._alerts)
+        self._windows.extend(old._windows)
+        if hasattr(self, "_records"):
+            self._records.extend(getattr(old, "_records", []))
+        return kept
+
     def drain_windows(self) -> list[WindowStats]:
         out = list(self._windows)
         self._windows.clear()

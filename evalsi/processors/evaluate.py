@@ -236,10 +236,48 @@ class Evaluate:
         self._late_buffered = m.gauge(
             "evalsi_late_signals_buffered_traces", "Completed traces kept for late feedback.", ["processor"]
         ).labels(sid)
+        self._reloads = m.counter(
+            "evalsi_policy_reloads", "Policy reloads (SIGHUP), by result: ok, or failed (the old policies stay).",
+            ["processor", "result"],
+        )
         self._alerts_fired = m.counter(
             "evalsi_alerts_fired",
             "Policy alerts fired (once per window that breaks the alert's condition, whatever the worker count).",
             ["processor", "policy", "alert"],
+        )
+
+    async def reload(self, policies: list[str] | None = None, base_dir: Path | None = None) -> str:
+        """Load the policy files again (`policies`: a new list from the config, else the same files); on any error
+        the policies in use stay and the error is raised (`ValueError`, naming the file). Policies whose window is
+        unchanged keep it. Swapped on the evaluation thread, between two traces. Returns what changed, for the log."""
+        config = self.config
+        if policies is not None:
+            config = config.model_copy(update={"policies": policies})
+            config._base_dir = base_dir if base_dir is not None else self.config._base_dir
+        try:
+            fresh = await asyncio.get_running_loop().run_in_executor(None, _load, config, self.judges)
+        except ValueError:
+            self._reloads.labels(self.settings.id, "failed").inc()
+            raise
+        fresh.negative_below = config.late_signals.negative_below
+        if self.worker is not None:
+            fresh.record_windows()
+
+        def swap() -> list[str]:
+            kept = fresh.carry_over(self.policies)
+            self.policies = fresh
+            self._session_stages = any(p.session_stages for p in fresh.policies)
+            self._late = bool(fresh.late) and config.late_signals.max_traces > 0
+            return kept
+
+        old = {p.name for p in self.policies.policies}
+        kept = await asyncio.get_running_loop().run_in_executor(self._engine, swap)
+        self.config = config
+        new = {p.name for p in fresh.policies}
+        self._reloads.labels(self.settings.id, "ok").inc()
+        return (
+            f"{len(new)} policies ({', '.join(sorted(new)) or 'none'}); added {sorted(new - old)}, removed "
+            f"{sorted(old - new)}, windows kept {sorted(kept)}"
         )
 
     async def start(self) -> None:

@@ -265,6 +265,11 @@ class WorkerPool:
         for index, group in by_worker.items():
             self._workers[index].outbox.put(("feedback", processor, group))
 
+    def reload(self, lists: dict[str, Any]) -> None:
+        """Have every worker load its policy files again (`Service.reload`), with these policy lists by processor."""
+        for w in self._workers:
+            w.outbox.put(("reload", lists))
+
     def collect_garbage(self, processor: str) -> None:
         """Have `processor`'s instance in every worker collect garbage (memory_limiter, above its limits)."""
         for w in self._workers:

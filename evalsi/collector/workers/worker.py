@@ -45,6 +45,8 @@ class Pipelines(Protocol):
 
     def held_since(self) -> float | None: ...
 
+    async def reload(self, lists: dict[str, Any] | None = None) -> None: ...
+
 
 class PipelineFactory(Protocol):
     def __call__(self, config: Config, *, worker_store: StoreLink) -> Pipelines: ...
@@ -143,6 +145,9 @@ class _WorkerRuntime:
                 target = dict(service.processors).get(processor)
                 if target is not None and hasattr(target, "take_feedback"):
                     target.take_feedback(scores)
+                continue
+            if msg[0] == "reload":  # SIGHUP in the collector process: the policies again
+                await service.reload(msg[1])
                 continue
             if msg[0] == "collect_garbage":  # the collector's memory_limiter, above a limit
                 target = dict(service.processors).get(msg[1])
