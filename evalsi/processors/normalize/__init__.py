@@ -23,6 +23,7 @@ from evalsi.processors.normalize import (  # noqa: F401
     openllmetry,
     otel_genai,
 )
+from evalsi.processors.normalize.cost import CostConfig, Pricer
 from evalsi.processors.normalize.events import EventJoin
 from evalsi.processors.normalize.mapper import MAPPERS, Mapper, register_mapper
 from evalsi.processors.normalize.values import MAX_TOKENS
@@ -42,6 +43,8 @@ class NormalizeConfig(ComponentConfig):
     event_ttl: Duration = 60.0
     """How long content events wait for a span that has not arrived."""
     max_waiting_spans: int = 50_000
+    cost: CostConfig = CostConfig()
+    """`cost_usd` from a price table for spans that carry none (`cost.py`)."""
 
     @field_validator("mappers")
     @classmethod
@@ -127,6 +130,18 @@ class Normalize:
             "Spans handed on again because their GenAI content events arrived after them.",
             ["processor"],
         ).labels(settings.id)
+        self._pricer = (
+            Pricer(
+                config.cost,
+                m.counter(
+                    "evalsi_normalize_cost_unknown_models",
+                    "GenAI spans left without cost_usd because no price is known for their model.",
+                    ["provider", "model"],
+                ),
+            )
+            if config.cost.enabled
+            else None
+        )
         self._join = EventJoin(config.event_wait, config.event_ttl, max_spans=config.max_waiting_spans)
         # spans (False) and revisions (True) the next consumer refused: handed on again on the next tick
         self._due: dict[bool, list[Span]] = {False: [], True: []}
@@ -189,6 +204,8 @@ class Normalize:
                 continue
             for name in span.unparsed:
                 self._unparsed.labels(span.convention, name).inc()
+            if self._pricer is not None:
+                self._pricer.price(span)
             if batch.revision or join.on_span(span):
                 ready.append(span)
         if len(ready) != len(batch.spans):
