@@ -20,6 +20,7 @@ from evalsi.collector.score_api import score_record
 from evalsi.evaluators import Evaluator, Params, Target, load_evaluators, run
 from evalsi.evaluators.judge_client import Judges
 from evalsi.ids import is_trace_id
+from evalsi.json_codec import not_text_at
 from evalsi.score import Score
 from evalsi.span import Span, span_from_canonical
 from evalsi.store import TraceQueries
@@ -100,6 +101,9 @@ class RunScoring:
 
 
 def _parse(model: type[_Body], body: Any) -> Any:
+    where = not_text_at(body)
+    if where is not None:
+        raise RunRequestError(400, f"{where}: a lone UTF-16 surrogate is not text: send valid Unicode") from None
     try:
         return model.model_validate(body)
     except ValidationError as e:

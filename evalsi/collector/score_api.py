@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from evalsi.evaluators import Evaluator, Params, Target, load_evaluators, parse_params, run
 from evalsi.evaluators.judge_client import Judges
 from evalsi.ids import is_span_id, is_trace_id
+from evalsi.json_codec import not_text_at
 from evalsi.policies.intervals import t_interval, wilson_interval
 from evalsi.score import Score
 from evalsi.span import Span
@@ -77,6 +78,9 @@ def _validation_message(e: ValidationError) -> str:
 
 
 def _parse(model: type[_Body], body: Any) -> Any:
+    where = not_text_at(body)
+    if where is not None:
+        raise RequestError(400, f"{where}: a lone UTF-16 surrogate is not text: send valid Unicode") from None
     try:
         return model.model_validate(body)
     except ValidationError as e:
@@ -240,9 +244,13 @@ def feedback_score(body: Any) -> Score:
     if isinstance(value, bool):
         score.passed = value
     elif isinstance(value, int | float):
-        if not math.isfinite(value):
-            raise RequestError(400, "value: must be a finite number")
-        score.value = float(value)
+        try:
+            number = float(value)  # an integer past a double's range overflows
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            raise RequestError(400, "value: must be a finite number (within a double's range)")
+        score.value = number
     else:
         score.label = value
     return score

@@ -243,6 +243,25 @@ def test_select_takes_a_cel_condition_and_refuses_anything_else(served: Served) 
         assert resp.status_code == 400 and resp.json()["detail"].startswith("where"), f"{where!r}: {resp.text}"
 
 
+def test_bodies_that_json_allows_and_python_cannot_hold_are_refused(served: Served) -> None:
+    """Found by fuzzing (benchmarks/fuzz.py): an integer past a double's range, and a lone UTF-16 surrogate escape,
+    which JSON allows and UTF-8 cannot encode, answered 500."""
+    trace_id = served.trace_of["sec-svc"]
+    head = '{"trace_id": "' + trace_id + '", '
+    evaluators = '"evaluators": [{"ref": "builtin/contains", "params": {"any": ["a"]}}]'
+    raw = [
+        ("/v1/feedback", head + '"name": "n", "value": 1' + "0" * 400 + "}"),
+        ("/v1/feedback", head + '"name": "n", "value": true, "comment": "\\ud800"}'),
+        ("/v1/feedback", head + '"name": "\\udfff", "value": "x"}'),
+        ("/v1/evaluate", '{"records": [{"output": "a", "metadata": {"k": "\\ud800"}}], ' + evaluators + "}"),
+    ]
+    for path, body in raw:
+        resp = httpx.post(served.c.api + path, content=body, headers={"Content-Type": "application/json"}, timeout=30)
+        assert resp.status_code == 400, (path, body[:80], resp.status_code, resp.text[:200])
+        detail = resp.json()["detail"]
+        assert "finite" in detail or "surrogate" in detail, detail
+
+
 def test_the_cli_filters_read_literally(served: Served) -> None:
     """Through the API on the embedded store (the collector holds its lock); straight from a server's store, as the
     CLI reads it when no collector answers, on the other."""

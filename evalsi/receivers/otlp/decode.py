@@ -31,6 +31,8 @@ _ZERO_SPAN = bytes(8)
 # The latest time the store holds: ClickHouse's DateTime64(9) and Arrow's timestamp[ns] are signed 64-bit
 # nanoseconds since the epoch (2262-04-11T23:47:16.854775807Z); OTLP's fixed64 times go up to 2^64 - 1.
 MAX_TIME_NS = (1 << 63) - 1
+MAX_LOG_TIME_NS = 0xFFFFFFFF * 1_000_000_000
+"""The last log record time the logs table orders by (`toUnixTimestamp`: UInt32 seconds, 2106-02-07T06:28:15Z)."""
 # The marker attribute of a span or log record whose out-of-range fields the receiver clamped: the fields' names.
 CLAMPED = "evalsi.clamped"
 # The marker attributes of a span or log record cut to the receiver's `limits`: the keys of the attribute values
@@ -556,12 +558,14 @@ def _log_clamps(time_ns: int, observed_ns: int) -> list[str]:
     """A log record's times past the store's range: they become 0 (unknown), and the record's timestamp the other
     time when that one is in range."""
     return [
-        name for name, t in (("time_unix_nano", time_ns), ("observed_time_unix_nano", observed_ns)) if t > MAX_TIME_NS
+        name
+        for name, t in (("time_unix_nano", time_ns), ("observed_time_unix_nano", observed_ns))
+        if t > MAX_LOG_TIME_NS
     ]
 
 
 def _clamp_time(t: int) -> int:
-    return 0 if t > MAX_TIME_NS else t
+    return 0 if t > MAX_LOG_TIME_NS else t
 
 
 def logs_from_request(
@@ -616,7 +620,7 @@ def logs_from_request(
                     cut.mark(attrs, cuts, f"log record ({trace_id.hex() or 'no trace'}/{span_id.hex() or 'no span'})")
                 event_name = r.event_name or attrs.get("event.name", "")
                 time_ns, observed_ns = r.time_unix_nano, r.observed_time_unix_nano
-                if time_ns > MAX_TIME_NS or observed_ns > MAX_TIME_NS:
+                if time_ns > MAX_LOG_TIME_NS or observed_ns > MAX_LOG_TIME_NS:
                     fields = _log_clamps(time_ns, observed_ns)
                     out_of_range += 1
                     clamped += not cut
