@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
@@ -12,6 +14,7 @@ from evalsi.auth import Authenticator, GrpcKeyCheck, Principal, Unauthenticated,
 from evalsi.component import Refused
 from evalsi.receivers.otlp.decode import Codec, Decoded, DecodeFailed, OverLimit, ReceiverLimits
 from evalsi.receivers.otlp.drain import RETRY_AFTER, SHUTTING_DOWN, Drain
+from evalsi.receivers.otlp.http_transport import DECODE_THREADS, OFF_LOOP_BYTES
 from evalsi.receivers.otlp.status import Violation, status_message
 
 logger = logging.getLogger("evalsi.receiver.otlp")
@@ -42,6 +45,7 @@ class GrpcTransport:
         apply `limits` (by default those of the receiver `export` belongs to) to what a message holds."""
         self._export = export
         self._auth = auth
+        self._decoder = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="otlp-grpc-decode")
         self._limits = limits if limits is not None else ReceiverLimits()
         codecs = [self._limits.apply(codec) for codec in codecs]
         self._drain = drain if drain is not None else Drain()
@@ -79,7 +83,12 @@ class GrpcTransport:
 
     async def _answer(self, codec: Codec, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
-            decoded: Decoded = codec.from_protobuf(request)
+            # a big message is decoded in a thread, as over HTTP: the event loop answers everything else meanwhile
+            decoded: Decoded = (
+                await asyncio.get_running_loop().run_in_executor(self._decoder, codec.from_protobuf, request)
+                if len(request) > OFF_LOOP_BYTES
+                else codec.from_protobuf(request)
+            )
         except OverLimit as e:  # more items than the receiver takes in one request: the sender should split it
             self._limits.refused(e, "grpc")
             logger.warning("refused an OTLP/gRPC request (INVALID_ARGUMENT): %s", e)
@@ -110,3 +119,4 @@ class GrpcTransport:
         """Close the listener: new RPCs fail (UNAVAILABLE, from the client's side), those in flight get up to `grace`
         seconds (the receiver's drain has answered them by then)."""
         await self._server.stop(grace)
+        self._decoder.shutdown(wait=False)
