@@ -289,6 +289,9 @@ def parse_config(raw: Any, source: str = "", base_dir: Path | None = None) -> Co
         if raw.get("auth") is None:
             errors.extend(_open_listener_errors(service, components))
         errors.extend(_pipeline_errors(service, sections))
+        errors.extend(_score_sink_errors(service))
+        errors.extend(_noop_component_errors(components))
+        errors.extend(_idle_evaluate_errors(service, components))
         errors.extend(_durability_errors(service))
         service, workers_note = _chosen_workers(service)
         errors.extend(_worker_errors(service))
@@ -452,6 +455,99 @@ def _batch_flow_errors(where: str, pipe: PipelineConfig) -> list[str]:
             )
         made.update(factory.makes)
     return errors
+
+
+def _score_sink_errors(service: ServiceConfig) -> list[str]:
+    """A processor that produces scores (`evaluate`) hands them to the `scores` pipelines: with none, every score
+    would be counted and dropped. (The list items are quoted: `evalsi validate` prints through rich, which would
+    take `[clickhouse]` for markup.)"""
+    if any(type_of(name) == "scores" for name in service.pipelines):
+        return []
+    errors = []
+    for name, pipe in service.pipelines.items():
+        if type_of(name) not in ("traces", "logs"):
+            continue
+        store = next((eid for eid in pipe.exporters if is_store(eid)), "clickhouse")
+        for i, pid in enumerate(pipe.processors):
+            factory = REGISTRY.get(("processor", type_of(pid)))
+            if factory is None or "scores" not in factory.signals:
+                continue
+            errors.append(
+                f"service.pipelines.{name}.processors.{i}: processor {pid!r} produces scores, and there is no scores "
+                f'pipeline to take them, so every score would be dropped: add `scores: {{exporters: ["{store}"]}}` '
+                f'to service.pipelines (or `scores: {{processors: ["{pid}"], exporters: ["{store}"]}}`, which '
+                "also lets policies that read `feedback` see POST /v1/feedback)"
+            )
+    return errors
+
+
+def _idle_evaluate_errors(service: ServiceConfig, components: dict[tuple[Kind, str], ComponentConfig]) -> list[str]:
+    """`evaluate` in a traces pipeline runs its policies over each trace: with none it evaluates nothing. (In a logs
+    or scores pipeline it has work without policies: external evaluations, feedback.)"""
+    errors = []
+    for name, pipe in service.pipelines.items():
+        if type_of(name) != "traces":
+            continue
+        for i, pid in enumerate(pipe.processors):
+            config = components.get(("processor", pid))
+            if type_of(pid) == "evaluate" and config is not None and not getattr(config, "policies", None):
+                errors.append(
+                    f"service.pipelines.{name}.processors.{i}: processor {pid!r} has no policies, so it would "
+                    f'evaluate no trace: add `policies: ["policies/*.yaml"]` to processors.{pid} (policy files, '
+                    "relative to the config file), or remove it from this pipeline"
+                )
+    return errors
+
+
+def _noop_component_errors(components: dict[tuple[Kind, str], ComponentConfig]) -> list[str]:
+    """Components whose settings leave them nothing to do: a `redact` with no rule at all, a `tail_sampling` whose
+    every policy can never sample a trace."""
+    errors = []
+    for (kind, cid), config in components.items():
+        if kind != "processor":
+            continue
+        kind_of = type_of(cid)
+        if kind_of == "redact" and _redacts_nothing(config):
+            errors.append(
+                f"processors.{cid}: redact has no rule (default_rules: [], no rules, blocked_values, "
+                "blocked_key_patterns, allow_all_keys: false nor presidio.enabled), so it would change nothing: "
+                "remove default_rules: [] to run the built-in rules, add rules, or remove the processor"
+            )
+        elif kind_of == "tail_sampling":
+            policies = getattr(config, "policies", None) or []
+            if policies and all(_never_samples(p) for p in policies):
+                errors.append(
+                    f"processors.{cid}.policies: no policy can ever sample a trace (drop policies only decide what "
+                    "is dropped; a 0% probabilistic policy samples nothing), so no trace would be kept: add a policy "
+                    "that samples (e.g. `{name: all, type: always_sample}`), or remove policies to keep every trace"
+                )
+    return errors
+
+
+def _redacts_nothing(config: Any) -> bool:
+    presidio = getattr(config, "presidio", None)
+    return not (
+        config.default_rules
+        or config.rules
+        or config.blocked_values
+        or config.blocked_key_patterns
+        or not config.allow_all_keys
+        or (presidio is not None and presidio.enabled)
+    )
+
+
+def _never_samples(policy: Any) -> bool:
+    """Whether a tail sampling policy can never vote to sample (a `drop` never does; see its docs)."""
+    kind = policy.type
+    if kind == "drop":
+        return True
+    if kind == "probabilistic":
+        return policy.probabilistic.sampling_percentage <= 0
+    if kind == "and":
+        return any(_never_samples(p) for p in policy.and_.and_sub_policy)
+    if kind == "composite":
+        return all(_never_samples(p) for p in policy.composite.composite_sub_policy)
+    return False
 
 
 def load_config(path: str | Path | None) -> Config:

@@ -40,6 +40,15 @@ __all__ = ["PolicyError", "load_policies", "parse_policy"]
 _LATENCY = re.compile(r"\s*latency\s*>\s*p(\d{1,2}(?:\.\d+)?)\s*")
 _ENV = re.compile(r"env:([A-Za-z_][A-Za-z0-9_]*)")
 _DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+SCORE_FIELDS = ("passed", "value", "label", "outcome", "reason", "n")
+"""What `scores[key]` holds in a `when` (see `engine._summary`)."""
+# `scores['name']`, `scores["name"]` or `scores.name` (not a macro call), then maybe `.field` (not a method call)
+_SCORE_REF = re.compile(
+    r"(?<![\w.])scores\s*(?:\[\s*(?P<q>['\"])(?P<key>(?:(?!(?P=q))[^\\\n])*)(?P=q)\s*\]"
+    r"|\.\s*(?P<ident>[A-Za-z_]\w*)\b(?!\s*\())"
+    r"(?:\s*\.\s*(?P<field>[A-Za-z_]\w*)\b(?!\s*\())?"
+)
+_STRING = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
 
 
 class PolicyError(ValueError):
@@ -99,6 +108,54 @@ def _condition(source: Any, variables: tuple[str, ...], where: str, errors: list
         return None
 
 
+def _score_ref_errors(source: Any, where: str, earlier: list[str], known: bool) -> list[str]:
+    """What a condition reads of `scores` that is certainly wrong: a field no score entry has, or (when `known`:
+    every name the earlier stages can produce is in `earlier`) a name none of them produces."""
+    if not isinstance(source, str):
+        return []
+    strings = [m.span() for m in _STRING.finditer(source)]
+    out: list[str] = []
+    for m in _SCORE_REF.finditer(source):
+        if any(a <= m.start() < b for a, b in strings):
+            continue  # inside a string literal
+        name = m.group("key") if m.group("q") else m.group("ident")
+        shown = f"scores[{name!r}]"
+        if known and name not in earlier:
+            if not earlier:
+                out.append(
+                    f"{where}: reads {shown}, but no stage before it produces scores, so it never holds: move the "
+                    "condition to a later stage, or remove it"
+                )
+            else:
+                close = difflib.get_close_matches(name, earlier, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"use one of {', '.join(map(repr, earlier))}"
+                out.append(
+                    f"{where}: reads {shown}, and no earlier stage of the cascade produces a score by that name "
+                    f"(they produce {', '.join(map(repr, earlier))}): {hint}"
+                )
+        field = m.group("field")
+        if field is not None and field not in SCORE_FIELDS:
+            close = difflib.get_close_matches(field, SCORE_FIELDS, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"a score has {', '.join(SCORE_FIELDS)}"
+            out.append(f"{where}: {shown}.{field}: a score has no field {field!r}: {hint}")
+    return out
+
+
+def _produced(raw: dict[str, Any], evaluators: dict[str, Evaluator]) -> list[str] | None:
+    """The names a stage's scores go by in later `scores`, or None when its evaluator does not say them statically
+    (an evaluator may declare `score_names`): its key (`name:`, else the ref's last part), the ref's last part (its
+    skipped and error scores) and the declared names."""
+    ref = raw.get("ref")
+    ev = evaluators.get(ref) if isinstance(ref, str) else None
+    declared = getattr(ev, "score_names", None) if ev is not None else None
+    if declared is None or isinstance(declared, str):
+        return None
+    name = raw.get("name")
+    short = ref.rsplit("/", 1)[-1]  # type: ignore[union-attr]
+    key = name if isinstance(name, str) and name else short
+    return list(dict.fromkeys([key, short, *declared]))
+
+
 def _params_errors(ev: Evaluator, raw: dict[str, Any], where: str) -> list[str]:
     try:
         ev.params.model_validate(raw)
@@ -113,8 +170,16 @@ def _params_errors(ev: Evaluator, raw: dict[str, Any], where: str) -> list[str]:
 
 
 def _stage(
-    i: int, raw: dict[str, Any], evaluators: dict[str, Evaluator], label: str, errors: list[str], keys: dict[str, int]
+    i: int,
+    raw: dict[str, Any],
+    evaluators: dict[str, Evaluator],
+    label: str,
+    errors: list[str],
+    keys: dict[str, int],
+    earlier: list[str] | None = None,
 ) -> Stage | None:
+    """One cascade stage; `earlier`: every score name the stages before it can produce, or None when some of them
+    are not known statically (its `when` is then checked for score fields only)."""
     where = f"{label}: spec.cascade.{i}"
     ref, params = raw.get("ref"), raw.get("params") or {}
     ev = evaluators.get(ref) if isinstance(ref, str) else None
@@ -136,6 +201,8 @@ def _stage(
         )
     keys.setdefault(key, i)
     when = _condition(raw.get("when"), WHEN_VARIABLES, f"{where}.when", problems)
+    if when is not None:
+        problems += _score_ref_errors(raw.get("when"), f"{where}.when", earlier or [], earlier is not None)
     spans = None
     if isinstance(raw.get("spans"), str):
         if ev is not None and ev.scope != "span":
@@ -207,11 +274,15 @@ def parse_policy(
         if condition is not None:
             always.append(condition)
     keys: dict[str, int] = {}
-    stages = [
-        _stage(i, raw, evaluators, label, problems, keys)
-        for i, raw in enumerate(_items(spec, "cascade"))
-        if isinstance(raw, dict)
-    ]
+    stages: list[Stage | None] = []
+    earlier: list[str] | None = []  # the score names the stages so far produce; None: not known statically
+    for i, raw in enumerate(_items(spec, "cascade")):
+        if not isinstance(raw, dict):
+            earlier = None
+            continue
+        stages.append(_stage(i, raw, evaluators, label, problems, keys, earlier))
+        produced = _produced(raw, evaluators)
+        earlier = None if earlier is None or produced is None else list(dict.fromkeys([*earlier, *produced]))
     alerts: list[AlertRule] = []
     for i, raw in enumerate(_items(spec, "alerts")):
         if not isinstance(raw, dict) or not isinstance(raw.get("when"), str):
@@ -225,6 +296,10 @@ def parse_policy(
     raw_promote = spec.get("promote")
     if isinstance(raw_promote, dict):
         when = _condition(raw_promote.get("when"), WHEN_VARIABLES, f"{label}: spec.promote.when", problems)
+        if when is not None:
+            problems += _score_ref_errors(
+                raw_promote.get("when"), f"{label}: spec.promote.when", earlier or [], earlier is not None
+            )
         dataset = raw_promote.get("dataset")
         if isinstance(dataset, str) and dataset.strip():
             if not dataset.endswith(".jsonl") and not _DATASET_NAME.fullmatch(dataset):

@@ -321,6 +321,7 @@ def test_evaluate_without_trace_assembly_before_it_is_an_error(tmp_path: Path) -
     doc = minimal()
     doc["processors"] = {"normalize": None, "tail_sampling": None, "evaluate": {"policies": [str(tmp_path / "p.yaml")]}}
     doc["service"]["pipelines"]["traces"]["processors"] = ["normalize", "evaluate"]
+    doc["service"]["pipelines"]["scores"] = {"exporters": ["clickhouse"]}
     (error,) = errors_of(tmp_path, doc)
     assert error.startswith("service.pipelines.traces.processors.1: processor 'evaluate' acts on trace batches")
     assert "put tail_sampling before it" in error

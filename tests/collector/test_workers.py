@@ -174,8 +174,9 @@ def test_evaluate_runs_in_workers_and_bad_worker_counts_are_refused_by_key_path(
     base = serve_config(Path("/tmp/unused"))
     base["service"]["workers"] = 2
     base["processors"]["tail_sampling"] = {}
-    base["processors"]["evaluate"] = {"policies": []}
+    base["processors"]["evaluate"] = {"policies": [str(Path(__file__).parents[2] / "deploy/policies/*.yaml")]}
     base["service"]["pipelines"]["traces"]["processors"] = ["normalize", "tail_sampling", "evaluate"]
+    base["service"]["pipelines"]["scores"] = {"exporters": ["clickhouse"]}
     assert parse_config(base).service.workers == 2
     for bad in (65, -1, "many"):
         base["service"]["workers"] = bad
