@@ -1,30 +1,35 @@
-"""The `evalsi` command: serve, validate, read traces. Thin: each command calls into the packages."""
+"""The `evalsi` command: serve, validate, read traces. Thin: each command calls into the packages.
+
+It starts fast: only typer (and rich's console, through the harness commands) load at start; the collector, the
+store, the exporters and their libraries load in the command that needs them (`evalsi --help` touches none)."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
+import functools
 import json
+import os
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
-import httpx
 import typer
 from rich.console import Console
-from rich.table import Table
-from rich.tree import Tree
+from rich.markup import escape
 
 from evalsi import __version__
-from evalsi.auth import api_headers
-from evalsi.collector.config import Config, ConfigError, load_config, redact, secret_values
-from evalsi.collector.query import QueryError, TraceReader, open_reader
 from evalsi.run_harness import commands
-from evalsi.store import StoreError
 
+if TYPE_CHECKING:
+    from rich.tree import Tree
+
+    from evalsi.collector.config import Config
+    from evalsi.collector.query import TraceReader
+
+# plain help (rich_markup_mode=None): typer's rich help formatter alone takes longer to import than the whole CLI
 app = typer.Typer(help="evalsi: an OpenTelemetry collector that turns GenAI traces into evaluations.",
-                  no_args_is_help=True, add_completion=False)  # fmt: skip
+                  no_args_is_help=True, add_completion=True, rich_markup_mode=None)  # fmt: skip
 traces_app = typer.Typer(help="Read stored traces.", no_args_is_help=True)
 app.add_typer(traces_app, name="traces")
 scores_app = typer.Typer(help="Read stored scores.", no_args_is_help=True)
@@ -33,19 +38,72 @@ evaluators_app = typer.Typer(help="The evaluators this evalsi knows.", no_args_i
 app.add_typer(evaluators_app, name="evaluators")
 policies_app = typer.Typer(help="Online evaluation policies: their window aggregates.", no_args_is_help=True)
 app.add_typer(policies_app, name="policies")
-app.command("run")(commands.run_command)
-app.add_typer(commands.runs_app, name="runs")
-app.command("compare")(commands.compare_command)
-app.command("rescore")(commands.rescore_command)
-app.add_typer(commands.import_app, name="import")
-keys_app = typer.Typer(help="API keys for the `auth` section.", no_args_is_help=True)
-app.add_typer(keys_app, name="keys")
 
 # piped output gets a wide console so ids are never cut
 out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)
 
-ConfigOpt = Annotated[Path | None, typer.Option("-c", "--config", help="Config file (YAML); defaults serve a laptop.")]
+CONFIG_ENV = "EVALSI_CONFIG"
+LOCAL_CONFIG = "evalsi.yaml"
+KEY_ENV = "EVALSI_API_KEY"  # evalsi.auth.KEY_ENV, named here so `--api` need not import auth (grpc, pydantic)
+
+
+class Found(NamedTuple):
+    """The config a command uses and how it was found."""
+
+    path: Path | None  # None: the built-in default
+    source: str  # `-c x.yaml`, `EVALSI_CONFIG=x.yaml`, `./evalsi.yaml` or `the built-in default`
+
+    def origin(self, key: str) -> str:
+        """Where a setting came from, for messages: `from ./evalsi.yaml: service.api.endpoint`."""
+        if self.path is None:
+            return f"from the built-in default {key}; no -c, {CONFIG_ENV} or ./{LOCAL_CONFIG}"
+        return f"from {self.source}: {key}"
+
+
+def find_config(path: Path | None) -> Found:
+    """The config a command uses: `-c`, else `EVALSI_CONFIG`, else `./evalsi.yaml`, else the built-in default."""
+    if path is not None:
+        return Found(path, f"-c {path}")
+    env = os.environ.get(CONFIG_ENV, "").strip()
+    if env:
+        return Found(Path(env), f"{CONFIG_ENV}={env}")
+    if Path(LOCAL_CONFIG).is_file():
+        return Found(Path(LOCAL_CONFIG), f"./{LOCAL_CONFIG}")
+    return Found(None, "the built-in default")
+
+
+def _discovering(command: Callable[..., Any]) -> Callable[..., Any]:
+    """A harness command whose `config` is found like every other command's (it takes `-c` or the default)."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        kwargs["config"] = find_config(kwargs.get("config")).path
+        return command(*args, **kwargs)
+
+    return run
+
+
+def _discover_group(group: typer.Typer) -> typer.Typer:
+    for info in group.registered_commands:
+        if info.callback is not None:
+            info.callback = _discovering(info.callback)
+    return group
+
+
+app.command("run")(_discovering(commands.run_command))
+app.add_typer(_discover_group(commands.runs_app), name="runs")
+app.command("compare")(_discovering(commands.compare_command))
+app.command("rescore")(_discovering(commands.rescore_command))
+app.add_typer(_discover_group(commands.import_app), name="import")
+keys_app = typer.Typer(help="API keys for the `auth` section.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("-c", "--config", help=f"Config file (YAML); default: ${CONFIG_ENV}, else ./{LOCAL_CONFIG}, else "
+                 "built-in defaults that serve a laptop."),
+]  # fmt: skip
 ApiOpt = Annotated[
     str | None, typer.Option("--api", help="Read through this collector API (e.g. http://127.0.0.1:8080).")
 ]
@@ -53,24 +111,30 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)  # `[x]` in it is text
     return typer.Exit(code)
 
 
-def _config(path: Path | None) -> Config:
+def _config(found: Found) -> Config:
+    from evalsi.collector.config import ConfigError, load_config
+
     try:
-        return load_config(path)
+        return load_config(found.path)
     except ConfigError as e:
-        raise _fail(str(e)) from None
+        how = "" if found.source.startswith("-c") or found.path is None else f"\n  (the config found as {found.source})"
+        raise _fail(str(e) + how) from None
 
 
 @app.command()
 def serve(config: ConfigOpt = None) -> None:
     """Run the collector until SIGTERM or Ctrl-C, then drain every buffer to the store."""
+    import asyncio
+
     from evalsi.collector.logs import configure
     from evalsi.collector.service import Service, StartError
+    from evalsi.store import StoreError
 
-    cfg = _config(config)
+    cfg = _config(find_config(config))
     logs = cfg.service.telemetry.logs
     configure(logs.level, logs.encoding)
     service = Service(cfg)
@@ -88,16 +152,25 @@ def serve(config: ConfigOpt = None) -> None:
 
 @app.command()
 def validate(
-    config: Annotated[Path | None, typer.Option("-c", "--config", help="Config file to check.")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("-c", "--config", help=f"Config file to check; default: ${CONFIG_ENV}, else ./{LOCAL_CONFIG}."),
+    ] = None,
     run_file: Annotated[Path | None, typer.Option("-f", "--file", help="EvalRun file to check.")] = None,
 ) -> None:
     """Check a config file (-c) or a run file (-f) without starting anything; print OK or every error."""
+    from evalsi.collector.config import ConfigError, load_config, redact
     from evalsi.run_harness.dataset import DatasetError, load_dataset
     from evalsi.run_harness.runner import run_problems
     from evalsi.run_harness.spec import RunSpecError, load_run
 
     if config is None and run_file is None:
-        raise _fail("give a config (-c evalsi.yaml) or a run file (-f run.yaml) to check")
+        config = find_config(None).path
+        if config is None:
+            raise _fail(
+                f"give a config (-c evalsi.yaml, ${CONFIG_ENV} or ./{LOCAL_CONFIG}) or a run file (-f run.yaml) to "
+                "check"
+            )
     problems = []
     notes = []
     if config is not None:
@@ -116,7 +189,9 @@ def validate(
             problems.append(str(e))
     if problems:
         # a config's errors are redacted already; a run file's are here, with the credentials it holds
-        err.print(redact("\n".join(problems), _run_file_secrets(run_file)), highlight=False, soft_wrap=True)
+        err.print(
+            redact("\n".join(problems), _run_file_secrets(run_file)), highlight=False, soft_wrap=True, markup=False
+        )
         raise typer.Exit(1)
     out.print(f"OK: {', '.join(str(p) for p in (config, run_file) if p is not None)}")
     for note in notes:
@@ -158,6 +233,8 @@ def keys_new(
 def _run_file_secrets(path: Path | None) -> set[str]:
     import yaml
 
+    from evalsi.collector.config import secret_values
+
     try:
         return secret_values(yaml.safe_load(path.read_text())) if path is not None else set()
     except (OSError, yaml.YAMLError):
@@ -170,20 +247,99 @@ def version() -> None:
     out.print(f"evalsi {__version__}")
 
 
-def _reader(config: Path | None, api: str | None) -> TraceReader:
+def _api_headers() -> dict[str, str]:
+    """`evalsi.auth.api_headers`: the key in `EVALSI_API_KEY`, if set."""
+    key = os.environ.get(KEY_ENV, "").strip()
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+class _Api:
+    """Reads through a collector's API, like `evalsi.collector.query.ApiReader` but on the standard library alone
+    (httpx loads its own CLI, rich and pygments): `--api` loads neither the config nor the store."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.where = f"API at {self.url}"
+
+    def get(self, path: str, key: str | None = None, missing: Any = None, **params: Any) -> Any:
+        """GET `path` and return its JSON (or its `key`); `missing` on a 404 if given, else an error."""
+        import urllib.error
+        import urllib.parse
+        import urllib.request
+
+        query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+        request = urllib.request.Request(self.url + path + (f"?{query}" if query else ""), headers=_api_headers())
+        try:
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                doc = json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            if e.code == 404 and missing is not None:
+                return missing
+            body = e.read().decode(errors="replace")
+            try:
+                detail = str(json.loads(body).get("detail", body))
+            except (ValueError, AttributeError):
+                detail = body
+            if e.code == 401:
+                detail += f"; set {KEY_ENV} to an API key of this collector"
+            raise _fail(f"{self.where} answered {e.code}: {detail}") from None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = e.reason if isinstance(e, urllib.error.URLError) else e
+            raise _fail(f"cannot reach the evalsi API at {self.url}: {reason}; is `evalsi serve` running?") from None
+        return doc if key is None else doc[key]
+
+    def list_traces(self, *, limit: int, service: str | None) -> list[dict[str, Any]]:
+        return self.get("/api/v1/traces", "traces", limit=limit, service=service)
+
+    def list_scores(self, *, limit: int, trace_id: str | None, policy: str | None) -> list[dict[str, Any]]:
+        return self.get("/api/v1/scores", "scores", limit=limit, trace_id=trace_id, policy=policy)
+
+    def get_trace(self, trace_id: str) -> list[dict[str, Any]]:
+        return self.get(f"/api/v1/traces/{trace_id}", "spans", missing=[])
+
+    def close(self) -> None:
+        pass
+
+
+class Source(NamedTuple):
+    """What a read command reads, and the words that say so: `the collector at URL (from ./evalsi.yaml: ...)`."""
+
+    reader: TraceReader
+    named: str
+
+
+def _reader(config: Path | None, api: str | None) -> Source:
+    """`--api`; else the found config's API if a collector answers there; else that config's store."""
+    if api:
+        reader = _Api(api)
+        return Source(reader, f"the collector at {reader.url} (from --api)")
+    found = find_config(config)
+    cfg = _config(found)
+    from evalsi.collector.config import is_store
+    from evalsi.collector.query import ApiReader, QueryError, api_url, open_reader
+    from evalsi.store import StoreError
+
     try:
-        return open_reader(_config(config), api)
+        reader = open_reader(cfg, None)
     except (QueryError, StoreError) as e:
-        raise _fail(str(e)) from None
+        raise _fail(f"{e} (the config: {found.source})") from None
+    if isinstance(reader, ApiReader):
+        return Source(reader, f"the collector at {reader.url} ({found.origin('service.api.endpoint')})")
+    store = next((eid for kind, eid in cfg.components if kind == "exporter" and is_store(eid)), "")
+    url = api_url(cfg.service.api.endpoint)
+    return Source(reader, f"the {reader.where} ({found.origin(f'exporters.{store}')}; no collector answers at {url})")
 
 
 def _read(reader: TraceReader, fn: str, *args: Any, **kwargs: Any) -> Any:
     try:
         return getattr(reader, fn)(*args, **kwargs)
-    except QueryError as e:
-        raise _fail(str(e)) from None
-    except Exception as e:  # a store error from the engine: say where, not a traceback
-        raise _fail(f"reading from the {reader.where} failed: {e}") from None
+    except typer.Exit:
+        raise
+    except Exception as e:
+        query = sys.modules.get("evalsi.collector.query")  # loaded if the reader came from it
+        if query is not None and isinstance(e, query.QueryError):
+            raise _fail(str(e)) from None
+        raise _fail(f"reading from the {reader.where} failed: {e}") from None  # a store error: where, no traceback
     finally:
         reader.close()
 
@@ -205,14 +361,17 @@ def traces_list(
     api: ApiOpt = None,
 ) -> None:
     """List recent traces, newest first."""
-    reader = _reader(config, api)
-    rows = _read(reader, "list_traces", limit=limit, service=service)
+    source = _reader(config, api)
+    rows = _read(source.reader, "list_traces", limit=limit, service=service)
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
     if not rows:
-        out.print("no traces yet")
+        of = f" of service {service}" if service else ""
+        out.print(f"no traces{of} yet in {source.named}", highlight=False, soft_wrap=True)
         return
+    from rich.table import Table
+
     table = Table(box=None, header_style="bold")
     for col in (
         "TRACE ID",
@@ -262,10 +421,10 @@ def traces_show(
     trace_id = trace_id.strip().lower()
     if len(trace_id) != 32 or any(ch not in "0123456789abcdef" for ch in trace_id):
         raise _fail(f"invalid trace id {trace_id!r}: expected 32 hex digits")
-    reader = _reader(config, api)
-    spans = _read(reader, "get_trace", trace_id)
+    source = _reader(config, api)
+    spans = _read(source.reader, "get_trace", trace_id)
     if not spans:
-        raise _fail(f"trace {trace_id} not found in the {reader.where}")
+        raise _fail(f"trace {trace_id} not found in {source.named}")
     if as_json:
         sys.stdout.write(json.dumps({"trace_id": trace_id, "spans": spans}, indent=2, ensure_ascii=False) + "\n")
         return
@@ -274,6 +433,8 @@ def traces_show(
     for s in spans:
         parent = s["parent_span_id"] if s["parent_span_id"] in ids else ""
         children.setdefault(parent, []).append(s)
+    from rich.tree import Tree
+
     tree = Tree(f"trace [bold]{trace_id}[/]  {len(spans)} spans  {spans[0]['service_name']}")
 
     def add(node: Tree, parent: str) -> None:
@@ -294,14 +455,17 @@ def scores_list(
     api: ApiOpt = None,
 ) -> None:
     """List scores, newest first; each (trace, span, policy, evaluator, name, run, trial) once."""
-    reader = _reader(config, api)
-    rows = _read(reader, "list_scores", limit=limit, trace_id=trace, policy=policy)
+    source = _reader(config, api)
+    rows = _read(source.reader, "list_scores", limit=limit, trace_id=trace, policy=policy)
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
         return
     if not rows:
-        out.print("no scores yet")
+        of = " and".join(f" {what} {v}" for what, v in (("of trace", trace), ("of policy", policy)) if v)
+        out.print(f"no scores{of} yet in {source.named}", highlight=False, soft_wrap=True)
         return
+    from rich.table import Table
+
     table = Table(box=None, header_style="bold")
     columns = ("TIME (UTC)", "TRACE ID", "POLICY", "EVALUATOR", "NAME", "OUTCOME", "VALUE", "PASSED", "REASON / LABEL")
     for col in columns:
@@ -335,6 +499,8 @@ def evaluators_list(as_json: JsonOpt = False) -> None:
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
+    from rich.table import Table
+
     table = Table(box=None, header_style="bold")
     for col in ("REF", "SCOPE", "REQUIRES", "VERSION", "PARAMS", "DESCRIPTION"):
         table.add_column(col, no_wrap=col in ("REF", "SCOPE"))
@@ -347,8 +513,8 @@ def evaluators_list(as_json: JsonOpt = False) -> None:
 
 
 def _policy_stats(reader: TraceReader, window: str, policy: str | None) -> dict[str, Any]:
-    from evalsi.collector.query import ApiReader, StoreReader
-    from evalsi.collector.score_api import window_stats
+    import time
+
     from evalsi.duration import parse_duration
 
     try:
@@ -356,22 +522,12 @@ def _policy_stats(reader: TraceReader, window: str, policy: str | None) -> dict[
     except ValueError as e:
         raise _fail(f"--window: {e}") from None
     try:
-        if isinstance(reader, ApiReader):
-            params = {"window": window, **({"policy": policy} if policy else {})}
-            try:
-                resp = httpx.get(
-                    reader.url + "/api/v1/policies/stats", params=params, timeout=30, headers=api_headers()
-                )
-            except httpx.HTTPError as e:
-                raise _fail(f"cannot reach the evalsi API at {reader.url}: {e}; is `evalsi serve` running?") from None
-            if resp.status_code != 200:
-                detail = (
-                    resp.json().get("detail", resp.text)
-                    if "json" in resp.headers.get("content-type", "")
-                    else resp.text
-                )
-                raise _fail(f"{reader.where} answered {resp.status_code}: {detail}")
-            return resp.json()
+        url = getattr(reader, "url", None)  # an API reader (ours for --api, or the query module's)
+        if url is not None:
+            return _Api(url).get("/api/v1/policies/stats", window=window, policy=policy)
+        from evalsi.collector.query import StoreReader
+        from evalsi.collector.score_api import window_stats
+
         assert isinstance(reader, StoreReader)
         since_ns = time.time_ns() - int(seconds * 1e9)
         rows = reader.store.score_window_stats(since_ns=since_ns, policy=policy)  # no collector runs: read the store
@@ -397,13 +553,17 @@ def policies_stats(
     api: ApiOpt = None,
 ) -> None:
     """Scored scores of the last window per policy, evaluator and name: n, mean with a 95% interval, p50/p95."""
-    doc = _policy_stats(_reader(config, api), window, policy)
+    source = _reader(config, api)
+    doc = _policy_stats(source.reader, window, policy)
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
         return
     if not doc["stats"]:
-        out.print(f"no scored scores in the last {window}")
+        of = f" of policy {policy}" if policy else ""
+        out.print(f"no scored scores{of} in the last {window} in {source.named}", highlight=False, soft_wrap=True)
         return
+    from rich.table import Table
+
     table = Table(box=None, header_style="bold")
     for col in ("POLICY", "EVALUATOR", "NAME", "N", "MEAN", "95% INTERVAL", "P50", "P95"):
         table.add_column(col, no_wrap=True)
@@ -422,12 +582,14 @@ def normalize_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Show the canonical view of OTLP files, without a collector: how evalsi reads your instrumentation."""
+    from rich.tree import Tree
+
     from evalsi.processors.normalize.files import normalize_files
     from evalsi.trajectory import build_trajectories
 
     result = normalize_files(files)
     for problem in result.problems:
-        err.print(f"[yellow]warning:[/] {problem}", highlight=False, soft_wrap=True)
+        err.print(f"[yellow]warning:[/] {escape(problem)}", highlight=False, soft_wrap=True)
     if not result.spans and result.problems:
         raise typer.Exit(1)
     trajectories = build_trajectories(result.spans)

@@ -2,35 +2,25 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import httpx
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
 
-from evalsi.auth import api_headers
-from evalsi.collector.config import ConfigError, load_config
-from evalsi.collector.query import api_url
-from evalsi.run_harness.cassette import Cassette
-from evalsi.run_harness.collector import CollectorError, CollectorLink, InProcessCollector, remote
-from evalsi.run_harness.compare import compare_scores
-from evalsi.run_harness.dataset import DatasetError, load_dataset
-from evalsi.run_harness.html import html_report
-from evalsi.run_harness.report import comparison_table, markdown, print_summary
-from evalsi.run_harness.runner import Progress, RunFailed, Runner
-from evalsi.run_harness.spec import RunSpec, RunSpecError, load_run
-from evalsi.run_harness.targets import build_target
-from evalsi.run_harness.targets.base import TargetError
-from evalsi.span import span_from_canonical
-from evalsi.trajectory import build_trajectory
+# the CLI imports this module to list its commands: everything heavier is imported by the command that needs it
+if TYPE_CHECKING:
+    from rich.progress import Progress as Bar
+
+    from evalsi.run_harness.cassette import Cassette
+    from evalsi.run_harness.collector import CollectorLink, InProcessCollector
+    from evalsi.run_harness.runner import Progress
+    from evalsi.run_harness.spec import RunSpec
 
 out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)
@@ -54,6 +44,10 @@ ConfigOpt = Annotated[Path | None, typer.Option("-c", "--config", help="Collecto
 
 
 def _link(collector: str | None, config: Path | None) -> tuple[CollectorLink, InProcessCollector | None]:
+    import httpx
+
+    from evalsi.run_harness.collector import InProcessCollector, remote
+
     if collector:
         return remote(collector), None
     endpoint = _configured_api(config)
@@ -68,6 +62,9 @@ def _link(collector: str | None, config: Path | None) -> tuple[CollectorLink, In
 
 
 def _configured_api(config: Path | None) -> str | None:
+    from evalsi.collector.config import ConfigError, load_config
+    from evalsi.collector.query import api_url
+
     try:
         return api_url(load_config(config).service.api.endpoint)
     except ConfigError:
@@ -78,6 +75,8 @@ class _Display:
     """A progress bar on a terminal; plain lines every 5 s (and at the end) otherwise."""
 
     def __init__(self, total: int, enabled: bool) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+
         self.enabled = enabled and total > 0
         self.tty = err.is_terminal
         self._last = 0.0
@@ -132,6 +131,16 @@ def run_command(
 ) -> None:
     """Run an agent over a dataset for N trials; its traces go through the collector, which scores them with the
     run's evaluators. Exit 0 when every gate holds, 1 when one fails, 2 when the run could not be done."""
+    import asyncio
+
+    from evalsi.run_harness.cassette import Cassette
+    from evalsi.run_harness.collector import CollectorError
+    from evalsi.run_harness.dataset import DatasetError, load_dataset
+    from evalsi.run_harness.report import print_summary
+    from evalsi.run_harness.runner import RunFailed
+    from evalsi.run_harness.spec import RunSpecError, load_run
+    from evalsi.run_harness.targets.base import TargetError
+
     try:
         spec = load_run(file)
         if model:
@@ -186,6 +195,9 @@ async def _run(
     display: _Display,
     cassette: Cassette | None = None,
 ) -> Any:
+    from evalsi.run_harness.runner import Runner
+    from evalsi.run_harness.targets import build_target
+
     target = build_target(spec, link)
     runner = Runner(spec, dataset, target, link, run_id=resume, resume=resume is not None, baseline=baseline,
                     progress=display.update, cassette=cassette)  # fmt: skip
@@ -197,6 +209,12 @@ MAX_REPORTED_TRAJECTORIES = 200
 
 def _failing_trajectories(api: str, scores: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The trajectories of the traces with a failed or errored score (at most MAX_REPORTED_TRAJECTORIES)."""
+    import httpx
+
+    from evalsi.auth import api_headers
+    from evalsi.span import span_from_canonical
+    from evalsi.trajectory import build_trajectory
+
     failing = [s["trace_id"] for s in scores if s.get("passed") is False or s.get("outcome") == "error"]
     out: dict[str, dict[str, Any]] = {}
     with httpx.Client(base_url=api, timeout=30, headers=api_headers()) as client:
@@ -209,6 +227,9 @@ def _failing_trajectories(api: str, scores: list[dict[str, Any]]) -> dict[str, d
 
 
 def _write_report(path: Path, run: dict[str, Any], scores: list[dict[str, Any]], api: str) -> None:
+    from evalsi.run_harness.html import html_report
+    from evalsi.run_harness.report import markdown
+
     if path.suffix == ".md":
         path.write_text(markdown(run))
     else:
@@ -223,6 +244,8 @@ def _write_report(path: Path, run: dict[str, Any], scores: list[dict[str, Any]],
 def _api(collector: str | None, config: Path | None) -> Iterator[str]:
     """The API to read runs through: --collector, the configured one if it answers, else an in-process one (stopped
     on leaving)."""
+    from evalsi.run_harness.collector import CollectorError
+
     try:
         link, local = _link(collector, config)
     except CollectorError as e:
@@ -235,6 +258,10 @@ def _api(collector: str | None, config: Path | None) -> Iterator[str]:
 
 
 def _get(api: str, path: str) -> Any:
+    import httpx
+
+    from evalsi.auth import api_headers
+
     resp = httpx.get(api + path, timeout=60, headers=api_headers())
     if resp.status_code == 404:
         raise _fail(resp.json().get("detail", "not found"), 1)
@@ -277,6 +304,8 @@ def runs_show(
     config: ConfigOpt = None,
 ) -> None:
     """A run's manifest, aggregates and gates, as stored."""
+    from evalsi.run_harness.report import print_summary
+
     with _api(collector, config) as api:
         r = _get(api, f"/api/v1/runs/{run_id}")
     run = {"run_id": r["run_id"], "name": r["name"], "status": r["status"], "manifest": r["manifest"], **r["summary"]}
@@ -297,6 +326,9 @@ def compare_command(
 ) -> None:
     """Compare run B with run A, record by record (task and trial): McNemar for pass/fail, a paired bootstrap for
     numeric scores. Exit 1 when a metric regressed significantly."""
+    from evalsi.run_harness.compare import compare_scores
+    from evalsi.run_harness.report import comparison_table
+
     with _api(collector, config) as api:
         scores = [
             [s for s in _get(api, f"/api/v1/runs/{r}/scores")["scores"] if str(s.get("policy", "")).startswith("run:")]
@@ -341,8 +373,12 @@ def rescore_command(
     """Score stored traces (a run's, or any matching --traces) with new evaluators, without running the agent;
     the scores are stored as a new run. Exit 0 when its gates hold, 1 when one fails, 2 when it could not be done."""
     from evalsi.duration import parse_duration
+    from evalsi.run_harness.collector import CollectorError
+    from evalsi.run_harness.dataset import DatasetError
+    from evalsi.run_harness.report import print_summary
     from evalsi.run_harness.rescore import Rescore
-    from evalsi.run_harness.spec import EvaluatorSpec
+    from evalsi.run_harness.runner import RunFailed
+    from evalsi.run_harness.spec import EvaluatorSpec, load_run
 
     if (run is None) == (traces is None):
         raise _fail("give exactly one of --run RUN_ID and --traces CEL")
@@ -403,7 +439,10 @@ EvaluatorOpt = Annotated[
 
 def _import(name: str, attempts: list[Any], evaluators: list[str], source: dict[str, Any], collector: str | None,
             config: Path | None, as_json: bool) -> None:  # fmt: skip
+    from evalsi.run_harness.collector import CollectorError
     from evalsi.run_harness.importing import import_run
+    from evalsi.run_harness.report import print_summary
+    from evalsi.run_harness.runner import Progress, RunFailed
 
     try:
         link, local = _link(collector, config)
@@ -450,6 +489,7 @@ def import_atif(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Import ATIF trajectories (subagents included) as a run scored by the given evaluators."""
+    from evalsi.run_harness.dataset import DatasetError, load_dataset
     from evalsi.run_harness.importing import read_atif_files
 
     if not evaluator:
