@@ -40,6 +40,7 @@ import random
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -87,26 +88,32 @@ class Target:
         self.collector: Collector | None = None
         self.deaths: list[str] = []
         self.lock = threading.Lock()
-        self.start()
+        self.ready = threading.Event()  # cleared while a restart is under way: the senders wait
+        self.cpu_of_dead = 0.0  # CPU seconds of the collectors that died (last read while they ran)
+        self.start(0)
 
-    def start(self) -> None:
+    def start(self, generation: int) -> None:
         TARGETS.append(self)
-        d = self.workdir / f"collector-{self.generation}"
+        d = self.workdir / f"collector-{generation}"
         d.mkdir(parents=True, exist_ok=True)
         cfg = serve_config(d / "store")
         cfg["service"]["workers"] = self.workers
-        self.collector = start_collector(d, cfg, timeout=180)
-        c = self.collector
-        self.otlp = _host_port(c.http)
-        self.api = _host_port(c.api)
-        self.grpc_target = c.grpc
+        c = start_collector(d, cfg, timeout=180)
+        # the addresses first, the generation last: a sender that sees the new generation finds the new addresses
+        self.otlp, self.api, self.grpc_target = _host_port(c.http), _host_port(c.api), c.grpc
         self.pids = [c.proc.pid, *c.ready.get("workers", [])]
+        self.collector = c
+        self.generation = generation
+        self.ready.set()
 
-    def restart(self, why: str) -> None:
+    def restart(self, why: str, cpu_seen: float) -> None:
         with self.lock:
+            self.ready.clear()
             self.deaths.append(why)
-            self.generation += 1
-            self.start()
+            self.cpu_of_dead += cpu_seen
+            if self.collector is not None and self.collector.proc.poll() is None:
+                self.collector.stop(signal.SIGKILL, timeout=60)  # its workers end with it
+            self.start(self.generation + 1)
 
     def alive(self) -> bool:
         return self.collector is not None and self.collector.proc.poll() is None
@@ -388,6 +395,7 @@ class Sender(threading.Thread):
             inp = self.inputs.get()
             if inp is None:
                 return
+            self.target.ready.wait()
             self.current, self.current_since = inp, time.monotonic()
             generation = self.target.generation
             size_before = self.record.size_in_flight
@@ -482,8 +490,8 @@ class Prober(threading.Thread):
             time.sleep(0.1)
 
     def _answer(self, generation: int, transport: str, seconds: float, label: str, ok: bool, traces: list[str]) -> None:
-        if generation != self.target.generation:
-            return  # answered by a collector that died since
+        if generation != self.target.generation or not self.target.ready.is_set():
+            return  # answered by a collector that died since, or is being replaced (its death is the failure)
         self.latencies.append(seconds)
         self.by_transport[transport].append(seconds)
         if ok:
@@ -522,37 +530,59 @@ class Prober(threading.Thread):
 
 
 class Monitor(threading.Thread):
-    """RSS every 0.5 s; notices a dead collector, records it with what was in flight, restarts it."""
+    """RSS and CPU every 0.5 s; notices a dead collector (or kills one past `rss_cap_mb`, before the machine's OOM
+    killer picks a process of its own), records it with what was in flight, and starts another on a new store."""
 
-    def __init__(self, target: Target, senders: list[Sender], record: Record, out: Path) -> None:
+    def __init__(self, target: Target, senders: list[Sender], record: Record, out: Path, rss_cap_mb: float) -> None:
         super().__init__(daemon=True, name="monitor")
         self.target, self.senders, self.record, self.out = target, senders, record, out
+        self.rss_cap_mb = rss_cap_mb
         self.samples: list[tuple[float, float, float]] = []  # (t, collector MB, workers MB)
+        self.cpu_seen = 0.0  # of the collector running now and its workers
         self.stop_event = threading.Event()
 
     def rss(self) -> tuple[float, float]:
         pids = self.target.pids
         return rss_mb(pids[0]), sum(rss_mb(p) for p in pids[1:])
 
+    def cpu(self) -> float:
+        """CPU seconds of every collector of the run and their workers."""
+        return self.target.cpu_of_dead + max(self.cpu_seen, cpu_seconds(self.target.pids))
+
     def run(self) -> None:
         while not self.stop_event.is_set():
-            if not self.target.alive():
+            collector, workers = self.rss()
+            over = collector + workers > self.rss_cap_mb
+            if over or not self.target.alive():
                 c = self.target.collector
                 assert c is not None
-                code = c.proc.poll()
                 in_flight = [s.current for s in self.senders if s.current is not None]
-                why = f"evalsi serve exited {code} (log: {c.log_path})"
+                if over:  # SIGABRT first: faulthandler (PYTHONFAULTHANDLER) writes every thread's stack to its log
+                    c.proc.send_signal(signal.SIGABRT)
+                    try:
+                        c.proc.wait(10)
+                    except subprocess.TimeoutExpired:
+                        c.proc.kill()
+                        c.proc.wait()
+                    why = f"RSS {collector:,.0f} MB (+ workers {workers:,.0f} MB) past --rss-cap-mb: killed it"
+                    sig = f"collector RSS past {self.rss_cap_mb:,.0f} MB"
+                else:
+                    why = f"evalsi serve exited {c.proc.poll()}"
+                    sig = f"collector died (exit {c.proc.poll()})"
+                last_minute = [round(m) for _, m, _ in self.samples[-120::10]]
+                why += f" (log: {c.log_path}); RSS MB of the last minute: {last_minute}"
                 log(f"FAIL {why}; restarting it on a new store")
                 k = len(self.target.deaths)
                 for j, inp in enumerate(in_flight):
                     assert inp is not None
                     save_input(self.out / "deaths", f"death{k}-in-flight{j}", inp, {"death": why})
-                sig = f"collector died (exit {code})"
                 with self.record.lock:
                     f = self.record.failures.setdefault(sig, Failure(sig, first=why))
                     f.count += 1
-                self.target.restart(why)
-            collector, workers = self.rss()
+                self.target.restart(why, self.cpu_seen)
+                self.cpu_seen = 0.0
+                continue
+            self.cpu_seen = max(self.cpu_seen, cpu_seconds(self.target.pids))
             self.samples.append((time.monotonic(), collector, workers))
             self.stop_event.wait(0.5)
 
@@ -611,7 +641,7 @@ def replay(target: Target, inp: F.FuzzInput, sig: str) -> bool:
     if inp.port in ("otlp", "api") and sender._otlp is not None:
         sender._otlp.close()
     if not target.alive():
-        target.restart("during minimizing")
+        target.restart("during minimizing", 0.0)
         return sig.startswith("collector died")
     exception = ""
     if a.status >= 500 or a.code in ("INTERNAL", "UNKNOWN"):
@@ -667,6 +697,7 @@ def log_errors(workdir: Path) -> tuple[Counter[str], dict[str, str]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    os.environ["PYTHONFAULTHANDLER"] = "1"  # the collectors write their threads' stacks to their log if aborted
     out = Path(args.out)
     if out.exists():
         shutil.rmtree(out)
@@ -685,7 +716,7 @@ def run(args: argparse.Namespace) -> int:
     inputs: queue.Queue[F.FuzzInput | None] = queue.Queue(maxsize=4 * args.connections)
     senders = [Sender(i, target, inputs, record) for i in range(args.connections)]
     prober = Prober(target, service, args.probe_interval, args.stall_after, senders, out)
-    monitor = Monitor(target, senders, record, out)
+    monitor = Monitor(target, senders, record, out, args.rss_cap_mb)
     structured: queue.Queue[F.FuzzInput | None] = queue.Queue(maxsize=64)
     stop_drawing = threading.Event()
     drawer = threading.Thread(target=structured_stream, args=(structured, args.seed, stop_drawing), daemon=True)
@@ -700,7 +731,7 @@ def run(args: argparse.Namespace) -> int:
     for t in (*senders, drawer):
         t.start()
     t0 = time.monotonic()
-    cpu_start = cpu_seconds(target.pids)
+    cpu_start = monitor.cpu()
     client_start = time.process_time()
     produced = 0
     deadline = t0 + args.duration if args.duration else float("inf")
@@ -738,7 +769,7 @@ def run(args: argparse.Namespace) -> int:
         for s in senders:
             s.join(300)
     fuzz_s = time.monotonic() - t0
-    cpu_end = cpu_seconds(target.pids)
+    cpu_end = monitor.cpu()
     client_cpu = time.process_time() - client_start
     log(f"fuzzing done: {produced:,} inputs in {fuzz_s:.0f}s; sending {args.after_spans} spans with the SDK")
     after = send_with_sdk(target, service, args.after_spans) if target.alive() else []
@@ -754,7 +785,10 @@ def run(args: argparse.Namespace) -> int:
     monitor.stop_event.set()
     monitor.join(10)
     assert target.collector is not None
-    peak = (rss_mb(target.pids[0], "VmHWM"), sum(rss_mb(p, "VmHWM") for p in target.pids[1:]))
+    peak = (  # VmHWM of the collector running now; the largest sampled, of any collector of the run
+        max(rss_mb(target.pids[0], "VmHWM"), max((c for _, c, _ in monitor.samples), default=0)),
+        max(sum(rss_mb(p, "VmHWM") for p in target.pids[1:]), max((w for _, _, w in monitor.samples), default=0)),
+    )
     errors, first_error = log_errors(workdir)
     for msg, n in errors.items():  # acknowledged (200) and then not stored: a broken promise
         if "dropping" in msg or "giving up" in msg:
@@ -1040,6 +1074,12 @@ def main(argv: list[str] | None = None) -> int:
         "--out",
         default=str(Path(tempfile.gettempdir()) / "evalsi-fuzz"),
         help="where failures, stalls, deaths and result.json go",
+    )
+    p.add_argument(
+        "--rss-cap-mb",
+        type=float,
+        default=8000,
+        help="kill the collector (a failure) once it and its workers hold more (the machine is shared)",
     )
     p.add_argument(
         "--skip",
