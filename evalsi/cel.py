@@ -9,6 +9,7 @@ from typing import Any
 from cel_expr_python import cel as _cel
 
 from evalsi.span import Span
+from evalsi.trajectory import counted_once
 
 __all__ = ["SPAN_FIELDS", "VARIABLES", "Program", "compile", "span_activation", "trace_activation"]
 
@@ -136,7 +137,8 @@ def trace_activation(
     the earliest; a canonical span dict), `duration_ns` (latest end minus earliest start), `start_time_unix_nano`,
     `span_count`, `error_count` (spans with status ERROR), `session_id` / `user_id` / `service_name` (the root's,
     else the first span's that has one), `llm_calls`, `tool_calls`, `input_tokens`, `output_tokens`, `cost_usd`
-    (sums over the spans), `models` and `tool_names` (distinct, in first-seen order).
+    (sums over the spans, a model call recorded twice counted once: see `trajectory.counted_once`), `models` and
+    `tool_names` (distinct, in first-seen order).
     """
     ordered = sorted(spans, key=lambda s: s.start_time_unix_nano)
     root_at = next((i for i, s in enumerate(ordered) if not s.parent_span_id), 0)
@@ -148,7 +150,10 @@ def trace_activation(
     tools: dict[str, None] = {}
     errors = llm = tool = tokens_in = tokens_out = 0
     cost = 0.0
+    folded, usage = counted_once(ordered)
     for s in ordered:
+        if s.span_id in folded:  # a vendor SDK's record of a call an instrumentation's span records too
+            continue
         if s.status_code == "ERROR":
             errors += 1
         if s.step_type == "llm":
@@ -159,9 +164,10 @@ def trace_activation(
             models[s.model] = None
         if s.tool_name:
             tools[s.tool_name] = None
-        tokens_in += s.input_tokens or 0
-        tokens_out += s.output_tokens or 0
-        cost += s.cost_usd or 0.0
+        u = usage.get(s.span_id, s)
+        tokens_in += (u.input_tokens if u.input_tokens is not None else s.input_tokens) or 0
+        tokens_out += (u.output_tokens if u.output_tokens is not None else s.output_tokens) or 0
+        cost += (u.cost_usd if u.cost_usd is not None else s.cost_usd) or 0.0
     start = min((s.start_time_unix_nano for s in ordered), default=0)
     end = max((s.end_time_unix_nano for s in ordered), default=0)
 

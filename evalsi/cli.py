@@ -32,12 +32,16 @@ app = typer.Typer(help="evalsi: an OpenTelemetry collector that turns GenAI trac
                   no_args_is_help=True, add_completion=True, rich_markup_mode=None)  # fmt: skip
 traces_app = typer.Typer(help="Read stored traces.", no_args_is_help=True)
 app.add_typer(traces_app, name="traces")
+sessions_app = typer.Typer(help="Read stored sessions: the traces of one conversation or task.", no_args_is_help=True)
+app.add_typer(sessions_app, name="sessions")
 scores_app = typer.Typer(help="Read stored scores.", no_args_is_help=True)
 app.add_typer(scores_app, name="scores")
 evaluators_app = typer.Typer(help="The evaluators this evalsi knows.", no_args_is_help=True)
 app.add_typer(evaluators_app, name="evaluators")
 policies_app = typer.Typer(help="Online evaluation policies: their window aggregates.", no_args_is_help=True)
 app.add_typer(policies_app, name="policies")
+alerts_app = typer.Typer(help="Policy alerts: when each fired and resolved.", no_args_is_help=True)
+app.add_typer(alerts_app, name="alerts")
 
 # piped output gets a wide console so ids are never cut
 out = Console(width=None if sys.stdout.isatty() else 200)
@@ -115,6 +119,13 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _nested(config_error: str) -> str:
+    """A config error's text with each problem's further lines (a policy file's own errors under its
+    `processors.<id>:` key) indented beneath it rather than at the margin."""
+    head, *lines = config_error.splitlines()
+    return "\n".join([head, *(line if line.startswith("  ") else f"    {line}" for line in lines)])
+
+
 def _config(found: Found) -> Config:
     from evalsi.collector.config import ConfigError, load_config
 
@@ -122,7 +133,7 @@ def _config(found: Found) -> Config:
         return load_config(found.path)
     except ConfigError as e:
         how = "" if found.source.startswith("-c") or found.path is None else f"\n  (the config found as {found.source})"
-        raise _fail(str(e) + how) from None
+        raise _fail(_nested(str(e)) + how) from None
 
 
 @app.command()
@@ -179,7 +190,7 @@ def validate(
             if loaded.workers_note:
                 notes.append(loaded.workers_note)
         except ConfigError as e:
-            problems.append(str(e))
+            problems.append(_nested(str(e)))
     if run_file is not None:
         try:
             spec = load_run(run_file)
@@ -267,7 +278,7 @@ class _Api:
         import urllib.parse
         import urllib.request
 
-        query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+        query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None}, doseq=True)
         request = urllib.request.Request(self.url + path + (f"?{query}" if query else ""), headers=_api_headers())
         try:
             with urllib.request.urlopen(request, timeout=30) as resp:
@@ -288,14 +299,25 @@ class _Api:
             raise _fail(f"cannot reach the evalsi API at {self.url}: {reason}; is `evalsi serve` running?") from None
         return doc if key is None else doc[key]
 
-    def list_traces(self, *, limit: int, service: str | None) -> list[dict[str, Any]]:
-        return self.get("/api/v1/traces", "traces", limit=limit, service=service)
-
     def list_scores(self, *, limit: int, trace_id: str | None, policy: str | None) -> list[dict[str, Any]]:
         return self.get("/api/v1/scores", "scores", limit=limit, trace_id=trace_id, policy=policy)
 
-    def get_trace(self, trace_id: str) -> list[dict[str, Any]]:
-        return self.get(f"/api/v1/traces/{trace_id}", "spans", missing=[])
+    def search_traces(self, params: dict[str, Any]) -> dict[str, Any]:
+        return self.get("/api/v1/traces", **params)
+
+    def read_trace(self, trace_id: str, *, limit: int, offset: int) -> dict[str, Any] | None:
+        doc = self.get(f"/api/v1/traces/{trace_id}", missing={}, limit=limit, offset=offset)
+        if doc:
+            doc["scores"] = self.list_scores(limit=1000, trace_id=trace_id, policy=None)
+        return doc or None
+
+    def list_sessions(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        return self.get("/api/v1/sessions", "sessions", **params)
+
+    def show_session(self, session_id: str, *, limit: int) -> dict[str, Any] | None:
+        import urllib.parse
+
+        return self.get(f"/api/v1/sessions/{urllib.parse.quote(session_id, safe='')}", missing={}, limit=limit) or None
 
     def close(self) -> None:
         pass
@@ -352,23 +374,56 @@ def _ms(ns: int) -> str:
     return f"{ns / 1e6:,.1f} ms"
 
 
+SinceOpt = Annotated[
+    str | None,
+    typer.Option("--since", help="Started since: a duration back from now (15m, 2h, 7d) or an ISO-8601 time "
+                 "(2026-05-01T12:00:00Z; UTC unless it says)."),
+]  # fmt: skip
+UntilOpt = Annotated[str | None, typer.Option("--until", help="Started until: as --since.")]
+_MIN_DURATION_HELP = "Only traces lasting at least this long (500ms, 2s, 1m)."
+_ATTR_HELP = "KEY=VALUE: only traces with a span or resource attribute of that value; repeat: all must hold."
+_FAILED_HELP = "Only traces with a score of this evaluator (e.g. builtin/tool_error) that did not pass."
+_WHERE_HELP = "A CEL condition over the trace as policy selectors see it (trace, span, resource, session)."
+_SCAN_HELP = "With --where: over how many of the newest traces the other filters match to evaluate it (1000)."
+
+
 @traces_app.command("list")
 def traces_list(
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many traces, newest first.")] = 20,
     service: Annotated[str | None, typer.Option("--service", help="Only traces of this service.")] = None,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
+    error: Annotated[bool, typer.Option("--error", help="Only traces with a span whose status is ERROR.")] = False,
+    model: Annotated[str | None, typer.Option("--model", help="Only traces with a span of this model.")] = None,
+    session: Annotated[str | None, typer.Option("--session", help="Only traces of this session id.")] = None,
+    min_duration: Annotated[str | None, typer.Option("--min-duration", help=_MIN_DURATION_HELP)] = None,
+    attr: Annotated[list[str] | None, typer.Option("--attr", help=_ATTR_HELP)] = None,
+    failed: Annotated[str | None, typer.Option("--failed", help=_FAILED_HELP)] = None,
+    where: Annotated[str | None, typer.Option("--where", help=_WHERE_HELP)] = None,
+    scan: Annotated[int | None, typer.Option("--scan", min=1, max=10_000, help=_SCAN_HELP)] = None,
     as_json: JsonOpt = False,
     config: ConfigOpt = None,
     api: ApiOpt = None,
 ) -> None:
-    """List recent traces, newest first."""
+    """List recent traces, newest first, narrowed by the filters given (all must hold)."""
+    given = {
+        "limit": limit, "service": service, "since": since, "until": until, "error": "true" if error else None,
+        "model": model, "session": session, "min_duration": min_duration, "attr": attr or None, "failed": failed,
+        "where": where, "scan": scan,
+    }  # fmt: skip
     source = _reader(config, api)
-    rows = _read(source.reader, "list_traces", limit=limit, service=service)
+    doc = _read(source.reader, "search_traces", {k: v for k, v in given.items() if v is not None})
+    rows = doc["traces"]
+    if doc.get("skipped"):
+        err.print(f"[yellow]warning:[/] --where was not evaluated over {len(doc['skipped'])} trace(s) too big to "
+                  f"read at once: {', '.join(doc['skipped'][:5])}", highlight=False, soft_wrap=True)  # fmt: skip
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
     if not rows:
-        of = f" of service {service}" if service else ""
-        out.print(f"no traces{of} yet in {source.named}", highlight=False, soft_wrap=True)
+        filters = ", ".join(f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None and k != "limit")
+        of = f" matching {filters}" if filters else " yet"
+        out.print(f"no traces{of} in {source.named}", highlight=False, soft_wrap=True)
         return
     from rich.table import Table
 
@@ -389,9 +444,14 @@ def traces_list(
         table.add_row(
             r["trace_id"], _time(r["start_time_unix_nano"]), r["service_name"], r["root_name"],
             str(r["span_count"]), str(r["error_count"] or ""), str(r["llm_calls"] or ""),
-            f"{r['input_tokens']}/{r['output_tokens']}", _ms(r["duration_ns"]),
+            _tokens(r["input_tokens"], r["output_tokens"]), _ms(r["duration_ns"]),
         )  # fmt: skip
     out.print(table)
+
+
+def _tokens(tokens_in: int | None, tokens_out: int | None) -> str:
+    """`in/out`, or `-` for a trace no span of which counted tokens (not an LLM trace, or not instrumented so)."""
+    return f"{tokens_in or 0}/{tokens_out or 0}" if tokens_in or tokens_out else "-"
 
 
 def _label(s: dict[str, Any]) -> str:
@@ -413,21 +473,30 @@ def _label(s: dict[str, Any]) -> str:
 @traces_app.command("show")
 def traces_show(
     trace_id: Annotated[str, typer.Argument(help="32-hex trace id.")],
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", min=1, max=100_000, help="Show at most this many spans, in start order.")
+    ] = 10_000,
+    offset: Annotated[int, typer.Option("--offset", min=0, help="Skip this many spans first (the next page).")] = 0,
     as_json: JsonOpt = False,
     config: ConfigOpt = None,
     api: ApiOpt = None,
 ) -> None:
-    """Show one trace: its spans as a tree, or every canonical field with --json."""
+    """Show one trace: its steps as a tree (tools, tokens, cost, errors), a summary and its scores; every canonical
+    field with --json. A trace with more spans than --limit is shown in part, and says so."""
     trace_id = trace_id.strip().lower()
     if len(trace_id) != 32 or any(ch not in "0123456789abcdef" for ch in trace_id):
         raise _fail(f"invalid trace id {trace_id!r}: expected 32 hex digits")
     source = _reader(config, api)
-    spans = _read(source.reader, "get_trace", trace_id)
-    if not spans:
+    doc = _read(source.reader, "read_trace", trace_id, limit=limit, offset=offset)
+    if not doc:
         raise _fail(f"trace {trace_id} not found in {source.named}")
     if as_json:
-        sys.stdout.write(json.dumps({"trace_id": trace_id, "spans": spans}, indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
         return
+    spans: list[dict[str, Any]] = doc["spans"]
+    total: int = doc["span_count"]
+    if not spans:
+        raise _fail(f"trace {trace_id} holds {total:,} spans: none from --offset {offset:,}")
     ids = {s["span_id"] for s in spans}
     children: dict[str, list[dict[str, Any]]] = {}
     for s in spans:
@@ -435,14 +504,132 @@ def traces_show(
         children.setdefault(parent, []).append(s)
     from rich.tree import Tree
 
-    tree = Tree(f"trace [bold]{trace_id}[/]  {len(spans)} spans  {spans[0]['service_name']}")
+    count = f"{total:,} spans" if not doc["truncated"] else f"spans {offset + 1:,}-{offset + len(spans):,} of {total:,}"
+    tree = Tree(f"trace [bold]{trace_id}[/]  {count}  {escape(spans[0]['service_name'])}")
 
     def add(node: Tree, parent: str) -> None:
         for s in children.get(parent, []):
-            add(node.add(_label(s)), s["span_id"])
+            cost = f"  ${s['cost_usd']:.4g}" if s.get("cost_usd") else ""
+            add(node.add(_label(s) + cost), s["span_id"])
 
     add(tree, "")
     out.print(tree)
+    out.print(_trace_summary(spans, shown=" (of the spans shown)" if doc["truncated"] else ""), highlight=False)
+    scores = doc.get("scores") or []
+    out.print(f"scores: {len(scores)}" if scores else "scores: none yet", highlight=False)
+    for r in scores:
+        out.print("  " + _score_line(r), highlight=False)
+    if doc["truncated"]:
+        more = f"; the next {limit:,}: --offset {doc['next_offset']}" if doc.get("next_offset") else ""
+        err.print(f"[yellow]note:[/] the trace holds {total:,} spans; this shows {len(spans):,} of them, from "
+                  f"offset {offset:,}{more}", highlight=False, soft_wrap=True)  # fmt: skip
+
+
+def _trace_summary(spans: list[dict[str, Any]], shown: str) -> str:
+    """One line over a trace's spans: steps by type, tools called, tokens, cost, errors."""
+    steps: dict[str, int] = {}
+    tools: dict[str, None] = {}
+    for s in spans:
+        steps[s["step_type"]] = steps.get(s["step_type"], 0) + 1
+        if s.get("tool_name"):
+            tools[s["tool_name"]] = None
+    tokens_in = sum(s.get("input_tokens") or 0 for s in spans)
+    tokens_out = sum(s.get("output_tokens") or 0 for s in spans)
+    cost = sum(s.get("cost_usd") or 0.0 for s in spans)
+    errors = sum(s["status_code"] == "ERROR" for s in spans)
+    parts = [
+        "steps " + (", ".join(f"{kind} {n}" for kind, n in steps.items() if kind != "other") or "none"),
+        "tools " + (", ".join(escape(t) for t in tools) or "none"),
+        f"tokens {tokens_in}/{tokens_out}",
+        f"cost ${cost:.4g}",
+        f"errors {errors}",
+    ]
+    return "  ".join(parts) + shown
+
+
+def _score_line(r: dict[str, Any]) -> str:
+    """A score as one line: where it came from, its value, whether it passed, and why."""
+    value = "" if r["value"] is None else f" {r['value']:.4g}"
+    passed = "" if r["passed"] is None else (" passed" if r["passed"] else " [red]failed[/]")
+    outcome = "" if r["outcome"] == "scored" else f" [yellow]{r['outcome']}[/]"
+    why = r.get("reason") or r.get("label") or ""
+    where = "/".join(escape(x) for x in (r["policy"], r["evaluator"]) if x)
+    return f"{where} [bold]{escape(r['name'])}[/]{value}{passed}{outcome}" + (f"  {escape(why)}" if why else "")
+
+
+@sessions_app.command("list")
+def sessions_list(
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many sessions, most recent first.")] = 20,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+    api: ApiOpt = None,
+) -> None:
+    """List sessions, the most recently active first (--since/--until: its latest trace started then)."""
+    given = {"limit": limit, "since": since, "until": until}
+    source = _reader(config, api)
+    rows = _read(source.reader, "list_sessions", {k: v for k, v in given.items() if v is not None})
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
+        return
+    if not rows:
+        out.print(f"no sessions in {source.named}", highlight=False, soft_wrap=True)
+        return
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for col in ("SESSION", "TRACES", "FIRST START (UTC)", "LAST END (UTC)", "SPANS", "ERRORS", "TOKENS IN/OUT", "COST",
+                "USER"):  # fmt: skip
+        table.add_column(col, no_wrap=col != "SESSION")
+    for r in rows:
+        table.add_row(
+            escape(r["session_id"]), str(r["trace_count"]), _time(r["start_time_unix_nano"]),
+            _time(r["end_time_unix_nano"]), str(r["span_count"]), str(r["error_count"] or ""),
+            f"{r['input_tokens']}/{r['output_tokens']}", _cost(r["cost_usd"]), escape(r["user_id"] or ""),
+        )  # fmt: skip
+    out.print(table)
+
+
+def _cost(usd: float | None) -> str:
+    return "" if not usd else f"${usd:.4g}"
+
+
+@sessions_app.command("show")
+def sessions_show(
+    session_id: Annotated[str, typer.Argument(help="The session id (gen_ai.conversation.id, session.id, ...).")],
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Show at most this many traces.")] = 1000,
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+    api: ApiOpt = None,
+) -> None:
+    """Show one session: its traces in the order they started, and its scores (of the session and its traces)."""
+    source = _reader(config, api)
+    doc = _read(source.reader, "show_session", session_id, limit=limit)
+    if not doc:
+        raise _fail(f"session {session_id!r} not found in {source.named}")
+    if as_json:
+        sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+        return
+    from rich.table import Table
+
+    traces = doc["traces"]
+    out.print(f"session [bold]{escape(session_id)}[/]  {len(traces)} traces", highlight=False, soft_wrap=True)
+    table = Table(box=None, header_style="bold")
+    for col in ("#", "TRACE ID", "START (UTC)", "ROOT", "SPANS", "ERRORS", "LLM", "TOKENS IN/OUT", "COST", "DURATION"):
+        table.add_column(col, no_wrap=col != "ROOT")
+    for n, r in enumerate(traces, 1):
+        table.add_row(
+            str(n), r["trace_id"], _time(r["start_time_unix_nano"]), escape(r["root_name"]), str(r["span_count"]),
+            str(r["error_count"] or ""), str(r["llm_calls"] or ""), f"{r['input_tokens']}/{r['output_tokens']}",
+            _cost(r["cost_usd"]), _ms(r["duration_ns"]),
+        )  # fmt: skip
+    out.print(table)
+    scores = doc["scores"]
+    out.print(f"scores: {len(scores)}" if scores else "scores: none yet", highlight=False)
+    for r in scores:
+        of = f"trace {r['trace_id']}" if r["trace_id"] else "session"
+        out.print(f"  {of}  {_score_line(r)}", highlight=False)
 
 
 @scores_app.command("list")
@@ -531,7 +718,12 @@ def _policy_stats(reader: TraceReader, window: str, policy: str | None) -> dict[
         assert isinstance(reader, StoreReader)
         since_ns = time.time_ns() - int(seconds * 1e9)
         rows = reader.store.score_window_stats(since_ns=since_ns, policy=policy)  # no collector runs: read the store
-        return {"window": window, "since_unix_nano": since_ns, "stats": window_stats(rows)}
+        from evalsi.policies.intervals import headline_interval
+
+        stats = window_stats(rows)
+        for series, row in zip(stats, rows, strict=True):  # an interval within the values' bounds, as the API's
+            series["interval"], series["method"] = headline_interval(row, series["confidence"])
+        return {"window": window, "since_unix_nano": since_ns, "stats": stats}
     except typer.Exit:
         raise
     except Exception as e:  # a store error from the engine: say where, not a traceback
@@ -565,14 +757,67 @@ def policies_stats(
     from rich.table import Table
 
     table = Table(box=None, header_style="bold")
-    for col in ("POLICY", "EVALUATOR", "NAME", "N", "MEAN", "95% INTERVAL", "P50", "P95"):
+    for col in ("POLICY", "EVALUATOR", "NAME", "N", "MEAN", "95% INTERVAL", "METHOD", "P50", "P95"):
         table.add_column(col, no_wrap=True)
     for r in doc["stats"]:
         mean = _num(r["mean"]) + (" pass" if r["kind"] == "pass_fail" else "")
         interval = f"{_num(r['interval'][0])} .. {_num(r['interval'][1])}" if r["interval"] else ""
         table.add_row(
-            r["policy"], r["evaluator"], r["name"], str(r["n"]), mean, interval, _num(r["p50"]), _num(r["p95"])
-        )
+            r["policy"], r["evaluator"], r["name"], str(r["n"]), mean, interval, r.get("method") or "",
+            _num(r["p50"]), _num(r["p95"]),
+        )  # fmt: skip
+    out.print(table)
+
+
+@alerts_app.command("list")
+def alerts_list(
+    policy: Annotated[str | None, typer.Option("--policy", help="Only alerts of this policy.")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="Only the last 1h, 30m, ... (default: ever).")] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many, newest first.")] = 100,
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+    api: ApiOpt = None,
+) -> None:
+    """List policy alerts, newest first: each firing (once per window whose condition held) and each resolution
+    (a window closed without it holding), with the values its condition read."""
+    if since is not None:
+        from evalsi.duration import parse_duration
+
+        try:
+            parse_duration(since)
+        except ValueError as e:
+            raise _fail(f"--since: {e}") from None
+    source = _reader(config, api)
+    url = getattr(source.reader, "url", None)  # an API reader (ours for --api, or the query module's)
+    if url is not None:
+        try:
+            rows = _Api(url).get("/api/v1/alerts", "alerts", limit=limit, policy=policy, since=since)
+        finally:
+            source.reader.close()
+    else:
+        rows = _read(source.reader, "list_alerts", limit=limit, policy=policy, since=since)
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
+        return
+    if not rows:
+        of = f" of policy {policy}" if policy else ""
+        when = f" in the last {since}" if since else ""
+        out.print(f"no alerts{of}{when} in {source.named}", highlight=False, soft_wrap=True)
+        return
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for col in ("TIME (UTC)", "POLICY", "ALERT", "STATE", "CONDITION", "VALUES", "WINDOW (UTC)", "TRACES"):
+        table.add_column(col, no_wrap=col not in ("CONDITION", "VALUES"))
+    for r in rows:
+        state = "[red]firing[/]" if r["state"] == "firing" else r["state"]
+        values = ", ".join(f"{k} = {_num(v) if isinstance(v, float) else v}" for k, v in r["values"].items())
+        window = f"{_time(r['window_start_unix_ms'] * 10**6)[:-4]} .. {_time(r['window_end_unix_ms'] * 10**6)[11:-4]}"
+        table.add_row(
+            _time(r["timestamp_unix_nano"]), escape(r["policy"]), escape(r["alert"]), state, escape(r["condition"]),
+            escape(values), window, str(r["count"]),
+        )  # fmt: skip
     out.print(table)
 
 
@@ -587,6 +832,13 @@ def normalize_command(
     from evalsi.processors.normalize.files import normalize_files
     from evalsi.trajectory import build_trajectories
 
+    missing = [str(f) for f in files if not f.exists()]
+    if missing:
+        raise _fail(
+            f"no such file: {', '.join(missing)}; give the paths of OTLP files to read (traces and logs, protobuf "
+            ".pb or JSON)",
+            code=2,
+        )
     result = normalize_files(files)
     for problem in result.problems:
         err.print(f"[yellow]warning:[/] {escape(problem)}", highlight=False, soft_wrap=True)
@@ -620,3 +872,102 @@ def normalize_command(
 
 if __name__ == "__main__":
     app()
+
+
+def import_mlflow(
+    tracking_uri: Annotated[str, typer.Option("--tracking-uri", help="The MLflow tracking server (http://host:port).")],
+    experiment: Annotated[
+        list[str], typer.Option("--experiment", "-e", help="An experiment to read, by name or id (repeatable).")
+    ],
+    since: Annotated[str, typer.Option("--since", help="From: a duration back from now (2h, 7d) or ISO-8601 time.")],
+    until: Annotated[
+        str | None, typer.Option("--until", help="Up to (not including): a duration back or a time; default: now.")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would be imported; send nothing.")] = False,
+    page_size: Annotated[int, typer.Option("--page-size", min=1, max=500, help="Traces a search lists.")] = 100,
+    collector: commands.CollectorOpt = None,
+    config: commands.ConfigOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
+) -> None:
+    """Import the traces of MLflow experiments started in a time range through the pipeline (normalize, evaluate,
+    the store, the scores' exporters: those of the config or of the running collector), as the `mlflow` receiver
+    does online. Spans the store holds already are left out: a trace is stored and scored once."""
+    import dataclasses
+
+    import httpx
+
+    from evalsi.collector.query import SearchError, parse_time
+    from evalsi.receivers.pull.backfill import CollectorTarget, backfill
+    from evalsi.receivers.pull.mlflow import MlflowReceiverConfig, MlflowSource
+    from evalsi.receivers.pull.poll import SourceError
+    from evalsi.run_harness.collector import CollectorError
+
+    try:
+        cfg = MlflowReceiverConfig(tracking_uri=tracking_uri, experiments=experiment, page_size=page_size)
+    except ValueError as e:
+        raise _fail(f"--tracking-uri / --experiment: {e}", 2) from None
+    import time
+
+    now = time.time_ns()
+    try:
+        since_ms = parse_time("since", since, now) // 1_000_000
+        until_ms = parse_time("until", until, now) // 1_000_000 if until else now // 1_000_000 + 1
+    except SearchError as e:
+        raise _fail(str(e), 2) from None
+    if until_ms <= since_ms:
+        raise _fail(f"--until ({until}) is not after --since ({since})", 2)
+    client = httpx.AsyncClient(base_url=cfg.tracking_uri, headers=cfg.headers, timeout=cfg.timeout)
+    sources = [MlflowSource(client, cfg.tracking_uri, e) for e in cfg.experiments]
+    local = None
+    target = None
+    if not dry_run:
+        try:
+            link, local = commands.link_to_collector(collector, config)
+        except CollectorError as e:
+            raise _fail(str(e)) from None
+        target = CollectorTarget(link.otlp_url, link.api_url)
+    bar = None
+    progress = None
+    if err.is_terminal and not as_json:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+
+        bar = Bar(
+            TextColumn("[bold]traces"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=err,
+            transient=True,
+        )  # fmt: skip
+        task = bar.add_task("traces", total=None)
+        bar.start()
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+    try:
+        result = backfill(
+            sources, since_ms, until_ms, page_size=page_size, target=target, progress=progress, clients=[client]
+        )
+    except SourceError as e:
+        raise _fail(str(e)) from None
+    except httpx.HTTPError as e:
+        raise _fail(f"cannot reach MLflow at {cfg.tracking_uri}: {e}; is the tracking server running?") from None
+    finally:
+        if bar is not None:
+            bar.stop()
+        if target is not None:
+            target.close()
+        if local is not None:
+            local.stop()  # drains every buffer into the store and the scores' exporters
+    counts = dataclasses.asdict(result)
+    counts["dry_run"] = dry_run
+    if as_json:
+        out.print_json(json.dumps(counts))
+        return
+    verb = "would import" if dry_run else "imported"
+    out.print(
+        f"{verb} {result.traces:,} traces ({result.spans:,} spans) from {', '.join(result.sources)}"
+        + (f"; {result.stored_already:,} spans were stored already" if result.stored_already else "")
+        + (f"; {result.running:,} traces still running, left out" if result.running else ""),
+        highlight=False,
+    )
+
+
+commands.import_app.command("mlflow")(_discovering(import_mlflow))

@@ -154,6 +154,17 @@ class CollectorPeers(Protocol):
         ...
 
 
+class Host(Protocol):
+    """What a component may ask of the service that runs it (the Collector's `component.Host`)."""
+
+    store: Any
+    """The store's queries (`evalsi.store.TraceQueries`), once the exporter that owns it started; else None."""
+
+    def held_since(self) -> float | None:
+        """When the oldest item any component holds (not yet stored or evaluated) arrived; None when none is."""
+        ...
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the service gives every component besides its config."""
@@ -169,6 +180,8 @@ class Settings:
     """The `auth` section's key check, for components that listen (None: the config has no `auth` section)."""
     wal: Any = None
     """The write-ahead log receivers write a request to before they answer it (`service.durability: {mode: wal}`)."""
+    host: Host | None = None
+    """The service, for a component that reads the store or waits until what it handed on is settled."""
 
 
 @dataclass(frozen=True)

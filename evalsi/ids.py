@@ -21,3 +21,9 @@ def is_span_id(text: str) -> bool:
 def is_canonical_trace_id(text: str) -> bool:
     """A trace id as spans carry it in the pipeline: 32 lowercase hex digits (what backends are sent)."""
     return len(text) == 32 and text == text.lower() and is_trace_id(text)
+
+
+SOURCE_TRACE_ID = "evalsi.source.trace_id"
+"""Span attribute: the trace's id in the tool a pull receiver imported it from, when that is not its OTel id."""
+SOURCE_SPAN_ID = "evalsi.source.span_id"
+"""Span attribute: the span's id there, when that is not its OTel id."""

@@ -19,6 +19,15 @@ TRAJECTORY_STEP_TYPES = frozenset(STEP_TYPES) - {"other"}
 """The steps a trajectory lists; `other` spans (HTTP, database, ...) stay in the span tree only."""
 
 
+VENDOR_SDK = "vendor_sdk"
+"""`details["vendor_sdk"]`: the span is a vendor SDK's own record of an API call (the Anthropic SDK's
+`com.anthropic.sdk.python` spans), which an instrumentation of that SDK may record too: the trajectory then counts the
+call once (`trajectory.py`)."""
+PLUMBING = "plumbing"
+"""`details["plumbing"]`: the GenAI operation of a span that is no step of a run (`create_agent`, building an agent):
+the trajectory does not list it, and a trace of nothing else is no trajectory."""
+
+
 @dataclass(slots=True)
 class SpanEvent:
     time_unix_nano: int

@@ -3,7 +3,7 @@ store, whatever the store is. The ClickHouse exporter implements it; the collect
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -70,6 +70,20 @@ class TraceQueries(Protocol):
     def list_runs(
         self, *, limit: int = 20, run_id: str | None = None, project: str | None = None
     ) -> list[dict[str, Any]]: ...
+
+    def write_alerts(self, alerts: Sequence[Any], *, project: str = "default") -> None:
+        """Record policy alerts that fired or resolved (`evalsi.policies.AlertEvent`)."""
+        ...
+
+    def list_alerts(
+        self, *, limit: int = 100, policy: str | None = None, since_ns: int = 0, project: str | None = None
+    ) -> list[dict[str, Any]]: ...
+
+    def read_watermark(self, source: str) -> dict[str, Any] | None:
+        """How far a pull receiver read `source` (see `evalsi.receivers.pull`), None before its first poll."""
+        ...
+
+    def write_watermark(self, source: str, watermark: dict[str, Any]) -> None: ...
 
     def ping(self) -> bool: ...
 

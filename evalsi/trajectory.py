@@ -2,6 +2,12 @@
 
 Trajectory evaluators read this, not raw spans. Tool calls come from tool spans when the instrumentation records
 them, and otherwise from the tool calls the LLM asked for (matched by call id, so none is counted twice).
+
+What normalize cannot decide span by span is decided here, where the whole trace is seen: a model call recorded
+both by a vendor SDK's own span and by an instrumentation is one `llm` step (`duplicate_calls`); plumbing spans
+(`details["plumbing"]`) are no steps; a tool step takes the named arguments and the result from the LLM's tool call
+and the next LLM call's tool response it is linked to (by call id, else by name and order) when its own span lacks
+them. Spans are never changed.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from collections import Counter
 from typing import Any
 
 from evalsi import content
-from evalsi.span import TRAJECTORY_STEP_TYPES, Span
+from evalsi.span import PLUMBING, TRAJECTORY_STEP_TYPES, VENDOR_SDK, Span
 
 
 def _step(span: Span, parent: str | None, depth: int) -> dict[str, Any]:
@@ -40,7 +46,7 @@ def _step(span: Span, parent: str | None, depth: int) -> dict[str, Any]:
         call = next(iter(content.tool_calls(span.input)), {})
         step.update(
             tool_name=span.tool_name,
-            call_id=call.get("id"),
+            call_id=call.get("id") or _tool_response_id(span.output) or span.details.get("tool_call_id"),
             arguments=call.get("arguments"),
             result=content.tool_result(span),
         )
@@ -51,6 +57,148 @@ def _step(span: Span, parent: str | None, depth: int) -> dict[str, Any]:
     elif span.step_type == "retriever":
         step.update(documents=span.details.get("documents"), input=span.input)
     return step
+
+
+def _tool_response_id(messages: list[dict[str, Any]] | None) -> str | None:
+    for m in messages or []:
+        for p in m.get("parts", []):
+            if p.get("type") == "tool_call_response" and isinstance(p.get("id"), str) and p["id"]:
+                return str(p["id"])
+    return None
+
+
+def _merge_duplicates(step: dict[str, Any], duplicates: list[Span]) -> None:
+    """One llm step for a call recorded twice: the instrumentation's span is the step (it sits where the app called
+    and carries the content); the vendor SDK's usage counts win (the SDK copies the API's usage as is, while e.g.
+    OpenLLMetry's Anthropic streaming adds message_start's output token), and what the step lacks is taken from it."""
+    step["duplicate_span_ids"] = [d.span_id for d in duplicates]
+    for d in duplicates:
+        if d.input_tokens is not None:
+            step["input_tokens"] = d.input_tokens
+        if d.output_tokens is not None:
+            step["output_tokens"] = d.output_tokens
+        if step["cost_usd"] is None:
+            step["cost_usd"] = d.cost_usd
+        if step["model"] is None:
+            step["model"] = d.model
+        if not step["input"] and d.input:
+            step["input"] = d.input
+        if not step["output"] and d.output:
+            step["output"] = d.output
+            step["tool_calls"] = content.tool_calls(d.output)
+        if d.status_code == "ERROR" or d.error_type is not None:
+            step["error"] = True
+            step["error_type"] = step["error_type"] or d.error_type
+            step["status_message"] = step["status_message"] or d.status_message or None
+
+
+def _overlap(a: Span, b: Span) -> bool:
+    return a.start_time_unix_nano <= b.end_time_unix_nano and b.start_time_unix_nano <= a.end_time_unix_nano
+
+
+def _same_call(sdk: Span, other: Span) -> bool:
+    """Whether a vendor SDK's llm span and a sibling instrumentation llm span record one API call: the same response
+    id when both have one, else (a failed call has none) overlapping in time with the same model."""
+    a, b = sdk.details.get("response_id"), other.details.get("response_id")
+    if a and b:
+        return bool(a == b)
+    if sdk.model and other.model and sdk.model != other.model:
+        return False
+    return _overlap(sdk, other)
+
+
+def duplicate_calls(spans: list[Span]) -> dict[str, str]:
+    """Vendor SDK llm spans (`details["vendor_sdk"]`) that record a call an instrumentation's llm span of the same trace
+    records too -> that span's id.
+
+    Nested (OpenInference makes its span current: the SDK's is its child): the nearest step above is an llm span.
+    Siblings (OpenLLMetry does not: both under the app's or the tool runner's span): the same response id, else
+    overlapping in time; each instrumentation span takes one SDK span, the one that started closest to it. An SDK span
+    whose instrumentation span is in another trace (no span of the app around the call) cannot be seen here.
+    """
+    sdk_spans = [s for s in spans if s.step_type == "llm" and s.details.get(VENDOR_SDK)]
+    if not sdk_spans:
+        return {}
+    by_id = {s.span_id: s for s in spans}
+    folded: dict[str, str] = {}
+    taken: set[str] = set()
+    siblings: dict[str, list[Span]] = {}
+    for s in spans:
+        if s.step_type == "llm" and not s.details.get(VENDOR_SDK):
+            siblings.setdefault(s.parent_span_id, []).append(s)
+    for sdk in sorted(sdk_spans, key=lambda s: (s.start_time_unix_nano, s.span_id)):
+        above = by_id.get(sdk.parent_span_id)
+        seen: set[str] = set()
+        while above is not None and above.span_id not in seen and not _is_step(above):
+            seen.add(above.span_id)
+            above = by_id.get(above.parent_span_id)
+        if above is not None and above.step_type == "llm" and not above.details.get(VENDOR_SDK):
+            folded[sdk.span_id] = above.span_id
+            continue
+        candidates = [o for o in siblings.get(sdk.parent_span_id, ()) if o.span_id not in taken and _same_call(sdk, o)]
+        if candidates:
+            match = min(candidates, key=lambda o: abs(o.start_time_unix_nano - sdk.start_time_unix_nano))
+            taken.add(match.span_id)
+            folded[sdk.span_id] = match.span_id
+    return folded
+
+
+def counted_once(spans: list[Span]) -> tuple[set[str], dict[str, Span]]:
+    """For sums over a trace's spans (`trace.llm_calls`, tokens, cost): the vendor SDK spans to leave out (their call
+    is the instrumentation span's), and for each such instrumentation span the SDK span whose usage counts (it copies
+    the API's usage as is, as the trajectory's step does)."""
+    folded = duplicate_calls(spans)
+    if not folded:
+        return set(), {}
+    by_id = {s.span_id: s for s in spans}
+    return set(folded), {inst: by_id[sdk] for sdk, inst in folded.items()}
+
+
+def _is_step(span: Span) -> bool:
+    return span.step_type in TRAJECTORY_STEP_TYPES and not span.details.get(PLUMBING)
+
+
+def _link_tool_steps(steps: list[dict[str, Any]]) -> None:
+    """Fill a tool step's call id, named arguments and result from the LLM's tool call it executes, when its span
+    lacks them: linked by call id, else (Gemini's function calls have no id; some tool spans record none) the next
+    call of that name the LLM asked for and no tool step took yet. The result comes from the tool response with that
+    id a later LLM call was sent."""
+    calls_by_id: dict[str, dict[str, Any]] = {}
+    responses: dict[str, Any] = {}
+    for s in steps:
+        if s["type"] == "llm":
+            for m in s["input"] or []:
+                for p in m.get("parts", []):
+                    call_id = p.get("id")
+                    if p.get("type") == "tool_call_response" and isinstance(call_id, str) and call_id:
+                        responses.setdefault(call_id, p.get("response"))
+    pending: list[dict[str, Any]] = []  # calls asked for, in order, not yet linked to a tool step
+    for s in steps:
+        if s["type"] == "llm":
+            for call in s["tool_calls"]:
+                pending.append(call)
+                if isinstance(call.get("id"), str) and call["id"]:
+                    calls_by_id.setdefault(call["id"], call)
+            continue
+        if s["type"] != "tool":
+            continue
+        call: dict[str, Any] | None = None
+        call_id = s["call_id"]
+        if call_id:
+            call = calls_by_id.get(call_id) if isinstance(call_id, str) else None
+        else:
+            call = next((c for c in pending if c.get("name") == s["tool_name"]), None)
+        if call is not None:
+            pending = [c for c in pending if c is not call]
+            if s["call_id"] is None:
+                s["call_id"] = call.get("id")
+            if not isinstance(s["arguments"], (dict, list)) and call.get("arguments") is not None:
+                s["arguments"] = call["arguments"]
+            if s["tool_name"] is None:
+                s["tool_name"] = call.get("name")
+        call_id = s["call_id"]
+        if s["result"] is None and isinstance(call_id, str) and call_id in responses:
+            s["result"] = responses[call_id]
 
 
 def span_tree(spans: list[Span]) -> tuple[list[Span], dict[str, list[Span]]]:
@@ -91,16 +239,26 @@ def build_trajectory(spans: list[Span]) -> dict[str, Any]:
     """One trace's trajectory. `spans` are the trace's normalized spans, in any order."""
     roots, children = span_tree(spans)
     steps: list[dict[str, Any]] = []
+    folded = duplicate_calls(spans)
+    duplicates: dict[str, list[Span]] = {}
+    if folded:
+        by_id = {s.span_id: s for s in spans}
+        for sdk_id, kept in folded.items():
+            duplicates.setdefault(kept, []).append(by_id[sdk_id])
 
     def walk(span: Span, parent: str | None, depth: int) -> None:
-        include = span.step_type in TRAJECTORY_STEP_TYPES
+        include = _is_step(span) and span.span_id not in folded
         if include:
-            steps.append(_step(span, parent, depth))
+            step = _step(span, parent, depth)
+            if span.span_id in duplicates:
+                _merge_duplicates(step, duplicates[span.span_id])
+            steps.append(step)
         for child in sorted(children.get(span.span_id, []), key=lambda c: (c.start_time_unix_nano, c.span_id)):
             walk(child, span.span_id if include else parent, depth + 1 if include else depth)
 
     for root in sorted(roots, key=lambda r: (r.start_time_unix_nano, r.span_id)):
         walk(root, None, 0)
+    _link_tool_steps(steps)
 
     # tool calls in the order they happened: tool spans, plus calls an LLM asked for that no tool span records
     # (matched by call id, or by name for tool spans that record no id)
@@ -141,8 +299,15 @@ def build_trajectory(spans: list[Span]) -> dict[str, Any]:
 
 
 def build_trajectories(spans: list[Span]) -> list[dict[str, Any]]:
-    """One trajectory per trace, in order of first appearance."""
+    """One trajectory per trace, in order of first appearance; a trace of plumbing only (an agent being built,
+    OpenLLMetry's `create_agent` span in a trace of its own) is none."""
     traces: dict[str, list[Span]] = {}
     for s in spans:
         traces.setdefault(s.trace_id, []).append(s)
-    return [build_trajectory(group) for group in traces.values()]
+    trajectories = []
+    for group in traces.values():
+        trajectory = build_trajectory(group)
+        if not trajectory["steps"] and any(s.details.get(PLUMBING) for s in group):
+            continue
+        trajectories.append(trajectory)
+    return trajectories

@@ -1,15 +1,18 @@
 """A local stand-in for a Langfuse server that checks every request against Langfuse's published API.
 
 No Langfuse server can run here (it needs Postgres, ClickHouse, Redis and S3), so `FakeLangfuse` enforces what the
-public API documents for `POST /api/public/scores` (CreateScoreRequest, upserted by `id` as Langfuse does) and for
+public API documents for `POST /api/public/scores` (CreateScoreRequest, upserted by `id` as Langfuse does), for
 the OTLP endpoint `POST /api/public/otel/v1/traces` (OTLP/HTTP: Basic auth, protobuf, optional gzip, a decodable
-ExportTraceServiceRequest). It can be stopped and started again on the same port, keeping what it stored, to play
+ExportTraceServiceRequest), and for `GET /api/public/v2/observations` (its query parameters, field groups and
+cursor pages, as the Python SDK 5.2's `observations.get_many` documents them), serving observations a test adds.
+It can be stopped and started again on the same port, keeping what it stored, to play
 a backend outage.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
 import gzip
 import json
 import re
@@ -17,6 +20,7 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -28,8 +32,42 @@ PK, SK = "pk-lf-test", "sk-lf-test"
 SCORES_PATH = "/api/public/scores"
 TRACES_PATH = "/api/public/otel/v1/traces"
 DATA_TYPES = {"NUMERIC", "BOOLEAN", "CATEGORICAL"}
+OBSERVATIONS_PATH = "/api/public/v2/observations"
+FIELD_GROUPS = {
+    "core": ("id", "traceId", "startTime", "endTime", "projectId", "parentObservationId", "type"),
+    "basic": (
+        "name",
+        "level",
+        "statusMessage",
+        "version",
+        "environment",
+        "bookmarked",
+        "public",
+        "userId",
+        "sessionId",
+        "isRootObservation",
+    ),
+    "time": ("completionStartTime", "createdAt", "updatedAt"),
+    "io": ("input", "output"),
+    "metadata": ("metadata",),
+    "model": ("model", "internalModelId", "modelParameters"),
+    "usage": ("usageDetails", "costDetails", "totalCost", "usagePricingTierName"),
+    "prompt": ("promptId", "promptName", "promptVersion"),
+    "metrics": ("latency", "timeToFirstToken"),
+    "trace_context": ("tags", "release", "traceName"),
+}
+OBSERVATION_PARAMS = {"fields", "expandMetadata", "limit", "cursor", "name", "userId", "sessionId", "type", "traceId",
+                      "level", "parentObservationId", "isRootObservation", "environment", "fromStartTime",
+                      "toStartTime", "version", "filter"}  # fmt: skip
 SCORE_FIELDS = {"id", "traceId", "sessionId", "observationId", "datasetRunId", "name", "value", "dataType", "comment",
                 "metadata", "environment", "configId", "queueId", "timestamp"}  # fmt: skip
+
+
+def _time(text: str) -> datetime.datetime:
+    at = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if at.tzinfo is None:
+        raise ValueError("no time zone")
+    return at
 
 
 class Server(ThreadingHTTPServer):
@@ -62,6 +100,8 @@ class FakeLangfuse:
         self.span_headers: list[dict[str, str]] = []  # headers of every OTLP attempt
         self.spans: dict[tuple[str, str], Any] = {}  # (trace id hex, span id hex) -> the OTLP span
         self.violations: list[str] = []
+        self.observations: list[dict[str, Any]] = []  # what GET /api/public/v2/observations serves (all fields)
+        self.observation_queries: list[dict[str, str]] = []
         self.lock = threading.Lock()
         self.port = 0
         self.server: ThreadingHTTPServer | None = None
@@ -86,12 +126,19 @@ class FakeLangfuse:
         for key, kind in (("id", str), ("name", str), ("dataType", str)):
             if not isinstance(body.get(key), kind):
                 problems.append(f"{key} missing or not {kind.__name__}")
-        if "traceId" in body and not re.fullmatch(r"[0-9a-f]{32}", body["traceId"]):
-            problems.append("traceId is not 32 hex")
+        trace_id = body.get("traceId")
+        if "traceId" in body and not (
+            isinstance(trace_id, str) and (re.fullmatch(r"[0-9a-f]{32}", trace_id) or trace_id in self.trace_ids)
+        ):
+            problems.append("traceId is neither 32 hex (an OTel id) nor the id of a trace this Langfuse holds")
         if "traceId" not in body and "sessionId" not in body:
             problems.append("neither traceId nor sessionId")
-        if "observationId" in body and not re.fullmatch(r"[0-9a-f]{16}", body["observationId"]):
-            problems.append("observationId is not 16 hex")
+        observation = body.get("observationId")
+        if "observationId" in body and not (
+            isinstance(observation, str)
+            and (re.fullmatch(r"[0-9a-f]{16}", observation) or observation in self.observation_ids)
+        ):
+            problems.append("observationId is neither 16 hex nor the id of an observation this Langfuse holds")
         data_type, value = body.get("dataType"), body.get("value")
         if data_type not in DATA_TYPES:
             problems.append(f"dataType {data_type}")
@@ -130,6 +177,61 @@ class FakeLangfuse:
                     if not span.name:
                         problems.append("span without a name")
         return req, problems
+
+    @property
+    def trace_ids(self) -> set[str]:
+        return {o["traceId"] for o in self.observations}
+
+    @property
+    def observation_ids(self) -> set[str]:
+        return {o["id"] for o in self.observations}
+
+    def list_observations(self, headers: dict[str, str], query: dict[str, str]) -> tuple[int, str, bytes]:
+        """`GET /api/public/v2/observations`: filters, field groups, and cursor pages newest first (the receiver
+        must not rely on an order the API does not promise)."""
+        self.observation_queries.append(query)
+        problems = self._auth(headers)
+        problems += [f"unknown query parameter {k}" for k in query if k not in OBSERVATION_PARAMS]
+        groups = query.get("fields", "core,basic").split(",")
+        problems += [f"unknown field group {g}" for g in groups if g not in FIELD_GROUPS]
+        try:
+            limit = int(query.get("limit", "50"))
+            if not 1 <= limit <= 1000:
+                problems.append("limit outside 1..1000")
+        except ValueError:
+            problems.append("limit is not an integer")
+            limit = 50
+        bounds = {}
+        for key in ("fromStartTime", "toStartTime"):
+            if key in query:
+                try:
+                    bounds[key] = _time(query[key])
+                except ValueError:
+                    problems.append(f"{key} is not ISO 8601")
+        if query.get("isRootObservation") not in (None, "true", "false"):
+            problems.append("isRootObservation is not a boolean")
+        try:
+            offset = int(base64.b64decode(query["cursor"]).decode()) if "cursor" in query else 0
+        except ValueError:
+            problems.append("cursor is not one this server gave")
+            offset = 0
+        if problems:
+            self.violations += problems
+            return 400, "application/json", json.dumps({"message": "; ".join(problems)}).encode()
+        found = [
+            o for o in self.observations
+            if ("traceId" not in query or o["traceId"] == query["traceId"])
+            and (query.get("isRootObservation") != "true" or not o.get("parentObservationId"))
+            and ("fromStartTime" not in bounds or _time(o["startTime"]) >= bounds["fromStartTime"])
+            and ("toStartTime" not in bounds or _time(o["startTime"]) < bounds["toStartTime"])
+        ]  # fmt: skip
+        found.sort(key=lambda o: _time(o["startTime"]), reverse=True)
+        page = found[offset : offset + limit]
+        keep = {f for g in ["core", *groups] for f in FIELD_GROUPS[g]}
+        data = [{k: v for k, v in o.items() if k in keep} for o in page]
+        more = offset + limit < len(found)
+        cursor = base64.b64encode(str(offset + limit).encode()).decode() if more else None
+        return 200, "application/json", json.dumps({"data": data, "meta": {"cursor": cursor}}).encode()
 
     # --- answers --------------------------------------------------------------------------------------
 
@@ -183,6 +285,20 @@ class FakeLangfuse:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def do_GET(self) -> None:
+                path, _, raw_query = self.path.partition("?")
+                if path == OBSERVATIONS_PATH:
+                    query = {k: v[-1] for k, v in parse_qs(raw_query).items()}
+                    with fake.lock:
+                        status, content_type, payload = fake.list_observations(dict(self.headers), query)
+                else:
+                    status, content_type, payload = 404, "application/json", b'{"message": "not found"}'
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
 
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))

@@ -7,18 +7,19 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from fastapi import Body, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from evalsi.auth import PRINCIPAL_SCOPE_KEY, Authenticator
-from evalsi.collector import run_api, score_api
+from evalsi.collector import query, run_api, score_api
 from evalsi.component import Refused, ScoreConsumer
 from evalsi.duration import parse_duration
 from evalsi.evaluators.judge_client import Judges
 from evalsi.ids import is_trace_id
+from evalsi.policies.intervals import headline_interval
 from evalsi.score import DEFAULT_PROJECT, Score, ScoreBatch
 from evalsi.store import TraceQueries
 
@@ -77,10 +78,31 @@ def build_api(
         request: Request,
         limit: int = Query(20, ge=1, le=10_000),
         service: str | None = Query(None, max_length=MAX_FILTER),
+        since: str | None = Query(None, max_length=100),
+        until: str | None = Query(None, max_length=100),
+        error: bool | None = None,
+        model: str | None = Query(None, max_length=MAX_FILTER),
+        session: str | None = Query(None, max_length=MAX_FILTER),
+        min_duration: str | None = Query(None, max_length=100),
+        attr: list[str] = Query([]),  # noqa: B008
+        failed: str | None = Query(None, max_length=MAX_FILTER),
+        where: str | None = Query(None, max_length=MAX_WHERE),
+        scan: int | None = Query(None, ge=1, le=query.MAX_SCAN),
     ) -> dict[str, Any]:
-        s = need_store()
-        found = await asyncio.to_thread(s.list_traces, limit=limit, service=service, project=project_of(request))
-        return {"traces": found}
+        """Traces newest first, narrowed by the filters given (see `query.search_traces`)."""
+        given = {
+            "limit": limit, "service": service, "since": since, "until": until, "error": error, "model": model,
+            "session": session, "min_duration": min_duration, "attr": attr, "failed": failed, "where": where,
+            "scan": scan,
+        }  # fmt: skip
+        params = {k: v for k, v in given.items() if v is not None and v != []}
+        return await _searched(query.search_traces, need_store(), params, project_of(request))
+
+    async def _searched(search: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await asyncio.to_thread(search, *args, **kwargs)
+        except query.SearchError as e:
+            raise HTTPException(400, str(e)) from None
 
     @app.get("/api/v1/scores")
     async def list_scores(
@@ -97,12 +119,43 @@ def build_api(
         return {"scores": found}
 
     @app.get("/api/v1/traces/{trace_id}")
-    async def get_trace(request: Request, trace_id: str) -> dict[str, Any]:
+    async def get_trace(
+        request: Request,
+        trace_id: str,
+        limit: int = Query(query.TRACE_PAGE, ge=1, le=query.MAX_TRACE_PAGE),
+        offset: int = Query(0, ge=0, le=2**63 - 1),
+    ) -> dict[str, Any]:
+        """At most `limit` spans of the trace from `offset`; `truncated` and `next_offset` say when more follow."""
         _check_trace_id("trace_id", trace_id)
-        spans = await asyncio.to_thread(need_store().get_trace, trace_id, project=project_of(request))
-        if not spans:
+        project = project_of(request)
+        doc = await _searched(query.read_trace, need_store(), trace_id, limit=limit, offset=offset, project=project)
+        if doc is None:
             raise HTTPException(404, f"trace {trace_id} not found")
-        return {"trace_id": trace_id.lower(), "spans": spans}
+        return cast(dict[str, Any], doc)
+
+    @app.get("/api/v1/sessions")
+    async def list_sessions(
+        request: Request,
+        limit: int = Query(20, ge=1, le=10_000),
+        since: str | None = Query(None, max_length=100),
+        until: str | None = Query(None, max_length=100),
+    ) -> dict[str, Any]:
+        """Sessions, the most recently active first."""
+        params = {k: v for k, v in {"limit": limit, "since": since, "until": until}.items() if v is not None}
+        return {"sessions": await _searched(query.list_sessions, need_store(), params, project_of(request))}
+
+    @app.get("/api/v1/sessions/{session_id:path}")
+    async def get_session(
+        request: Request, session_id: str, limit: int = Query(1000, ge=1, le=10_000)
+    ) -> dict[str, Any]:
+        """A session's traces, oldest first, and its scores (of the session and of its traces)."""
+        if len(session_id) > MAX_FILTER:
+            raise HTTPException(400, f"session_id: {len(session_id)} characters; at most {MAX_FILTER}")
+        project = project_of(request)
+        doc = await _searched(query.show_session, need_store(), session_id, limit=limit, project=project)
+        if doc is None:
+            raise HTTPException(404, f"session {session_id[:200]!r} not found")
+        return cast(dict[str, Any], doc)
 
     # --- the Score API -------------------------------------------------------------------------------------
 
@@ -228,13 +281,40 @@ def build_api(
         since_ns = time.time_ns() - int(seconds * 1e9)
         stats = need_store().score_window_stats
         rows = await asyncio.to_thread(stats, since_ns=since_ns, policy=policy, project=project_of(request))
-        return {"window": window, "since_unix_nano": since_ns, "stats": score_api.window_stats(rows)}
+        found = score_api.window_stats(rows)
+        for series, row in zip(found, rows, strict=True):  # an interval within the values' bounds, and its method
+            series["interval"], series["method"] = headline_interval(row, series["confidence"])
+        return {"window": window, "since_unix_nano": since_ns, "stats": found}
+
+    @app.get("/api/v1/alerts")
+    async def list_alerts(
+        request: Request,
+        policy: str | None = Query(None, max_length=MAX_FILTER),
+        since: str | None = Query(None, max_length=100),
+        limit: int = Query(100, ge=1, le=10_000),
+    ) -> dict[str, Any]:
+        """Policy alerts that fired or resolved in the last `since` (a duration; none: ever), newest first."""
+        try:
+            seconds = parse_duration(since) if since else None
+        except ValueError as e:
+            raise HTTPException(400, f"since: {e}") from None
+        if seconds is not None and seconds > score_api.MAX_WINDOW_S:
+            raise HTTPException(400, f"since: at most {score_api.MAX_WINDOW_S // 3600:g}h (ten years)")
+        since_ns = 0 if seconds is None else max(0, time.time_ns() - int(seconds * 1e9))
+        lister = getattr(need_store(), "list_alerts", None)
+        if lister is None:
+            raise HTTPException(404, "this collector's store keeps no alerts")
+        project = project_of(request)
+        found = await asyncio.to_thread(lister, limit=limit, policy=policy, since_ns=since_ns, project=project)
+        return {"alerts": found}
 
     return app
 
 
 MAX_FILTER = 1000
 """The longest service or policy name a query filters on: a longer one is refused, not sent to the store."""
+MAX_WHERE = 4000
+"""The longest CEL condition a trace search takes."""
 
 
 def _check_trace_id(name: str, value: str) -> None:

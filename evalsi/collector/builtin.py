@@ -6,6 +6,9 @@ import importlib
 
 BUILTIN_MODULES = (
     "evalsi.receivers.otlp",
+    "evalsi.receivers.pull.mlflow",
+    "evalsi.receivers.pull.langfuse",
+    "evalsi.receivers.pull.phoenix",
     "evalsi.processors.memory_limiter",
     "evalsi.processors.normalize",
     "evalsi.processors.redact",
@@ -17,6 +20,7 @@ BUILTIN_MODULES = (
     "evalsi.exporters.prometheus",
     "evalsi.exporters.langfuse",
     "evalsi.exporters.mlflow",
+    "evalsi.exporters.phoenix",
 )
 
 

@@ -1,14 +1,21 @@
-"""Where the CLI reads traces: the running collector's API, or the store itself when no collector runs."""
+"""Where the CLI reads traces: the running collector's API, or the store itself when no collector runs; and the
+trace and session search both answer with (`search_traces`, `read_trace`, `list_sessions`, `show_session`)."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import datetime as dt
+import re
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol, cast
+from urllib.parse import quote
 
 import httpx
 
 from evalsi.auth import KEY_ENV, api_headers
 from evalsi.collector.config import Config, is_store, type_of
 from evalsi.component import REGISTRY
+from evalsi.duration import parse_duration
 from evalsi.store import StoreBusy, TraceQueries
 
 
@@ -19,11 +26,24 @@ class QueryError(Exception):
 class TraceReader(Protocol):
     where: str
 
-    def list_traces(self, *, limit: int, service: str | None) -> list[dict[str, Any]]: ...
-
-    def get_trace(self, trace_id: str) -> list[dict[str, Any]]: ...
-
     def list_scores(self, *, limit: int, trace_id: str | None, policy: str | None) -> list[dict[str, Any]]: ...
+
+    def list_alerts(self, *, limit: int, policy: str | None, since: str | None) -> list[dict[str, Any]]:
+        """Policy alerts that fired or resolved in the last `since` (a duration: 1h, 30m; None: ever), newest
+        first."""
+        ...
+
+    def search_traces(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """`GET /api/v1/traces` with these query parameters (`SEARCH_PARAMETERS`)."""
+        ...
+
+    def read_trace(self, trace_id: str, *, limit: int, offset: int) -> dict[str, Any] | None:
+        """A page of the trace (`GET /api/v1/traces/{id}`) with its `scores`; None when unknown."""
+        ...
+
+    def list_sessions(self, params: Mapping[str, Any]) -> list[dict[str, Any]]: ...
+
+    def show_session(self, session_id: str, *, limit: int) -> dict[str, Any] | None: ...
 
     def close(self) -> None: ...
 
@@ -41,25 +61,40 @@ class ApiReader:
             raise QueryError(f"cannot reach the evalsi API at {self.url}: {e}; is `evalsi serve` running?") from None
         return resp
 
-    def list_traces(self, *, limit: int, service: str | None) -> list[dict[str, Any]]:
-        resp = self._get("/api/v1/traces", limit=limit, service=service)
-        if resp.status_code != 200:
-            raise QueryError(f"{self.where} answered {resp.status_code}: {_detail(resp)}")
-        return resp.json()["traces"]
-
     def list_scores(self, *, limit: int, trace_id: str | None, policy: str | None) -> list[dict[str, Any]]:
         resp = self._get("/api/v1/scores", limit=limit, trace_id=trace_id, policy=policy)
         if resp.status_code != 200:
             raise QueryError(f"{self.where} answered {resp.status_code}: {_detail(resp)}")
         return resp.json()["scores"]
 
-    def get_trace(self, trace_id: str) -> list[dict[str, Any]]:
-        resp = self._get(f"/api/v1/traces/{trace_id}")
-        if resp.status_code == 404:
-            return []
+    def list_alerts(self, *, limit: int, policy: str | None, since: str | None) -> list[dict[str, Any]]:
+        resp = self._get("/api/v1/alerts", limit=limit, policy=policy, since=since)
         if resp.status_code != 200:
             raise QueryError(f"{self.where} answered {resp.status_code}: {_detail(resp)}")
-        return resp.json()["spans"]
+        return resp.json()["alerts"]
+
+    def _doc(self, path: str, params: Mapping[str, Any], missing: bool = False) -> dict[str, Any] | None:
+        resp = self._get(path, **params)
+        if missing and resp.status_code == 404:
+            return None
+        if resp.status_code != 200:
+            raise QueryError(f"{self.where} answered {resp.status_code}: {_detail(resp)}")
+        return cast(dict[str, Any], resp.json())
+
+    def search_traces(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return cast(dict[str, Any], self._doc("/api/v1/traces", params))
+
+    def read_trace(self, trace_id: str, *, limit: int, offset: int) -> dict[str, Any] | None:
+        doc = self._doc(f"/api/v1/traces/{trace_id}", {"limit": limit, "offset": offset}, missing=True)
+        if doc is not None:
+            doc["scores"] = self.list_scores(limit=MAX_SCORES, trace_id=trace_id, policy=None)
+        return doc
+
+    def list_sessions(self, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        return cast(dict[str, Any], self._doc("/api/v1/sessions", params))["sessions"]
+
+    def show_session(self, session_id: str, *, limit: int) -> dict[str, Any] | None:
+        return self._doc(f"/api/v1/sessions/{quote(session_id, safe='')}", {"limit": limit}, missing=True)
 
     def close(self) -> None:
         self._client.close()
@@ -75,22 +110,301 @@ def _detail(resp: httpx.Response) -> str:
     return detail
 
 
+def alerts_since_ns(since: str | None) -> int:
+    """The time `since` (a duration back from now) in ns since 1970; 0 for None. Raises ValueError."""
+    if not since:
+        return 0
+    from evalsi.duration import parse_duration
+
+    return max(0, time.time_ns() - int(parse_duration(since) * 1e9))
+
+
 class StoreReader:
     def __init__(self, store: TraceQueries) -> None:
         self.store = store
         self.where = store.description
 
-    def list_traces(self, *, limit: int, service: str | None) -> list[dict[str, Any]]:
-        return self.store.list_traces(limit=limit, service=service)
-
-    def get_trace(self, trace_id: str) -> list[dict[str, Any]]:
-        return self.store.get_trace(trace_id)
-
     def list_scores(self, *, limit: int, trace_id: str | None, policy: str | None) -> list[dict[str, Any]]:
         return self.store.list_scores(limit=limit, trace_id=trace_id, policy=policy)
 
+    def list_alerts(self, *, limit: int, policy: str | None, since: str | None) -> list[dict[str, Any]]:
+        list_alerts = getattr(self.store, "list_alerts", None)
+        if list_alerts is None:
+            raise QueryError(f"the {self.where} keeps no alerts")
+        return cast(list[dict[str, Any]], list_alerts(limit=limit, policy=policy, since_ns=alerts_since_ns(since)))
+
+    def search_traces(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return search_traces(self.store, params)
+
+    def read_trace(self, trace_id: str, *, limit: int, offset: int) -> dict[str, Any] | None:
+        doc = read_trace(self.store, trace_id, limit=limit, offset=offset)
+        if doc is not None:
+            doc["scores"] = self.store.list_scores(limit=MAX_SCORES, trace_id=trace_id)
+        return doc
+
+    def list_sessions(self, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        return list_sessions(self.store, params)
+
+    def show_session(self, session_id: str, *, limit: int) -> dict[str, Any] | None:
+        return show_session(self.store, session_id, limit=limit)
+
     def close(self) -> None:
         self.store.close()
+
+
+# --- searching traces and sessions ------------------------------------------------------------------------------
+
+MAX_SCORES = 1000
+"""The most scores `traces show` lists for one trace."""
+TRACE_PAGE = 10_000
+"""Spans of one trace a read returns unless asked for another page size: a trace may hold 500,000 (a sender picks
+its trace ids), and every span read is held in memory and in the JSON answer."""
+MAX_TRACE_PAGE = 100_000
+MAX_SCAN = 10_000
+MAX_LIST = 100_000
+"""Traces one list returns at most when the CLI reads the store itself (the API answers 10,000 at most)."""
+"""The most candidate traces a `where` condition is evaluated over, newest first (`scan`)."""
+WHERE_SPAN_BUDGET = 50_000
+"""Spans read at once to evaluate a `where` condition; a trace holding more is not evaluated (`skipped`)."""
+WHERE_TRACES = 500
+"""Traces read at once to evaluate a `where` condition."""
+SEARCH_PARAMETERS = (
+    "limit", "service", "since", "until", "error", "model", "session", "min_duration", "attr", "failed", "where",
+    "scan",
+)  # fmt: skip
+"""The query parameters of `GET /api/v1/traces`: what `evalsi traces list` sends, and `search_traces` reads."""
+
+
+class SearchError(QueryError):
+    """A search the asker got wrong (a bad time, filter or condition): the message names the parameter."""
+
+
+class SearchableStore(Protocol):
+    """The reads a search needs of the store (the ClickHouse exporter's `TraceStore` has them)."""
+
+    def search_traces(self, **filters: Any) -> list[dict[str, Any]]: ...
+
+    def get_traces(
+        self, trace_ids: list[str], *, since_ns: int = 0, project: str | None = None
+    ) -> dict[str, list[dict[str, Any]]]: ...
+
+    def trace_page(
+        self, trace_id: str, *, limit: int, offset: int = 0, project: str | None = None
+    ) -> tuple[list[dict[str, Any]], int]: ...
+
+    def list_sessions(self, **filters: Any) -> list[dict[str, Any]]: ...
+
+    def session_scores(
+        self, session_id: str, *, limit: int = 1000, project: str | None = None
+    ) -> list[dict[str, Any]]: ...
+
+
+def _searchable(store: TraceQueries) -> SearchableStore:
+    if not hasattr(store, "search_traces"):
+        raise QueryError(f"the {store.description} cannot search traces")
+    return cast(SearchableStore, store)
+
+
+_DAYS = re.compile(r"(?:(\d+(?:\.\d+)?)d)?(.*)", re.S)
+_MAX_SECONDS = 2**63 / 1e9  # what an Int64 of ns holds: 292 years
+
+
+def _seconds(text: str) -> float:
+    """Seconds of a duration as the config writes them (`90s`, `1h30m`) or in days (`7d`, `1d12h`)."""
+    found = _DAYS.fullmatch(text.strip())
+    assert found is not None  # `.*` matches anything
+    days, rest = found.group(1), found.group(2)
+    if days is None and not rest:
+        raise ValueError("an empty duration")
+    seconds = float(days or 0) * 86_400 + (parse_duration(rest) if rest else 0.0)
+    if not seconds < _MAX_SECONDS:  # inf and NaN too: 400 digits of hours read as a float are inf
+        raise ValueError(f"a duration past {_MAX_SECONDS:.0f} s")
+    return seconds
+
+
+def _duration_ns(name: str, text: str) -> int:
+    try:
+        return int(_seconds(text) * 1e9)
+    except ValueError:
+        raise SearchError(f"{name}: {text[:80]!r} is not a duration (e.g. 500ms, 2s, 1m30s, 7d)") from None
+
+
+def parse_time(name: str, text: str, now_ns: int) -> int:
+    """A time in ns since 1970 from a duration back from now (`15m`, `2h`, `7d`) or an ISO-8601 time (UTC unless it
+    says otherwise)."""
+    try:
+        return max(0, now_ns - int(_seconds(text) * 1e9))
+    except ValueError:
+        pass
+    try:
+        at = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise SearchError(
+            f"{name}: {text[:80]!r} is neither a duration back from now (15m, 2h, 7d) nor an ISO-8601 time "
+            "(2026-05-01, 2026-05-01T12:00:00Z)"
+        ) from None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=dt.UTC)
+    ns = (at - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1) * 1000
+    if not 0 <= ns < 2**63:
+        raise SearchError(f"{name}: {text[:80]!r} is not a time from 1970 to 2262")
+    return ns
+
+
+def _attribute(text: str) -> tuple[str, str]:
+    key, eq, value = text.partition("=")
+    if not eq or not key:
+        raise SearchError(f"attr: {text[:80]!r} is not KEY=VALUE")
+    return key, value
+
+
+def _flag(name: str, value: Any) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise SearchError(f"{name}: {str(value)[:80]!r} is not true or false")
+
+
+def _int(name: str, value: Any, default: int, low: int, high: int) -> int:
+    if value is None:
+        return default
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise SearchError(f"{name}: {str(value)[:80]!r} is not a whole number") from None
+    if not low <= n <= high:
+        raise SearchError(f"{name}: {n} is not from {low} to {high:,}")
+    return n
+
+
+def _times(params: Mapping[str, Any]) -> dict[str, int]:
+    now = time.time_ns()
+    found: dict[str, int] = {}
+    for name in ("since", "until"):
+        if params.get(name):
+            found[f"{name}_ns"] = parse_time(name, str(params[name]), now)
+    return found
+
+
+def _filters(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The store's `search_traces` arguments from the query parameters, checked."""
+    attrs = params.get("attr") or []
+    filters: dict[str, Any] = {
+        "service": params.get("service") or None,
+        "error": _flag("error", params.get("error")),
+        "model": params.get("model") or None,
+        "session": params.get("session") or None,
+        "failed": params.get("failed") or None,
+        "attributes": [_attribute(a) for a in ([attrs] if isinstance(attrs, str) else attrs)],
+        **_times(params),
+    }
+    if params.get("min_duration"):
+        filters["min_duration_ns"] = _duration_ns("min_duration", str(params["min_duration"]))
+    return filters
+
+
+def search_traces(store: TraceQueries, params: Mapping[str, Any], project: str | None = None) -> dict[str, Any]:
+    """`{"traces": [trace rows]}`, newest first, matching the query parameters (`SEARCH_PARAMETERS`): the filters
+    narrow in the store's SQL; a `where` CEL condition over the trace (what policy selectors see: `trace`, `span`,
+    `resource`, `session`) is then evaluated over the newest `scan` candidates, and the answer says how many it
+    `scanned` and which traces it `skipped` as too big to evaluate. Raises `SearchError` for a bad parameter."""
+    unknown = sorted(set(params) - set(SEARCH_PARAMETERS))
+    if unknown:
+        raise SearchError(f"unknown search parameter {unknown[0]!r}; known: {', '.join(SEARCH_PARAMETERS)}")
+    searchable = _searchable(store)
+    limit = _int("limit", params.get("limit"), 20, 1, MAX_LIST)
+    filters = _filters(params)
+    where = params.get("where")
+    if not where:
+        return {"traces": _store_search(searchable.search_traces, limit=limit, project=project, **filters)}
+    from evalsi.policies.engine import TRACE_VARIABLES, Condition, TraceView
+    from evalsi.span import span_from_canonical
+
+    try:
+        condition = Condition(str(where), TRACE_VARIABLES)
+    except ValueError as e:
+        raise SearchError(f"where {str(where)[:200]!r}: {e}") from None
+    scan = _int("scan", params.get("scan"), 1000, 1, MAX_SCAN)
+    candidates = _store_search(searchable.search_traces, limit=scan, project=project, **filters)
+    found: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    batch: list[dict[str, Any]] = []
+
+    def evaluate(rows: list[dict[str, Any]]) -> None:
+        # a row's start is its first span's, unless `service` left the trace's other spans out of the row
+        since = 0 if filters["service"] else min(r["start_time_unix_nano"] for r in rows)
+        spans = searchable.get_traces([r["trace_id"] for r in rows], since_ns=since, project=project)
+        for r in rows:
+            trace = [span_from_canonical(c) for c in spans.get(r["trace_id"], [])]
+            if trace and len(found) < limit and condition.matches(TraceView(trace)):
+                found.append(r)
+
+    for row in candidates:
+        if row["span_count"] > WHERE_SPAN_BUDGET:
+            skipped.append(row["trace_id"])
+            continue
+        full = len(batch) >= WHERE_TRACES or sum(r["span_count"] for r in batch) + row["span_count"] > WHERE_SPAN_BUDGET
+        if batch and full:
+            evaluate(batch)
+            batch = []
+        if len(found) >= limit:
+            break
+        batch.append(row)
+    if batch and len(found) < limit:
+        evaluate(batch)
+    return {"traces": found, "scanned": len(candidates), "skipped": skipped}
+
+
+def _store_search(search: Any, **kwargs: Any) -> list[dict[str, Any]]:
+    try:
+        return cast(list[dict[str, Any]], search(**kwargs))
+    except ValueError as e:  # a filter the store refuses (too long, too many)
+        raise SearchError(str(e)) from None
+
+
+def read_trace(
+    store: TraceQueries, trace_id: str, *, limit: int = TRACE_PAGE, offset: int = 0, project: str | None = None
+) -> dict[str, Any] | None:
+    """A page of a trace: `spans` (at most `limit`, from `offset`, in start order), `span_count` (all of it),
+    `truncated` and, when more follow, `next_offset`; None when the trace is unknown."""
+    limit = _int("limit", limit, TRACE_PAGE, 1, MAX_TRACE_PAGE)
+    offset = _int("offset", offset, 0, 0, 2**63 - 1)
+    spans, total = _searchable(store).trace_page(trace_id, limit=limit, offset=offset, project=project)
+    if total == 0:
+        return None
+    doc: dict[str, Any] = {"trace_id": trace_id.lower(), "spans": spans, "span_count": total, "offset": offset}
+    doc["truncated"] = offset > 0 or offset + len(spans) < total
+    if offset + len(spans) < total:
+        doc["next_offset"] = offset + len(spans)
+    return doc
+
+
+def list_sessions(store: TraceQueries, params: Mapping[str, Any], project: str | None = None) -> list[dict[str, Any]]:
+    """Sessions, the most recently active first; `params`: limit, since, until (as `search_traces`)."""
+    unknown = sorted(set(params) - {"limit", "since", "until"})
+    if unknown:
+        raise SearchError(f"unknown session search parameter {unknown[0]!r}; known: limit, since, until")
+    limit = _int("limit", params.get("limit"), 20, 1, 10_000)
+    return _searchable(store).list_sessions(limit=limit, project=project, **_times(params))
+
+
+def show_session(
+    store: TraceQueries, session_id: str, *, limit: int = 1000, project: str | None = None
+) -> dict[str, Any] | None:
+    """A session's traces, oldest first (at most `limit`), and its scores (of the session and of its traces);
+    None when no trace has that session."""
+    limit = _int("limit", limit, 1000, 1, 10_000)
+    searchable = _searchable(store)
+    traces = _store_search(searchable.search_traces, limit=limit, session=session_id, oldest_first=True,
+                           project=project)  # fmt: skip
+    if not traces:
+        return None
+    scores = searchable.session_scores(session_id, limit=MAX_SCORES, project=project)
+    return {"session_id": session_id, "traces": traces, "scores": scores}
 
 
 def api_url(endpoint: str) -> str:

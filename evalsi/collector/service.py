@@ -15,7 +15,7 @@ from prometheus_client import make_asgi_app
 from evalsi import __version__
 from evalsi.auth import Authenticator, gate
 from evalsi.collector.api import OPEN_PATHS, build_api
-from evalsi.collector.config import Config, ConfigError, is_store, load_config, type_of
+from evalsi.collector.config import Config, ConfigError, is_store, listeners, load_config, type_of
 from evalsi.collector.fanout import FanOut, LogFanOut, ScoreFanOut, fan
 from evalsi.collector.heap import tune_gc
 from evalsi.collector.workers.metrics import merged_registry
@@ -25,7 +25,7 @@ from evalsi.encoded import EncodedBatch
 from evalsi.evaluators.judge_client import Judges
 from evalsi.held import InFlight, earliest
 from evalsi.log_record import LogBatch
-from evalsi.serving import AsgiServer
+from evalsi.serving import AsgiServer, taken
 from evalsi.span import SpanBatch
 from evalsi.store import StoreExporter, TraceQueries
 from evalsi.supervise import supervise
@@ -160,7 +160,7 @@ class Service:
         in_workers = self.config.service.workers > 1 and self.worker_store is None
         return Settings(
             id=cid, metrics=self.metrics, logger=logging.getLogger(f"evalsi.{kind}.{cid}"), worker=worker,
-            collector=self if in_workers else None, auth=self.auth, wal=self.wal,
+            collector=self if in_workers else None, auth=self.auth, wal=self.wal, host=self,
         )  # fmt: skip
 
     def route_feedback(self, processor: str, scores: list[Any]) -> None:
@@ -412,6 +412,10 @@ class Service:
 
     async def start(self) -> None:
         """Exporters first (the store opens), then processors, then receivers, as the Collector does."""
+        if self.worker_store is None:
+            busy = taken(listeners(self.config.service, self.config.components))
+            if busy:
+                raise StartError("\n  ".join(busy))
         try:
             if self.wal is not None:
                 self.wal.open()

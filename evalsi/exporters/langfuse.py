@@ -133,7 +133,12 @@ def score_body(score: Score) -> dict[str, Any]:
     else:
         data_type, value = "CATEGORICAL", str(score.label)
     body: dict[str, Any] = {"id": score_id(score), "name": score.name, "value": value, "dataType": data_type}
-    if score.trace_id:
+    source_trace = score.metadata.get("source_trace_id")
+    if source_trace:  # a trace the `langfuse` receiver imported, whose ids there are not OTel ids
+        body["traceId"] = str(source_trace)
+        if score.metadata.get("source_span_id"):
+            body["observationId"] = str(score.metadata["source_span_id"])
+    elif score.trace_id:
         trace_id = score.trace_id.lower()
         if not is_canonical_trace_id(trace_id):
             raise ValueError(f"trace id {score.trace_id!r} is not 32 hex digits")

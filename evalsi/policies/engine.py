@@ -29,6 +29,7 @@ from evalsi import cel
 from evalsi.evaluators import Evaluator, Params, Target, run
 from evalsi.evaluators.base import FROM_SPANS
 from evalsi.evaluators.judge_client import Judges
+from evalsi.ids import SOURCE_SPAN_ID, SOURCE_TRACE_ID
 from evalsi.policies.feedback import NEGATIVE_BELOW, feedback_variable
 from evalsi.policies.intervals import percentile
 from evalsi.policies.notify import AlertEvent
@@ -36,7 +37,7 @@ from evalsi.policies.promote import Datasets, record
 from evalsi.policies.window import AlertRule, PolicyWindow, WindowStats
 from evalsi.score import Score
 from evalsi.span import Span, project_of
-from evalsi.trajectory import build_trajectory
+from evalsi.trajectory import build_trajectory, counted_once
 
 __all__ = [
     "ALWAYS_VARIABLES", "TRACE_VARIABLES", "WHEN_VARIABLES", "Condition", "LatencyAbove", "Policy",
@@ -162,6 +163,23 @@ class TraceView:
         self._variables: dict[str, Any] = {}
 
     @cached_property
+    def folded(self) -> set[str]:
+        """Vendor SDK spans recording a call an instrumentation span of the trace records too: the trajectory, the
+        trace's sums and span-scope evaluators count the call once, on the instrumentation's span."""
+        return counted_once(self.spans)[0]
+
+    @cached_property
+    def source_ids(self) -> dict[str, tuple[str, str]]:
+        """For traces a pull receiver imported from a tool whose ids are not OTel ids (`evalsi.source.trace_id`,
+        `evalsi.source.span_id`): span id -> the trace's and the span's ids there. Empty for every other trace."""
+        out: dict[str, tuple[str, str]] = {}
+        for s in self.spans:
+            trace = s.attributes.get(SOURCE_TRACE_ID)
+            if trace is not None:
+                out[s.span_id] = (str(trace), str(s.attributes.get(SOURCE_SPAN_ID, "")))
+        return out
+
+    @cached_property
     def session_id(self) -> str:
         if self.root.session_id:
             return self.root.session_id
@@ -253,7 +271,7 @@ class SessionView(TraceView):
             "span_count": len(self.spans),
             "duration_ns": self.duration_ns,
             "error": any(s.status_code == "ERROR" for s in self.spans),
-            "llm_calls": sum(1 for s in self.spans if s.step_type == "llm"),
+            "llm_calls": sum(1 for s in self.spans if s.step_type == "llm" and s.span_id not in self.folded),
             "tool_calls": sum(1 for s in self.spans if s.step_type == "tool"),
         }
 
@@ -283,7 +301,7 @@ class Stage:
         chosen = self.spans or _is_llm
         out: list[Score] = []
         for span in view.spans:
-            if not chosen(span):
+            if not chosen(span) or span.span_id in view.folded:
                 continue
             target = Target([span], span=span, context=view.context, judges=view.judges)
             for s in run(ev, target, self.params):
@@ -295,6 +313,16 @@ class Stage:
             skipped.span_id = view.root.span_id
             out.append(skipped)
         return out
+
+
+def _source_ids(score: Score, view: TraceView) -> None:
+    """`source_trace_id` / `source_span_id` in the score's metadata: the ids of its trace and span in the tool a
+    pull receiver imported them from, for the exporter that writes the score back there."""
+    ids = view.source_ids
+    trace, span = ids.get(score.span_id) or next(iter(ids.values()))
+    score.metadata["source_trace_id"] = trace
+    if score.span_id in ids and span:
+        score.metadata["source_span_id"] = span
 
 
 def _is_llm(span: Span) -> bool:
@@ -468,6 +496,8 @@ class Policy:
                 for s in produced:
                     s.trace_id = view.trace_id
                     s.project = view.project
+                    if view.source_ids:  # where the score goes back to in the tool the trace came from
+                        _source_ids(s, view)
                     s.session_id = s.session_id or view.session_id
                     s.policy = self.name
                     if run_id and not s.run_id:
@@ -608,13 +638,17 @@ class RecordingWindow:
     def roll(self, now: float) -> tuple[list[WindowStats], list[AlertEvent]]:
         return [], []
 
+    def take_resolved(self) -> list[AlertEvent]:
+        return []
+
     def snapshot(self) -> list[WindowStats]:
         return []
 
 
 class PolicySet:
-    """The loaded policies. `evaluate_trace` / `evaluate_session` return scores; alerts that fired and windows
-    that closed wait in `drain_alerts()` / `drain_windows()` for the caller to send or store."""
+    """The loaded policies. `evaluate_trace` / `evaluate_session` return scores; alerts that fired, alerts that
+    resolved and windows that closed wait in `drain_alerts()` / `drain_resolved()` / `drain_windows()` for the
+    caller to send or store."""
 
     def __init__(
         self,
@@ -632,6 +666,7 @@ class PolicySet:
         self.sources = list(sources or [])
         self.datasets = Datasets()
         self._alerts: deque[AlertEvent] = deque(maxlen=10_000)
+        self._resolved: deque[AlertEvent] = deque(maxlen=10_000)
         self._windows: deque[WindowStats] = deque(maxlen=100_000)
         conditions = [c for p in policies for c in p.conditions()]
         # `span` maps carry the fields of the conditions that use `span`; `trace.spans` / `trace.root` are built
@@ -664,6 +699,7 @@ class PolicySet:
             closed_all.extend(closed)
             self._alerts.extend(fired)
             p.stats.alerts += len(fired)
+            self._resolved.extend(p.window.take_resolved())
         self._windows.extend(closed_all)
         return closed_all
 
@@ -818,6 +854,12 @@ class PolicySet:
         self._alerts.clear()
         return out
 
+    def drain_resolved(self) -> list[AlertEvent]:
+        """Alerts that stopped firing: a window closed in which their condition did not hold (`state: resolved`)."""
+        out = list(self._resolved)
+        self._resolved.clear()
+        return out
+
     def carry_over(self, old: PolicySet) -> list[str]:
         """After a reload: each policy with the same name, window length and alerts as one of `old` keeps its open
         window (and counts), so a reload does not reset what alerts see; what `old` has not handed out yet (alerts
@@ -836,7 +878,12 @@ class PolicySet:
             p.window = before.window
             p.stats = before.stats
             kept.append(p.name)
+        taken = {id(p.window) for p in self.policies}
+        for before in old.policies:  # a window left behind: its firing alerts can no longer resolve
+            if isinstance(before.window, PolicyWindow) and id(before.window) not in taken:
+                self._resolved.extend(before.window.resolve_all())
         self._alerts.extend(old._alerts)
+        self._resolved.extend(old._resolved)
         self._windows.extend(old._windows)
         if hasattr(self, "_records"):
             self._records.extend(getattr(old, "_records", []))

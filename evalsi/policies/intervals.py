@@ -1,4 +1,5 @@
-"""Confidence intervals and percentiles for window aggregates: Wilson for pass rates, Student t for means.
+"""Confidence intervals and percentiles for window aggregates: Wilson for pass rates, and for means an interval
+within the values' bounds (`mean_interval`: Wilson, Student t clamped to [0, 1], log-scale t, or plain t).
 
 Pure Python (no scipy): the t quantile solves the exact Student t distribution for integer degrees of freedom
 (Abramowitz & Stegun 26.7.3/26.7.4) by safeguarded Newton steps, and uses the Cornish-Fisher expansion in 1/df
@@ -10,8 +11,12 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from statistics import NormalDist
+from typing import Any
 
-__all__ = ["percentile", "t_interval", "t_quantile", "wilson_interval", "z_quantile"]
+__all__ = [
+    "headline_interval", "log_interval", "mean_interval", "percentile", "t_interval", "t_quantile", "wilson_interval",
+    "z_quantile",
+]  # fmt: skip
 
 _EXPANSION_FROM = 1000
 
@@ -119,6 +124,69 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
     center = (p + z2n / 2) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z2n / (4 * n)) / denominator
     return max(0.0, center - half), min(1.0, center + half)
+
+
+def log_interval(mean: float, sd: float, n: int, confidence: float = 0.95) -> tuple[float, float] | None:
+    """For a mean of non-negative values (durations, tokens, cost): the t interval on the log scale (delta method),
+    mean * or / exp(t · sd / (mean · √n)). It stays above 0, contains the mean, and is wider above it than below, as a
+    skewed quantity's is; for large n it tends to the t interval. None below two observations; (0, 0) when every
+    value is 0."""
+    if n < 2:
+        return None
+    if mean <= 0:
+        return 0.0, 0.0
+    half = t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / (mean * math.sqrt(n))
+    half = min(half, 700.0)  # exp() past it overflows; the bounds are 0 and inf by then anyway
+    return mean * math.exp(-half), mean * math.exp(half)
+
+
+INTERVAL_METHODS = ("wilson", "t[0,1]", "log-t", "t")
+"""What `mean_interval` may use, as the stats output names it."""
+
+
+def mean_interval(
+    n: int,
+    mean: float,
+    sd: float,
+    *,
+    minimum: float | None,
+    maximum: float | None,
+    binary: int = 0,
+    confidence: float = 0.95,
+) -> tuple[tuple[float, float] | None, str]:
+    """The interval of a mean within what the values can be, and its method's name:
+
+    - `wilson`: every value is 0 or 1 (`binary` of the `n`): a proportion, the Wilson interval of its count of 1s;
+    - `t[0,1]`: every value lies in [0, 1] (a rate, an F1, a judge's score): Student t, clamped to [0, 1];
+    - `log-t`: every value is >= 0 and some above 1 (durations, tokens, cost): `log_interval`, above 0;
+    - `t`: some value is negative: Student t, unbounded.
+    """
+    if minimum is not None and minimum >= 0:
+        if maximum is not None and maximum <= 1:
+            if binary >= n > 0:
+                return wilson_interval(round(mean * n), n, confidence), "wilson"
+            found = t_interval(mean, sd, n, confidence)
+            return (None if found is None else (max(0.0, found[0]), min(1.0, found[1]))), "t[0,1]"
+        return log_interval(mean, sd, n, confidence), "log-t"
+    return t_interval(mean, sd, n, confidence), "t"
+
+
+def headline_interval(row: dict[str, Any], confidence: float = 0.95) -> tuple[list[float] | None, str | None]:
+    """The interval and method of one series of the store's window stats (`score_window_stats`: value_n,
+    value_mean, value_sd, value_min, value_max, value_binary, pass_n, passed): of the mean when it has values,
+    else Wilson of the pass rate, else none."""
+    value_n = int(row.get("value_n") or 0)
+    if value_n:
+        found, method = mean_interval(
+            value_n, float(row.get("value_mean") or 0.0), float(row.get("value_sd") or 0.0),
+            minimum=row.get("value_min"), maximum=row.get("value_max"), binary=int(row.get("value_binary") or 0),
+            confidence=confidence,
+        )  # fmt: skip
+    elif int(row.get("pass_n") or 0):
+        found, method = wilson_interval(int(row["passed"]), int(row["pass_n"]), confidence), "wilson"
+    else:
+        return None, None
+    return (list(found) if found else None), method
 
 
 def percentile(ordered: list[float], q: float) -> float | None:

@@ -1,4 +1,5 @@
-"""Alert events and the webhook notifier that POSTs them from a background thread."""
+"""Alert events, the webhook notifier that POSTs them and the recorder that stores them, each from a background
+thread."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,7 +16,7 @@ import httpx
 
 from evalsi.backoff import Backoff, retry_after
 
-__all__ = ["AlertEvent", "Notifier"]
+__all__ = ["AlertEvent", "AlertRecorder", "Notifier"]
 
 log = logging.getLogger("evalsi.policies")
 
@@ -25,7 +27,10 @@ def _iso(seconds: float) -> str:
 
 @dataclass(slots=True)
 class AlertEvent:
-    """An alert that fired: what the webhook gets (`body()`), and where it goes (`notify`, None: recorded only)."""
+    """An alert that fired (or resolved): what the webhook gets (`body()`), and where it goes (`notify`, None:
+    recorded only). `values` are the window aggregates the condition read when it held (or, resolved, when the
+    window closed), e.g. `{"count": 12, "rate('contains')": 0.25}`; `fired_at` is when it fired (resolved: when the
+    window without it closed)."""
 
     policy: str
     alert: str
@@ -38,6 +43,9 @@ class AlertEvent:
     example_trace_ids: list[str]
     labels: dict[str, str]
     fired_at: float
+    values: dict[str, float | int | None] = field(default_factory=dict)
+    state: str = "firing"
+    """`firing`, or `resolved`: a whole window closed without the condition holding (never sent to a webhook)."""
 
     def body(self) -> dict[str, Any]:
         return {
@@ -47,6 +55,7 @@ class AlertEvent:
             "labels": self.labels,
             "window": {"start": _iso(self.window_start), "end": _iso(self.window_end), "count": self.count},
             "aggregates": self.aggregates,
+            "values": self.values,
             "example_trace_ids": self.example_trace_ids,
             "fired_at": _iso(self.fired_at),
         }
@@ -79,8 +88,9 @@ class Notifier:
         self._thread.start()
 
     def send(self, event: AlertEvent) -> None:
-        """Queue `event` for its webhook (nothing to send without `notify`); drops it when the queue is full."""
-        if not event.notify:
+        """Queue `event` for its webhook (nothing to send without `notify`, or once resolved); drops it when the
+        queue is full."""
+        if not event.notify or event.state != "firing":
             return
         try:
             self._queue.put_nowait(event)
@@ -136,3 +146,60 @@ class Notifier:
                 break
             server_says = retry_after(response.headers.get("retry-after"))
         return problem
+
+
+class AlertRecorder:
+    """Hands alert events to `write` (the store) from one background thread, so evaluation never waits for the
+    store: what is queued goes in one call. A failed write is logged and its events dropped, each counted through
+    `lost(reason, n)`: `store_error`, or `queue_full` past `max_pending` events waiting."""
+
+    def __init__(
+        self,
+        write: Callable[[list[AlertEvent]], None],
+        *,
+        lost: Callable[[str, int], None] | None = None,
+        max_pending: int = 10_000,
+    ) -> None:
+        self.write = write
+        self.lost = lost or (lambda reason, n: None)
+        self.written = 0
+        self.max_pending = max_pending
+        self._pending: list[AlertEvent] = []
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name="evalsi-alert-recorder", daemon=True)
+        self._thread.start()
+
+    def record(self, events: list[AlertEvent]) -> None:
+        """Queue `events` for the store; never blocks."""
+        if not events:
+            return
+        with self._cond:
+            room = max(0, self.max_pending - len(self._pending))
+            self._pending += events[:room]
+            self._cond.notify()
+        if len(events) > room:
+            self.lost("queue_full", len(events) - room)
+            log.warning("%d alert events not recorded: %d wait for the store", len(events) - room, self.max_pending)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued (up to `timeout`), then stop."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                batch, self._pending = self._pending, []
+                if not batch and self._closing:
+                    return
+            try:
+                self.write(batch)
+                self.written += len(batch)
+            except Exception as e:  # the store's error, whatever its type: logged and counted, never raised
+                self.lost("store_error", len(batch))
+                log.warning("%d alert events not recorded: %s: %s", len(batch), type(e).__name__, e)

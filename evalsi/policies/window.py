@@ -1,7 +1,8 @@
 """Tumbling windows of scores per policy, evaluator and score name, and the alerts checked over them.
 
 Only `scored` scores count toward n, means, intervals and percentiles (skipped and error scores are counted
-beside them). A window closes when time passes its end; an alert fires at most once per window per condition.
+beside them). A window closes when time passes its end; an alert fires at most once per window per condition, and
+stays firing until a window closes in which it did not fire (then it resolves).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evalsi import cel
-from evalsi.policies.intervals import percentile, t_interval, wilson_interval
+from evalsi.policies.intervals import mean_interval, percentile, wilson_interval
 from evalsi.policies.notify import AlertEvent
 from evalsi.score import Score
 
@@ -30,6 +31,7 @@ CONFIDENCE = 0.95
 # `mean('x')` and friends are shorthand for `window.<map>["x"]`; string literals are matched first so that a
 # name inside a string is never rewritten.
 _FUNCTIONS = {"mean": "mean", "rate": "rate", "count": "n", "p50": "p50", "p90": "p90", "p95": "p95", "p99": "p99"}
+_SPELLED = {key: fn for fn, key in _FUNCTIONS.items()}  # how `values` names an aggregate: "n" -> count('x')
 _STRING = r"""[rRbB]{0,2}(?:'''[\s\S]*?'''|\"\"\"[\s\S]*?\"\"\"|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*")"""
 _ALERT_TOKEN = re.compile(
     rf"(?P<string>{_STRING})"
@@ -43,9 +45,10 @@ _ALERT_TOKEN = re.compile(
 class WindowStats:
     """The aggregate of one score series over one window.
 
-    `mean`/`low`/`high` are the headline: the mean value with a Student t interval when the score has values,
-    else the pass rate with a Wilson interval (`kind` says which). `pass_*` is the pass rate whenever the score
-    has a verdict; `p50`/`p95` are over values. Intervals are None below the observations they need.
+    `mean`/`low`/`high` are the headline: the mean value with an interval within the values' bounds when the score
+    has values (`method`: see `intervals.mean_interval`), else the pass rate with a Wilson interval (`kind` says
+    which). `pass_*` is the pass rate whenever the score has a verdict; `p50`/`p95` are over values. Intervals are
+    None below the observations they need.
     """
 
     policy: str
@@ -70,6 +73,8 @@ class WindowStats:
     example_trace_ids: list[str] = field(default_factory=list)
     shed: int = 0
     """Traces the policy would have looked at in this window but evaluation shed (`overload: shed`)."""
+    method: str = ""
+    """How `low`/`high` were found: `wilson`, `t[0,1]`, `log-t` or `t` (`intervals.mean_interval`)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
@@ -81,14 +86,17 @@ class Series:
 
     __slots__ = (
         "_rng", "_sorted", "errors", "evaluator", "examples", "failures", "m2", "n", "name", "pass_n", "passed",
-        "seen_values", "skipped", "value_mean", "value_n", "values",
+        "seen_values", "skipped", "value_binary", "value_max", "value_mean", "value_min", "value_n", "values",
     )  # fmt: skip
 
     def __init__(self, evaluator: str, name: str) -> None:
         self.evaluator = evaluator
         self.name = name
         self.n = self.value_n = self.pass_n = self.passed = self.skipped = self.errors = self.seen_values = 0
+        self.value_binary = 0  # values that are 0 or 1
         self.value_mean = self.m2 = 0.0
+        self.value_min = math.inf
+        self.value_max = -math.inf
         self.values: list[float] = []
         self._sorted: list[float] | None = None
         self._rng: random.Random | None = None
@@ -109,6 +117,9 @@ class Series:
             delta = value - self.value_mean
             self.value_mean += delta / self.value_n
             self.m2 += delta * (value - self.value_mean)
+            self.value_min = min(self.value_min, value)
+            self.value_max = max(self.value_max, value)
+            self.value_binary += value in (0, 1)
             self._keep(float(value))
         if score.passed is not None:
             self.pass_n += 1
@@ -160,17 +171,20 @@ class Series:
         if self.value_n:
             kind = "numeric"
             mean: float | None = self.value_mean
-            sd = math.sqrt(self.m2 / (self.value_n - 1)) if self.value_n > 1 else 0.0
-            interval = t_interval(self.value_mean, sd, self.value_n, CONFIDENCE)
+            sd = math.sqrt(max(self.m2, 0.0) / (self.value_n - 1)) if self.value_n > 1 else 0.0
+            interval, method = mean_interval(
+                self.value_n, self.value_mean, sd, minimum=self.value_min, maximum=self.value_max,
+                binary=self.value_binary, confidence=CONFIDENCE,
+            )  # fmt: skip
         else:
-            kind, mean, interval = "pass_fail", rate, wilson
+            kind, mean, interval, method = "pass_fail", rate, wilson, "wilson"
         return WindowStats(
             policy=policy, evaluator=self.evaluator, name=self.name, start=start, end=end, kind=kind, n=self.n,
             mean=mean, low=interval[0] if interval else None, high=interval[1] if interval else None,
             pass_n=self.pass_n, passed=self.passed, pass_rate=rate,
             pass_low=wilson[0] if wilson else None, pass_high=wilson[1] if wilson else None,
             p50=self.percentile(50), p95=self.percentile(95), skipped=self.skipped, errors=self.errors,
-            example_trace_ids=self.example_ids(),
+            example_trace_ids=self.example_ids(), method=method,
         )  # fmt: skip
 
 
@@ -219,7 +233,9 @@ def compile_alert(when: str, *, name: str | None = None, notify: str | None = No
     return AlertRule(name or when, when, program, tuple(uses), whole, notify)
 
 
-_BODY_FIELDS = ("evaluator", "kind", "n", "mean", "low", "high", "pass_rate", "pass_low", "pass_high", "p50", "p95")
+_BODY_FIELDS = (
+    "evaluator", "kind", "n", "mean", "low", "high", "method", "pass_rate", "pass_low", "pass_high", "p50", "p95"
+)  # fmt: skip
 
 
 class PolicyWindow:
@@ -242,6 +258,10 @@ class PolicyWindow:
         self.labels = dict(labels or {})
         self.check_interval = check_interval
         self.start: float | None = None
+        self.firing: dict[int, AlertEvent] = {}
+        """The rules firing (by index), each with its latest event: they fired in this window or the last."""
+        self.resolved: list[AlertEvent] = []
+        """Resolutions not yet taken (`take_resolved`)."""
         self._reset()
 
     def _reset(self) -> None:
@@ -269,6 +289,9 @@ class PolicyWindow:
         if self.start is not None and (self.count or self.series):  # series alone: late scores
             fired = self.check(self.end, final=True)
             closed = self.snapshot()
+        if self.start is not None and math.isfinite(now):  # (at shutdown the window did not run its course)
+            for i in [i for i in self.firing if i not in self.fired]:
+                self.resolved.append(self._resolution(self.firing.pop(i)))
         # now = inf (shutdown) closes the window without opening another
         self.start = math.floor(now / self.seconds) * self.seconds if math.isfinite(now) else None
         self._reset()
@@ -326,7 +349,38 @@ class PolicyWindow:
                 continue
             self.fired.add(i)
             fired.append(self._event(rule, now))
+            self.firing[i] = fired[-1]
         return fired
+
+    def take_resolved(self) -> list[AlertEvent]:
+        out, self.resolved = self.resolved, []
+        return out
+
+    def resolve_all(self) -> list[AlertEvent]:
+        """The window is dropped (a reload removed or changed its policy's alerts): whatever fires resolves."""
+        self.resolved += [self._resolution(self.firing.pop(i)) for i in list(self.firing)]
+        return self.take_resolved()
+
+    def _values(self, rule: AlertRule) -> dict[str, float | int | None]:
+        """The aggregates `rule` reads, as its condition spells them."""
+        window = self._activation(rule)["window"]
+        out: dict[str, float | int | None] = {"count": self.count}
+        if self.shed:
+            out["shed"] = self.shed
+        for key in _FUNCTIONS.values():
+            for name, value in window[key].items():
+                out[f"{_SPELLED[key]}({name!r})"] = value
+        return out
+
+    def _resolution(self, fired: AlertEvent) -> AlertEvent:
+        """A window closed without `fired`'s condition holding: what it read then."""
+        rule = next((r for r in self.alerts if r.name == fired.alert and r.condition == fired.condition), None)
+        return AlertEvent(
+            policy=self.policy, alert=fired.alert, condition=fired.condition, notify=None,
+            window_start=self.start or 0.0, window_end=self.end, count=self.count, aggregates={},
+            example_trace_ids=[], labels=self.labels, fired_at=self.end,
+            values=self._values(rule) if rule is not None else {"count": self.count}, state="resolved",
+        )  # fmt: skip
 
     def _event(self, rule: AlertRule, now: float) -> AlertEvent:
         aggregates: dict[str, dict[str, Any]] = {}
@@ -345,6 +399,7 @@ class PolicyWindow:
             policy=self.policy, alert=rule.name, condition=rule.condition, notify=rule.notify,
             window_start=self.start or 0.0, window_end=self.end, count=self.count, aggregates=aggregates,
             example_trace_ids=list(dict.fromkeys(examples))[:EXAMPLES], labels=self.labels, fired_at=now,
+            values=self._values(rule),
         )  # fmt: skip
 
     def snapshot(self) -> list[WindowStats]:

@@ -16,7 +16,7 @@ from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
@@ -24,7 +24,7 @@ from evalsi.component import ComponentConfig, Next, Refused, Settings, processor
 from evalsi.duration import Duration
 from evalsi.evaluators.judge_client import Judges
 from evalsi.log_record import LogBatch, LogRecord
-from evalsi.policies import Notifier, PolicyError, PolicySet, load_policies
+from evalsi.policies import AlertEvent, AlertRecorder, Notifier, PolicyError, PolicySet, load_policies
 from evalsi.policies.engine import PolicyDecision, WindowRecord
 from evalsi.policies.feedback import is_feedback
 from evalsi.processors.tail_sampling.buffer import SessionBuffer
@@ -185,6 +185,8 @@ class Evaluate:
         self._gone: OrderedDict[str, None] = OrderedDict()  # traces that left the buffer, to tell `expired`
         self._early: OrderedDict[str, tuple[float, list[Score]]] = OrderedDict()  # feedback before its trace
         self._notifier: Notifier | None = None
+        self._recorder: AlertRecorder | None = None
+        self._no_store_said = False
         self._queue: deque[_Work] = deque()
         self._in_engine = 0  # works handed to the engine thread and not yet done
         self._wake = asyncio.Event()
@@ -237,13 +239,26 @@ class Evaluate:
             "evalsi_late_signals_buffered_traces", "Completed traces kept for late feedback.", ["processor"]
         ).labels(sid)
         self._reloads = m.counter(
-            "evalsi_policy_reloads", "Policy reloads (SIGHUP), by result: ok, or failed (the old policies stay).",
+            "evalsi_policy_reloads",
+            "Policy reloads (SIGHUP), by result: ok, or failed (the old policies stay).",
             ["processor", "result"],
         )
         self._alerts_fired = m.counter(
             "evalsi_alerts_fired",
             "Policy alerts fired (once per window that breaks the alert's condition, whatever the worker count).",
             ["processor", "policy", "alert"],
+        )
+        self._alert_firing = m.gauge(
+            "evalsi_alert_firing",
+            "1 while a policy alert fires (from its firing until a window closes without its condition holding), "
+            "then 0.",
+            ["processor", "policy", "alert"],
+        )
+        self._alerts_unrecorded = m.counter(
+            "evalsi_alerts_unrecorded",
+            "Alert events (fired or resolved) not written to the store: `store_error`, `no_store` (no store exporter "
+            "in the scores pipeline), `queue_full`.",
+            ["processor", "reason"],
         )
 
     async def reload(self, policies: list[str] | None = None, base_dir: Path | None = None) -> str:
@@ -287,6 +302,8 @@ class Evaluate:
                 "(add `scores: {exporters: [clickhouse]}`)"
             )
         self._notifier = Notifier()
+        if self.worker is None:  # (a worker's windows only record: alerts fire in the collector process)
+            self._recorder = AlertRecorder(self._record_alerts, lost=self._alerts_lost)
         log, metrics, cid = self.settings.logger, self.settings.metrics, self.settings.id
         self._tasks = [
             supervise(f"{cid} evaluation", self._work_loop, log=log, metrics=metrics),
@@ -296,13 +313,45 @@ class Evaluate:
             self._tasks.append(supervise(f"{cid} sessions", self._sessions_loop, log=log, metrics=metrics))
 
     def _send_alerts(self) -> None:
-        for event in self.policies.drain_alerts():
+        # in time order: an alert that resolved as its window closed may fire again in the next one
+        events = sorted(self.policies.drain_alerts() + self.policies.drain_resolved(), key=lambda e: e.fired_at)
+        for event in events:
+            if event.state == "resolved":
+                self.settings.logger.info("alert resolved", extra={"policy": event.policy, "alert": event.alert})
+                self._alert_firing.labels(self.settings.id, event.policy, event.alert).set(0)
+                continue
             self.settings.logger.warning(
                 "alert fired", extra={"policy": event.policy, "alert": event.alert, "notify": bool(event.notify)}
             )
             self._alerts_fired.labels(self.settings.id, event.policy, event.alert).inc()
+            self._alert_firing.labels(self.settings.id, event.policy, event.alert).set(1)
             if self._notifier is not None:
                 self._notifier.send(event)
+        if events and self._recorder is not None:
+            self._recorder.record(events)
+
+    def _alert_store(self) -> Any:
+        """Where alerts are recorded: the store of the service this instance runs in (the collector process, where
+        alerts fire with pipeline workers too); None when the config has no store."""
+        host = self.settings.host
+        return host.store if host is not None else None
+
+    def _record_alerts(self, events: list[AlertEvent]) -> None:
+        """On the recorder's thread: the events into the store (raises the store's error)."""
+        store = self._alert_store()
+        if store is None:
+            self._alerts_lost("no_store", len(events))
+            if not self._no_store_said:
+                self._no_store_said = True
+                self.settings.logger.warning(
+                    "evaluate: alerts are not recorded: no store exporter (clickhouse) in the scores pipeline "
+                    "(add `scores: {exporters: [clickhouse]}`); they are still logged and counted"
+                )
+            return
+        store.write_alerts(events, project=self.config.project)
+
+    def _alerts_lost(self, reason: str, n: int) -> None:
+        self._alerts_unrecorded.labels(self.settings.id, reason).inc(n)
 
     def _close_windows(self, now: float | None = None) -> None:
         self.policies.close_windows(now)
@@ -599,3 +648,5 @@ class Evaluate:
         self.judges.close()
         if self._notifier is not None:
             await asyncio.to_thread(self._notifier.close)
+        if self._recorder is not None:
+            await asyncio.to_thread(self._recorder.close)

@@ -43,7 +43,7 @@ CollectorOpt = Annotated[
 ConfigOpt = Annotated[Path | None, typer.Option("-c", "--config", help="Collector config (YAML); default: defaults.")]
 
 
-def _link(collector: str | None, config: Path | None) -> tuple[CollectorLink, InProcessCollector | None]:
+def link_to_collector(collector: str | None, config: Path | None) -> tuple[CollectorLink, InProcessCollector | None]:
     import httpx
 
     from evalsi.run_harness.collector import InProcessCollector, remote
@@ -159,7 +159,7 @@ def run_command(
         if path.suffix not in (".md", ".html"):
             raise _fail(f"--report {path}: use a .md or .html file")
     try:
-        link, local = _link(collector, config)
+        link, local = link_to_collector(collector, config)
     except CollectorError as e:
         raise _fail(str(e)) from None
     display = _Display(len(dataset.tasks) * spec.body.trials, not quiet and not as_json)
@@ -247,7 +247,7 @@ def _api(collector: str | None, config: Path | None) -> Iterator[str]:
     from evalsi.run_harness.collector import CollectorError
 
     try:
-        link, local = _link(collector, config)
+        link, local = link_to_collector(collector, config)
     except CollectorError as e:
         raise _fail(str(e)) from None
     try:
@@ -393,7 +393,7 @@ def rescore_command(
         raise _fail(str(e)) from None
     evaluators = [EvaluatorSpec(ref=r) for r in evaluator or []] if spec is None else list(spec.body.evaluators)
     try:
-        link, local = _link(collector, config)
+        link, local = link_to_collector(collector, config)
     except CollectorError as e:
         raise _fail(str(e)) from None
     try:
@@ -428,7 +428,7 @@ def rescore_command(
 
 # --- importing other harnesses' results ---------------------------------------------------------------------------
 
-import_app = typer.Typer(help="Import other harnesses' results as runs (traces, scores, a run record).",
+import_app = typer.Typer(help="Import other harnesses' results as runs, and traces from other tools (MLflow).",
                          no_args_is_help=True)  # fmt: skip
 
 EvaluatorOpt = Annotated[
@@ -445,7 +445,7 @@ def _import(name: str, attempts: list[Any], evaluators: list[str], source: dict[
     from evalsi.run_harness.runner import Progress, RunFailed
 
     try:
-        link, local = _link(collector, config)
+        link, local = link_to_collector(collector, config)
     except CollectorError as e:
         raise _fail(str(e)) from None
     total = len([a for a in attempts if a.error is None])

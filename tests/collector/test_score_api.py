@@ -15,7 +15,7 @@ from running_collector import Collector, serve_config, start_collector
 
 import evalsi.processors  # noqa: F401  (before evalsi.policies: see the import cycle note in score_api)
 from evalsi.collector.score_api import MAX_RECORDS
-from evalsi.policies.intervals import t_interval, wilson_interval
+from evalsi.policies.intervals import log_interval, t_interval, wilson_interval
 
 RECORDS = [
     {"input": "Capital of France?", "output": "Paris.", "reference": "Paris.", "metadata": {"case": "a"}},
@@ -201,7 +201,8 @@ def test_policies_stats_aggregates_feedback_in_the_window(served: Collector) -> 
     mean, sd = statistics.fmean(ratings), statistics.stdev(ratings)
     assert (s["kind"], s["n"]) == ("numeric", 4)
     assert s["mean"] == pytest.approx(mean)
-    assert s["interval"] == [pytest.approx(x) for x in t_interval(mean, sd, 4)]
+    # ratings are non-negative: a log-scale interval, which stays above 0
+    assert s["interval"] == [pytest.approx(x) for x in log_interval(mean, sd, 4)] and s["method"] == "log-t"
     # numpy's linear interpolation on [1, 3, 4, 5]
     assert s["p50"] == pytest.approx(3.5) and s["p95"] == pytest.approx(4.85)
     t = stats[("feedback", "feedback", "topic")]

@@ -10,19 +10,15 @@ import asyncio
 import json
 import logging
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Feedback
+from mlflow_server import free_port, mlflow_server
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -41,53 +37,11 @@ from evalsi.telemetry import SelfMetrics
 FAST_RETRY = {"initial_interval": "20ms", "max_interval": "100ms", "max_elapsed_time": "5s"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real MLflow tracking server for this module: ~535 MB, 20-90 s to start."""
-    tmp = tmp_path_factory.mktemp("mlflow")
-    port = _free_port()
-    log = (tmp / "server.log").open("w")
-    cmd = [
-        str(Path(sys.executable).parent / "mlflow"),
-        "server",
-        "--backend-store-uri",
-        f"sqlite:///{tmp}/mlflow.db",
-        "--default-artifact-root",
-        str(tmp / "artifacts"),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=tmp, env=env, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            if httpx.get(uri + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise AssertionError(f"mlflow server did not start:\n{(tmp / 'server.log').read_text()[-3000:]}")
-        time.sleep(0.5)
-    yield uri
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+    """A real MLflow tracking server for this module."""
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
+        yield uri
 
 
 def exporter(uri: str, **config: Any) -> tuple[MlflowExporter, SelfMetrics]:
@@ -379,7 +333,7 @@ def test_a_span_or_score_mlflow_refuses_is_dropped_alone_and_the_others_land(
 
 
 def test_the_senders_survive_unexpected_errors_and_say_so(caplog: pytest.LogCaptureFixture) -> None:
-    uri = f"http://127.0.0.1:{_free_port()}"  # nothing listens there: only the bugs matter here
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there: only the bugs matter here
     exp, metrics = exporter(uri, shutdown_timeout="300ms", timeout="200ms")
 
     async def pace(n: int) -> None:
@@ -404,7 +358,7 @@ def test_the_senders_survive_unexpected_errors_and_say_so(caplog: pytest.LogCapt
 
 
 def test_a_dead_mlflow_never_blocks_consume_and_shutdown_ends() -> None:
-    uri = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     exp, metrics = exporter(uri, queue_size=100, shutdown_timeout="300ms", timeout="200ms")
 
     async def go() -> tuple[float, float]:

@@ -6,7 +6,7 @@ ClickHouse data source shows our traces as it shows theirs); the canonical GenAI
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -177,6 +177,8 @@ class Tables:
     scores: str = "evalsi_scores"
     runs: str = "evalsi_runs"
     extra_settings: str = ""
+    alerts: str = "evalsi_alerts"
+    watermarks: str = "evalsi_watermarks"
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         2,
         "evalsi_runs.Project: the project of the credential that recorded the run",
         lambda t: [f"ALTER TABLE {t.runs} ADD COLUMN IF NOT EXISTS Project LowCardinality(String) DEFAULT 'default'"],
+    ),
+    Migration(3, "evalsi_alerts: the policy alerts that fired, and resolved", lambda t: alerts_ddl(t.alerts)),
+    Migration(
+        4, "evalsi_watermarks: how far each pull receiver read its source", lambda t: watermarks_ddl(t.watermarks)
     ),
 )  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -232,7 +238,8 @@ def record_migration_sql(traces: str, migration: Migration) -> str:
 def ttl_targets(t: Tables) -> list[tuple[str, str]]:
     """The tables that `ttl` expires, each with its time column."""
     return [
-        (t.traces, "Timestamp"), (f"{t.traces}_trace_id_ts", "Start"), (t.logs, "Timestamp"), (t.scores, "Timestamp")
+        (t.traces, "Timestamp"), (f"{t.traces}_trace_id_ts", "Start"), (t.logs, "Timestamp"), (t.scores, "Timestamp"),
+        (t.alerts, "Timestamp"),
     ]  # fmt: skip
 
 
@@ -351,6 +358,13 @@ SPAN_PROJECT = (
 SCORE_PROJECT = "Project = {project:String}"
 
 
+_SCORE_COLUMNS = """toUnixTimestamp64Nano(Timestamp) AS timestamp_unix_nano, Project AS project, TraceId AS trace_id,
+    SpanId AS span_id, SessionId AS session_id, Policy AS policy, Evaluator AS evaluator,
+    EvaluatorVersion AS evaluator_version, Name AS name, Value AS value, Passed AS passed, Label AS label,
+    Explanation AS explanation, Outcome AS outcome, Reason AS reason, Source AS source,
+    JudgeCostUsd AS judge_cost_usd, RunId AS run_id, Trial AS trial, TaskId AS task_id"""
+
+
 def list_scores_sql(table: str, *, with_trace: bool, with_policy: bool, with_project: bool = False) -> str:
     """Scores newest first, each key once (FINAL). Parameters: {limit:UInt32}, {trace_id:String} (hex, checked),
     {policy_hex:String} (see `store.hex_param`), {project:String}."""
@@ -361,11 +375,7 @@ def list_scores_sql(table: str, *, with_trace: bool, with_policy: bool, with_pro
         where.append("Policy = unhex({policy_hex:String})")
     clause = ("WHERE " + " AND ".join(where)) if where else ""
     return f"""
-SELECT toUnixTimestamp64Nano(Timestamp) AS timestamp_unix_nano, Project AS project, TraceId AS trace_id,
-    SpanId AS span_id, SessionId AS session_id, Policy AS policy, Evaluator AS evaluator,
-    EvaluatorVersion AS evaluator_version, Name AS name, Value AS value, Passed AS passed, Label AS label,
-    Explanation AS explanation, Outcome AS outcome, Reason AS reason, Source AS source,
-    JudgeCostUsd AS judge_cost_usd, RunId AS run_id, Trial AS trial, TaskId AS task_id
+SELECT {_SCORE_COLUMNS}
 FROM {table} FINAL
 {clause}
 ORDER BY Timestamp DESC
@@ -384,16 +394,7 @@ def delete_spans_sql(table: str, keys: list[tuple[str, str]]) -> str:
     return f"DELETE FROM {table} WHERE (TraceId, SpanId) IN ({pairs})"
 
 
-def list_traces_sql(table: str, with_service: bool, with_project: bool = False) -> str:
-    """One row per trace, newest first. Parameters: {limit:UInt32}, optionally {service_hex:String} (see
-    `store.hex_param`) and {project:String}."""
-    conditions = (["ServiceName = unhex({service_hex:String})"] if with_service else []) + (
-        [SPAN_PROJECT] if with_project else []
-    )
-    where = ("WHERE " + " AND ".join(conditions)) if conditions else ""
-    return f"""
-SELECT
-    TraceId AS trace_id,
+_TRACE_ROW = """    TraceId AS trace_id,
     toUnixTimestamp64Nano(min(Timestamp)) AS start_time_unix_nano,
     toInt64(max(toUnixTimestamp64Nano(Timestamp) + Duration)) - toInt64(min(toUnixTimestamp64Nano(Timestamp)))
         AS duration_ns,
@@ -403,11 +404,25 @@ SELECT
     argMin(SpanName, Timestamp) AS first_name,
     argMinIf(ServiceName, Timestamp, ParentSpanId = '') AS root_service,
     argMin(ServiceName, Timestamp) AS first_service,
+    argMinIf(SessionId, Timestamp, SessionId != '') AS session_id,
     countIf(StepType = 'llm') AS llm_calls,
     sum(ifNull(InputTokens, 0)) AS input_tokens,
     sum(ifNull(OutputTokens, 0)) AS output_tokens,
     sum(CostUsd) AS cost_usd
-FROM {table}
+"""
+"""The columns of a trace's summary row, aggregated over its spans (GROUP BY TraceId)."""
+
+
+def list_traces_sql(table: str, with_service: bool, with_project: bool = False) -> str:
+    """One row per trace, newest first. Parameters: {limit:UInt32}, optionally {service_hex:String} (see
+    `store.hex_param`) and {project:String}."""
+    conditions = (["ServiceName = unhex({service_hex:String})"] if with_service else []) + (
+        [SPAN_PROJECT] if with_project else []
+    )
+    where = ("WHERE " + " AND ".join(conditions)) if conditions else ""
+    return f"""
+SELECT
+{_TRACE_ROW}FROM {table}
 {where}
 GROUP BY TraceId
 ORDER BY start_time_unix_nano DESC
@@ -444,6 +459,151 @@ ORDER BY Timestamp, SpanId
 """
 
 
+def _one_trace(table: str, with_project: bool) -> tuple[str, str]:
+    """The WITH clause and the conditions of `trace_spans_sql`: one trace's spans, in its stored time range."""
+    project = f" AND {SPAN_PROJECT}" if with_project else ""
+    with_ = f"""WITH
+    (SELECT min(Start) FROM {table}_trace_id_ts WHERE TraceId = {{trace_id:String}}) AS t_start,
+    (SELECT max(End) FROM {table}_trace_id_ts WHERE TraceId = {{trace_id:String}}) AS t_end"""
+    where = f"TraceId = {{trace_id:String}} AND Timestamp >= t_start AND Timestamp <= t_end{project}"
+    return with_, where
+
+
+def trace_page_sql(table: str, with_project: bool = False) -> str:
+    """A page of one trace's spans in start order: {limit:UInt32} spans from {offset:UInt64}. Only the sort keys of
+    the whole trace are sorted (a trace may hold 500,000 spans); the page's columns are read for its spans alone.
+    Parameters: {trace_id:String}, optionally {project:String}. Columns as `trace_spans_sql`."""
+    with_, where = _one_trace(table, with_project)
+    return f"""
+{with_}
+SELECT
+{_SPAN_COLUMNS}FROM {table}
+WHERE {where}
+  AND (Timestamp, SpanId) IN (
+    SELECT Timestamp, SpanId FROM {table} WHERE {where}
+    ORDER BY Timestamp, SpanId LIMIT {{limit:UInt32}} OFFSET {{offset:UInt64}}
+  )
+ORDER BY Timestamp, SpanId
+LIMIT {{limit:UInt32}}
+"""
+
+
+def trace_span_count_sql(table: str, with_project: bool = False) -> str:
+    """How many spans one trace holds. Parameters as `trace_spans_sql`."""
+    with_, where = _one_trace(table, with_project)
+    return f"""
+{with_}
+SELECT count() AS n FROM {table} WHERE {where}
+"""
+
+
+def _spans_matching(table: str, condition: str, with_project: bool) -> str:
+    """`TraceId IN (...)`: traces with a span matching `condition` (in the project), so the trace's row still sums
+    every span of it."""
+    project = f" AND {SPAN_PROJECT}" if with_project else ""
+    return f"TraceId IN (SELECT TraceId FROM {table} WHERE {condition}{project})"
+
+
+def search_traces_sql(table: str, scores_table: str, given: Collection[str], *, oldest_first: bool = False) -> str:
+    """Trace rows as `list_traces_sql`, narrowed by each filter whose parameter is in `given` (values only ever
+    travel as parameters; strings as hex, see `store.hex_param`): {service_hex:String} (spans of that service),
+    {project:String}, {since_ns:Int64} / {until_ns:Int64} (the trace started then), {error:UInt8} (a span with
+    status ERROR), {model_hex:String}, {session_hex:String}, {attr_key_hex_N:String} = {attr_value_hex_N:String}
+    for N from 0 (a span or its resource has that attribute), {min_duration_ns:Int64}, {failed_hex:String} (the
+    trace has a scored score of that evaluator that did not pass). Newest first (else oldest first), at most
+    {limit:UInt32}."""
+    with_project = "project" in given
+    where = []
+    if "service_hex" in given:
+        where.append("ServiceName = unhex({service_hex:String})")
+    if with_project:
+        where.append(SPAN_PROJECT)
+    if "model_hex" in given:
+        where.append(_spans_matching(table, "Model = unhex({model_hex:String})", with_project))
+    if "session_hex" in given:
+        where.append(_spans_matching(table, "SessionId = unhex({session_hex:String})", with_project))
+    n = 0
+    while f"attr_key_hex_{n}" in given:
+        key, value = f"unhex({{attr_key_hex_{n}:String}})", f"unhex({{attr_value_hex_{n}:String}})"
+        condition = " OR ".join(f"(mapContains({m}, {key}) AND {m}[{key}] = {value})"
+                                for m in ("SpanAttributes", "ResourceAttributes"))  # fmt: skip
+        where.append(_spans_matching(table, f"({condition})", with_project))
+        n += 1
+    if "failed_hex" in given:
+        project = f" AND {SCORE_PROJECT}" if with_project else ""
+        where.append(
+            f"TraceId IN (SELECT TraceId FROM {scores_table} FINAL WHERE Evaluator = unhex({{failed_hex:String}})"
+            f" AND Outcome = 'scored' AND Passed = false{project})"
+        )
+    having = []
+    if "since_ns" in given:
+        having.append("start_time_unix_nano >= {since_ns:Int64}")
+    if "until_ns" in given:
+        having.append("start_time_unix_nano <= {until_ns:Int64}")
+    if "error" in given:
+        having.append("(error_count > 0) = {error:UInt8}")
+    if "min_duration_ns" in given:
+        having.append("duration_ns >= {min_duration_ns:Int64}")
+    return f"""
+SELECT
+{_TRACE_ROW}FROM {table}
+{("WHERE " + " AND ".join(where)) if where else ""}
+GROUP BY TraceId
+{("HAVING " + " AND ".join(having)) if having else ""}
+ORDER BY start_time_unix_nano {"ASC" if oldest_first else "DESC"}, trace_id
+LIMIT {{limit:UInt32}}
+"""
+
+
+def list_sessions_sql(table: str, given: Collection[str]) -> str:
+    """One row per session (the session id of a trace: its earliest span's that has one), the most recently active
+    first: its traces, first start, last end and sums over its spans. Parameters: {limit:UInt32}, optionally
+    {project:String}, {since_ns:Int64} / {until_ns:Int64} (the session's last trace started then)."""
+    project = f" AND {SPAN_PROJECT}" if "project" in given else ""
+    having = []
+    if "since_ns" in given:
+        having.append("last_trace_start_unix_nano >= {since_ns:Int64}")
+    if "until_ns" in given:
+        having.append("last_trace_start_unix_nano <= {until_ns:Int64}")
+    return f"""
+SELECT session_id, count() AS trace_count, min(start) AS start_time_unix_nano, max(end) AS end_time_unix_nano,
+    max(start) AS last_trace_start_unix_nano, sum(spans) AS span_count, sum(errors) AS error_count,
+    sum(llm) AS llm_calls, sum(tokens_in) AS input_tokens, sum(tokens_out) AS output_tokens, sum(cost) AS cost_usd,
+    argMinIf(user, start, user != '') AS user_id
+FROM (
+    SELECT TraceId, argMinIf(SessionId, Timestamp, SessionId != '') AS session_id,
+        toInt64(min(toUnixTimestamp64Nano(Timestamp))) AS start,
+        toInt64(max(toUnixTimestamp64Nano(Timestamp) + Duration)) AS end,
+        count() AS spans, countIf(StatusCode = 'STATUS_CODE_ERROR') AS errors, countIf(StepType = 'llm') AS llm,
+        sum(ifNull(InputTokens, 0)) AS tokens_in, sum(ifNull(OutputTokens, 0)) AS tokens_out, sum(CostUsd) AS cost,
+        argMinIf(UserId, Timestamp, UserId != '') AS user
+    FROM {table}
+    WHERE TraceId IN (SELECT TraceId FROM {table} WHERE SessionId != ''{project}){project}
+    GROUP BY TraceId
+)
+WHERE session_id != ''
+GROUP BY session_id
+{("HAVING " + " AND ".join(having)) if having else ""}
+ORDER BY last_trace_start_unix_nano DESC, session_id
+LIMIT {{limit:UInt32}}
+"""
+
+
+def session_scores_sql(scores_table: str, table: str, with_project: bool = False) -> str:
+    """Scores of a session, oldest first, each key once (FINAL): those of the session itself and of its traces.
+    Parameters: {session_hex:String} (see `store.hex_param`), {limit:UInt32}, optionally {project:String}. Columns
+    as `list_scores_sql`."""
+    traces = _spans_matching(table, "SessionId = unhex({session_hex:String})", with_project)
+    project = f" AND {SCORE_PROJECT}" if with_project else ""
+    return f"""
+SELECT {_SCORE_COLUMNS}
+FROM {scores_table} FINAL
+WHERE (SessionId = unhex({{session_hex:String}}) OR {traces}){project}
+ORDER BY Timestamp, TraceId, Name
+LIMIT {{limit:UInt32}}
+"""
+
+
 def score_window_stats_sql(table: str, *, with_policy: bool, with_project: bool = False) -> str:
     """Per (policy, evaluator, name): scored scores since {since_ns:Int64}, each key once (FINAL): n, the values'
     count, mean, sample sd and p50/p95 (linear interpolation, as numpy), and pass counts. Optional
@@ -454,6 +614,7 @@ def score_window_stats_sql(table: str, *, with_policy: bool, with_project: bool 
     return f"""
 SELECT Policy AS policy, Evaluator AS evaluator, Name AS name, count() AS n,
     count(Value) AS value_n, avg(Value) AS value_mean, stddevSamp(Value) AS value_sd,
+    min(Value) AS value_min, max(Value) AS value_max, countIf(Value = 0 OR Value = 1) AS value_binary,
     quantileExactInclusive(0.5)(Value) AS p50, quantileExactInclusive(0.95)(Value) AS p95,
     count(Passed) AS pass_n, countIf(Passed) AS passed
 FROM {table} FINAL
@@ -493,6 +654,66 @@ FROM {table} FINAL
 ORDER BY Timestamp DESC
 LIMIT {{limit:UInt32}}
 """
+
+
+def alerts_ddl(table: str) -> list[str]:
+    """Policy alerts (`evalsi alerts list`): a row when one fires and one when it resolves. `ConditionValues` holds the
+    aggregates its condition read (JSON), `Aggregates` every series of the window (JSON, firing only)."""
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {table} (
+    Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),
+    Project LowCardinality(String) CODEC(ZSTD(1)),
+    Policy LowCardinality(String) CODEC(ZSTD(1)),
+    Alert String CODEC(ZSTD(1)),
+    State LowCardinality(String) CODEC(ZSTD(1)),
+    Condition String CODEC(ZSTD(1)),
+    WindowStart DateTime64(3) CODEC(Delta, ZSTD(1)),
+    WindowEnd DateTime64(3) CODEC(Delta, ZSTD(1)),
+    TraceCount UInt64 CODEC(ZSTD(1)),
+    ConditionValues String CODEC(ZSTD(3)),
+    Aggregates String CODEC(ZSTD(3)),
+    ExampleTraceIds Array(String) CODEC(ZSTD(1)),
+    Labels Map(LowCardinality(String), String) CODEC(ZSTD(1))
+) ENGINE = MergeTree
+ORDER BY (Project, Policy, Alert, Timestamp)
+SETTINGS index_granularity = 8192"""
+    ]
+
+
+def list_alerts_sql(table: str, *, with_policy: bool, with_project: bool = False) -> str:
+    """Alert rows newest first, since {since_ns:Int64}, at most {limit:UInt32}; optionally {policy_hex:String} (see
+    `store.hex_param`) and {project:String}."""
+    conditions = ["Timestamp >= fromUnixTimestamp64Nano({since_ns:Int64})"]
+    conditions += (["Policy = unhex({policy_hex:String})"] if with_policy else []) + (
+        [SCORE_PROJECT] if with_project else []
+    )
+    return f"""
+SELECT toUnixTimestamp64Nano(Timestamp) AS timestamp_unix_nano, Project AS project, Policy AS policy, Alert AS alert,
+    State AS state, Condition AS condition, toUnixTimestamp64Milli(WindowStart) AS window_start_unix_ms,
+    toUnixTimestamp64Milli(WindowEnd) AS window_end_unix_ms, TraceCount AS count, ConditionValues AS condition_values,
+    Aggregates AS aggregates, ExampleTraceIds AS example_trace_ids, Labels AS labels
+FROM {table}
+WHERE {" AND ".join(conditions)}
+ORDER BY Timestamp DESC
+LIMIT {{limit:UInt32}}
+"""
+
+
+def watermarks_ddl(table: str) -> list[str]:
+    """Pull receivers' watermarks (`receivers: {mlflow: ...}`): one row per receiver and source, the newest kept."""
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {table} (
+    Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),
+    Source String CODEC(ZSTD(1)),
+    Watermark String CODEC(ZSTD(3))
+) ENGINE = ReplacingMergeTree(Timestamp)
+ORDER BY Source"""
+    ]
+
+
+def watermark_sql(table: str) -> str:
+    """The newest watermark of {source:String} (JSON), if any."""
+    return f"SELECT Watermark AS watermark FROM {table} FINAL WHERE Source = {{source:String}} LIMIT 1"
 
 
 def _ids(trace_ids: list[str]) -> str:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -16,27 +18,48 @@ from evalsi.exporters.clickhouse.schema import (
     SCHEMA_VERSION,
     Tables,
     delete_spans_sql,
+    list_alerts_sql,
     list_runs_sql,
     list_scores_sql,
+    list_sessions_sql,
     list_traces_sql,
     record_migration_sql,
     run_scores_sql,
     schema_version_sql,
     schema_versions_ddl,
     score_window_stats_sql,
+    search_traces_sql,
+    session_scores_sql,
     span_counts_sql,
     span_keys_sql,
     table_definitions_sql,
+    trace_page_sql,
+    trace_span_count_sql,
     trace_spans_sql,
     traces_spans_sql,
     ttl_expression,
     ttl_targets,
+    watermark_sql,
 )
 from evalsi.score import DEFAULT_PROJECT, Score
 from evalsi.span import Span
 
+if TYPE_CHECKING:
+    from evalsi.policies.notify import AlertEvent
+
 _HEX = re.compile(r"[0-9a-f]+")  # with fullmatch: no trailing newline
 _TTL = re.compile(r"\sTTL\s+(.*?)\s+(?:SETTINGS|$)", re.S)
+
+
+def _finite(value: Any) -> Any:
+    """`value` with NaN and infinities as None: JSON has no spelling for them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _ttl_of(create_table_query: str) -> str:
@@ -93,6 +116,39 @@ def _since(since_ns: int) -> int:
     if not 0 <= since_ns <= _INT64_MAX:
         raise ValueError(f"since: {since_ns} ns is not a time from 1970 to 2262")
     return since_ns
+
+
+def _trace_row(r: dict[str, Any]) -> dict[str, Any]:
+    """A trace's summary row (`schema._TRACE_ROW`) as the API shows it."""
+    return {
+        "trace_id": r["trace_id"],
+        "root_name": r["root_name"] or r["first_name"],
+        "service_name": r["root_service"] or r["first_service"],
+        "session_id": r.get("session_id") or None,
+        "start_time_unix_nano": int(r["start_time_unix_nano"]),
+        "duration_ns": max(0, int(r["duration_ns"])),
+        "span_count": int(r["span_count"]),
+        "error_count": int(r["error_count"]),
+        "llm_calls": int(r["llm_calls"]),
+        "input_tokens": int(r["input_tokens"]),
+        "output_tokens": int(r["output_tokens"]),
+        "cost_usd": r["cost_usd"],
+    }
+
+
+def _score_row(r: dict[str, Any]) -> dict[str, Any]:
+    """A score row (`schema._SCORE_COLUMNS`) as the API shows it."""
+    r["timestamp_unix_nano"] = int(r["timestamp_unix_nano"])
+    r["trial"] = int(r["trial"])
+    r["passed"] = None if r["passed"] is None else bool(r["passed"])
+    r["value"] = None if r["value"] is None else float(r["value"])
+    for key in ("label", "explanation", "reason"):
+        r[key] = r[key] or None
+    return r
+
+
+MAX_ATTRIBUTE_FILTERS = 20
+"""The most `KEY=VALUE` attribute filters one search takes."""
 
 
 class TraceStore:
@@ -212,30 +268,23 @@ class TraceStore:
         sql = list_scores_sql(
             self.scores_table, with_trace=bool(trace_id), with_policy=bool(policy), with_project=project is not None
         )
-        rows = self.backend.query(sql, params)
-        for r in rows:
-            r["timestamp_unix_nano"] = int(r["timestamp_unix_nano"])
-            r["trial"] = int(r["trial"])
-            r["passed"] = None if r["passed"] is None else bool(r["passed"])
-            r["value"] = None if r["value"] is None else float(r["value"])
-            for key in ("label", "explanation", "reason"):
-                r[key] = r[key] or None
-        return rows
+        return [_score_row(r) for r in self.backend.query(sql, params)]
 
     def score_window_stats(
         self, *, since_ns: int, policy: str | None = None, project: str | None = None
     ) -> list[dict[str, Any]]:
         """Per (policy, evaluator, name), the scored scores since `since_ns`: n, value_n, value_mean, value_sd,
-        p50, p95, pass_n, passed (None where a series has no values)."""
+        p50, p95, value_min, value_max, value_binary (values that are 0 or 1), pass_n, passed (None where a series
+        has no values)."""
         params: dict[str, Any] = {"since_ns": _since(since_ns), **_project(project)}
         if policy:
             params["policy_hex"] = hex_param("policy", policy)
         sql = score_window_stats_sql(self.scores_table, with_policy=bool(policy), with_project=project is not None)
         rows = self.backend.query(sql, params)
         for r in rows:
-            for key in ("n", "value_n", "pass_n", "passed"):
+            for key in ("n", "value_n", "pass_n", "passed", "value_binary"):
                 r[key] = int(r[key])
-            for key in ("value_mean", "value_sd", "p50", "p95"):
+            for key in ("value_mean", "value_sd", "p50", "p95", "value_min", "value_max"):
                 v = r[key]
                 r[key] = None if v is None or not r["value_n"] or v != v else float(v)
         return rows
@@ -247,30 +296,88 @@ class TraceStore:
         if service:
             params["service_hex"] = hex_param("service", service)
         rows = self.backend.query(list_traces_sql(self.table, bool(service), project is not None), params)
-        out = []
-        for r in rows:
-            out.append(
-                {
-                    "trace_id": r["trace_id"],
-                    "root_name": r["root_name"] or r["first_name"],
-                    "service_name": r["root_service"] or r["first_service"],
-                    "start_time_unix_nano": int(r["start_time_unix_nano"]),
-                    "duration_ns": max(0, int(r["duration_ns"])),
-                    "span_count": int(r["span_count"]),
-                    "error_count": int(r["error_count"]),
-                    "llm_calls": int(r["llm_calls"]),
-                    "input_tokens": int(r["input_tokens"]),
-                    "output_tokens": int(r["output_tokens"]),
-                    "cost_usd": r["cost_usd"],
-                }
-            )
-        return out
+        return [_trace_row(r) for r in rows]
 
     def get_trace(self, trace_id: str, *, project: str | None = None) -> list[dict[str, Any]]:
         """The trace's spans in the canonical shape, in start order; empty when unknown (in `project`)."""
         params = {"trace_id": _checked([trace_id])[0], **_project(project)}
         rows = self.backend.query(trace_spans_sql(self.table, project is not None), params)
         return [canonical_from_row(r) for r in rows]
+
+    def trace_page(
+        self, trace_id: str, *, limit: int, offset: int = 0, project: str | None = None
+    ) -> tuple[list[dict[str, Any]], int]:
+        """At most `limit` spans of a trace from `offset` on, in start order, and how many spans it holds: memory
+        stays bounded however many spans a sender put in one trace."""
+        if not 0 <= offset <= _INT64_MAX:
+            raise ValueError(f"offset: {offset} is not from 0 to {_INT64_MAX}")
+        params: dict[str, Any] = {"trace_id": _checked([trace_id])[0], **_project(project)}
+        counted = self.backend.query(trace_span_count_sql(self.table, project is not None), params)
+        total = int(counted[0]["n"]) if counted else 0
+        if total == 0 or offset >= total:
+            return [], total
+        sql = trace_page_sql(self.table, project is not None)
+        rows = self.backend.query(sql, {**params, "limit": _limit(limit), "offset": offset})
+        return [canonical_from_row(r) for r in rows], total
+
+    def search_traces(
+        self, *, limit: int = 20, service: str | None = None, since_ns: int | None = None,
+        until_ns: int | None = None, error: bool | None = None, model: str | None = None, session: str | None = None,
+        min_duration_ns: int | None = None, attributes: Sequence[tuple[str, str]] = (), failed: str | None = None,
+        oldest_first: bool = False, project: str | None = None,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        """Trace rows (as `list_traces`) matching every filter given: started from `since_ns` to `until_ns`, with
+        (`error=True`) or without (`False`) an error span, a span of `model`, of `session`, a span or resource with
+        each attribute (key, value), lasting at least `min_duration_ns`, a scored score of evaluator `failed` that
+        did not pass. Newest first, or oldest first."""
+        params: dict[str, Any] = {"limit": _limit(limit), **_project(project)}
+        if service:
+            params["service_hex"] = hex_param("service", service)
+        if since_ns is not None:
+            params["since_ns"] = _since(since_ns)
+        if until_ns is not None:
+            params["until_ns"] = _since(until_ns)
+        if error is not None:
+            params["error"] = int(error)
+        if model:
+            params["model_hex"] = hex_param("model", model)
+        if session:
+            params["session_hex"] = hex_param("session", session)
+        if min_duration_ns is not None:
+            params["min_duration_ns"] = _since(min_duration_ns)
+        if len(attributes) > MAX_ATTRIBUTE_FILTERS:
+            raise ValueError(f"attributes: {len(attributes)} filters; at most {MAX_ATTRIBUTE_FILTERS}")
+        for n, (key, value) in enumerate(attributes):
+            params[f"attr_key_hex_{n}"] = hex_param("attribute key", key)
+            params[f"attr_value_hex_{n}"] = hex_param("attribute value", value)
+        if failed:
+            params["failed_hex"] = hex_param("failed", failed)
+        sql = search_traces_sql(self.table, self.scores_table, params, oldest_first=oldest_first)
+        return [_trace_row(r) for r in self.backend.query(sql, params)]
+
+    def list_sessions(
+        self, *, limit: int = 20, since_ns: int | None = None, until_ns: int | None = None, project: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Sessions, the most recently active first: trace_count, first start, last end, sums over their spans."""
+        params: dict[str, Any] = {"limit": _limit(limit), **_project(project)}
+        if since_ns is not None:
+            params["since_ns"] = _since(since_ns)
+        if until_ns is not None:
+            params["until_ns"] = _since(until_ns)
+        out = []
+        for r in self.backend.query(list_sessions_sql(self.table, params), params):
+            for key in ("trace_count", "start_time_unix_nano", "end_time_unix_nano", "last_trace_start_unix_nano",
+                        "span_count", "error_count", "llm_calls", "input_tokens", "output_tokens"):  # fmt: skip
+                r[key] = int(r[key])
+            r["user_id"] = r["user_id"] or None
+            out.append(r)
+        return out
+
+    def session_scores(self, session_id: str, *, limit: int = 1000, project: str | None = None) -> list[dict[str, Any]]:
+        """Scores of a session and of its traces, oldest first."""
+        params = {"session_hex": hex_param("session", session_id), "limit": _limit(limit), **_project(project)}
+        sql = session_scores_sql(self.scores_table, self.table, project is not None)
+        return [_score_row(r) for r in self.backend.query(sql, params)]
 
     def span_counts(self, trace_ids: list[str], *, since_ns: int = 0, project: str | None = None) -> dict[str, int]:
         """Stored spans of each trace (started since `since_ns`); a trace with none is left out."""
@@ -320,6 +427,21 @@ class TraceStore:
         )
         self.backend.insert(self.runs_table, table)
 
+    def read_watermark(self, source: str) -> dict[str, Any] | None:
+        """A pull receiver's watermark for `source` (see `evalsi.receivers.pull`), None before its first."""
+        rows = self.backend.query(watermark_sql(self.tables.watermarks), {"source": source})
+        return json.loads(rows[0]["watermark"]) if rows else None
+
+    def write_watermark(self, source: str, watermark: dict[str, Any]) -> None:
+        table = pa.table(
+            {
+                "Timestamp": pa.array([time.time_ns()], pa.timestamp("ns")),
+                "Source": [source],
+                "Watermark": [json.dumps(watermark, sort_keys=True)],
+            }
+        )
+        self.backend.insert(self.tables.watermarks, table)
+
     def list_runs(
         self, *, limit: int = 20, run_id: str | None = None, project: str | None = None
     ) -> list[dict[str, Any]]:
@@ -331,6 +453,47 @@ class TraceStore:
         for r in rows:
             r["manifest"] = json.loads(r["manifest"] or "{}")
             r["summary"] = json.loads(r["summary"] or "{}")
+        return rows
+
+    def write_alerts(self, alerts: Sequence[AlertEvent], *, project: str = DEFAULT_PROJECT) -> None:
+        """Record alerts that fired or resolved (`AlertEvent.state`)."""
+        if not alerts:
+            return
+        _project(project)
+        table = pa.table(
+            {
+                "Timestamp": pa.array([int(a.fired_at * 1e9) for a in alerts], pa.timestamp("ns")),
+                "Project": [project] * len(alerts),
+                "Policy": [a.policy for a in alerts],
+                "Alert": [a.alert for a in alerts],
+                "State": [a.state for a in alerts],
+                "Condition": [a.condition for a in alerts],
+                "WindowStart": pa.array([int(a.window_start * 1e3) for a in alerts], pa.timestamp("ms")),
+                "WindowEnd": pa.array([int(a.window_end * 1e3) for a in alerts], pa.timestamp("ms")),
+                "TraceCount": pa.array([a.count for a in alerts], pa.uint64()),
+                "ConditionValues": [json.dumps(_finite(a.values), sort_keys=True) for a in alerts],
+                "Aggregates": [json.dumps(_finite(a.aggregates), sort_keys=True) for a in alerts],
+                "ExampleTraceIds": pa.array([a.example_trace_ids for a in alerts], pa.list_(pa.string())),
+                "Labels": pa.array([list(a.labels.items()) for a in alerts], pa.map_(pa.string(), pa.string())),
+            }
+        )
+        self.backend.insert(self.tables.alerts, table)
+
+    def list_alerts(
+        self, *, limit: int = 100, policy: str | None = None, since_ns: int = 0, project: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Alerts that fired or resolved since `since_ns`, newest first."""
+        params: dict[str, Any] = {"limit": _limit(limit), "since_ns": _since(since_ns), **_project(project)}
+        if policy:
+            params["policy_hex"] = hex_param("policy", policy)
+        sql = list_alerts_sql(self.tables.alerts, with_policy=bool(policy), with_project=project is not None)
+        rows = self.backend.query(sql, params)
+        for r in rows:
+            for key in ("timestamp_unix_nano", "window_start_unix_ms", "window_end_unix_ms", "count"):
+                r[key] = int(r[key])
+            r["values"] = json.loads(r.pop("condition_values") or "{}")
+            r["aggregates"] = json.loads(r["aggregates"] or "{}")
+            r["labels"] = dict(r["labels"] or {})
         return rows
 
     def span_count(self) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from evalsi.processors.normalize.langchain import tool_message
 from evalsi.processors.normalize.mapper import register_mapper
 from evalsi.processors.normalize.messages import Message, Part, semconv_messages, tool_arguments, unparsed_message
 from evalsi.processors.normalize.openai_bodies import (
@@ -214,6 +215,8 @@ def _flat_message(fields: Mapping[str, Any], default_role: str) -> Message:
     if content is not None and content != "":
         parts.append({"type": "text", "content": as_text(content)})
     for item in _indexed(contents):
+        if calls and item.get("message_content.type") == "tool_use":
+            continue  # the Anthropic instrumentation repeats each tool call as a content item
         part = _content_part(item)
         if part is not None:
             parts.append(part)
@@ -414,6 +417,12 @@ class OpenInference:
         """The call as an assistant tool_call message in, the result as a tool response message out."""
         get = span.attributes.get
         call_id = text(get(TOOL_CALL_ID) or get(TOOL_ID))
+        result = get(OUTPUT_VALUE)
+        # LangChain's tool spans: output.value is the serialized ToolMessage, the call id only inside it
+        unwrapped = tool_message(result) if isinstance(result, str) and result.startswith("{") else None
+        if unwrapped is not None:
+            result = unwrapped[0]
+            call_id = call_id or unwrapped[1]
         arguments = get(TOOL_CALL_ARGUMENTS)
         if arguments is None:
             value = get(INPUT_VALUE)
@@ -427,7 +436,6 @@ class OpenInference:
         if arguments is not None:
             call = {"type": "tool_call", "id": call_id, "name": span.tool_name or "", "arguments": arguments}
             input_messages = [{"role": "assistant", "parts": [call]}]
-        result = get(OUTPUT_VALUE)
         output_messages: list[Message] | None = None
         if result is not None and result != "":
             output_messages = [

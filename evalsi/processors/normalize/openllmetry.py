@@ -31,6 +31,7 @@ from evalsi.processors.normalize.otel_genai import (  # the semconv names this c
     TOOL_NAME,
     fill_details,
     fill_provider_and_tokens,
+    mark_framework_spans,
     span_error_type,
     tool_messages,
 )
@@ -312,6 +313,7 @@ class OpenLLMetry:
         span.error_type = span_error_type(span)
 
         fill_details(span, attributes)
+        mark_framework_spans(span, get(OPERATION))
         details = span.details
         for key, names in _DETAIL_COUNTS:
             if key not in details:

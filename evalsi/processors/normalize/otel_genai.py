@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from evalsi.processors.normalize.langchain import callback_arguments, tool_message
 from evalsi.processors.normalize.mapper import GENERIC_PRECEDENCE, register_mapper
 from evalsi.processors.normalize.messages import (
     CONTENT_EVENTS,
@@ -25,7 +26,7 @@ from evalsi.processors.normalize.values import (
     text,
     token_count,
 )
-from evalsi.span import Span, StepType
+from evalsi.span import PLUMBING, VENDOR_SDK, Span, StepType
 
 OPERATION = "gen_ai.operation.name"
 PROVIDER = "gen_ai.provider.name"
@@ -40,6 +41,7 @@ PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"  # before semconv 1.27
 COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"  # before semconv 1.27
 CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
 CACHE_CREATION_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
+CACHE_WRITE_TOKENS = "gen_ai.usage.cache_write.input_tokens"  # the Anthropic SDK's spans: not in the semconv
 REASONING_TOKENS = "gen_ai.usage.reasoning.output_tokens"
 REASONING_TOKENS_UNOFFICIAL = "gen_ai.usage.reasoning_tokens"  # agentgateway, OpenLLMetry: not in the semconv
 TOOL_NAME = "gen_ai.tool.name"
@@ -48,6 +50,7 @@ TOOL_DESCRIPTION = "gen_ai.tool.description"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
 TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
 TOOL_CALL_RESULT = "gen_ai.tool.call.result"
+ANTHROPIC_TOOL_RESULT = "anthropic.tool_result.content"  # the Anthropic SDK's tool runner: no tool.call.result
 AGENT_NAME = "gen_ai.agent.name"
 AGENT_ID = "gen_ai.agent.id"
 AGENT_DESCRIPTION = "gen_ai.agent.description"
@@ -121,6 +124,11 @@ TEXT_DETAILS: tuple[tuple[str, str], ...] = (
 
 _MARKER_ATTRIBUTES = frozenset((OPERATION, SYSTEM, PROVIDER, REQUEST_MODEL, STEP_TYPE))
 
+VENDOR_SDK_SCOPES: dict[str, str] = {"com.anthropic.sdk.python": "anthropic"}
+"""Instrumentation scopes of a vendor SDK's own spans -> the vendor, as `details["vendor_sdk"]`."""
+PLUMBING_OPERATIONS = frozenset(("create_agent",))
+"""Operations that are no step of a run, as `details["plumbing"]`."""
+
 
 def error_type(value: Any) -> str | None:
     """An `error.type` value as canonical text; Python's `<class 'pkg.Error'>` repr becomes `pkg.Error`."""
@@ -182,25 +190,53 @@ def retrieval_documents(value: Any) -> tuple[list[dict[str, Any]] | None, bool]:
     return [_document(item) for item in value] or None, True
 
 
+def anthropic_tool_result(value: Any) -> Any:
+    """`anthropic.tool_result.content`: the tool_result block's content, a JSON list of content blocks; text blocks
+    alone are their text (what the tool returned), anything else is kept as given."""
+    blocks = loads(value) if isinstance(value, str) and value.startswith("[") else value
+    if (
+        isinstance(blocks, list)
+        and blocks
+        and all(isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str) for b in blocks)
+    ):
+        return "".join(b["text"] for b in blocks)
+    return value
+
+
 def tool_messages(span: Span, attributes: dict[str, Any]) -> tuple[list[Message] | None, list[Message] | None]:
-    """A tool call's arguments as an assistant tool_call message in, and its result as a tool response out."""
+    """A tool call's arguments as an assistant tool_call message in, and its result as a tool response out.
+
+    LangChain's shapes are unwrapped (OpenLLMetry records them as they come): the callback input record
+    `{"input_str": "{'location': 'Paris'}", "tags": ...}` becomes the named arguments, a serialized ToolMessage
+    its content (and its `tool_call_id` the call id when `gen_ai.tool.call.id` is absent).
+    """
     input_messages: list[Message] | None = None
     output_messages: list[Message] | None = None
+    call_id = text(attributes.get(TOOL_CALL_ID))
+    result: Any = None
+    has_result = False
+    if TOOL_CALL_RESULT in attributes:
+        result, has_result = attributes[TOOL_CALL_RESULT], True
+    elif ANTHROPIC_TOOL_RESULT in attributes:
+        result, has_result = anthropic_tool_result(attributes[ANTHROPIC_TOOL_RESULT]), True
+    if has_result:
+        unwrapped = tool_message(result)
+        if unwrapped is not None:
+            result = unwrapped[0]
+            call_id = call_id or unwrapped[1]
     if TOOL_CALL_ARGUMENTS in attributes:
         call = {
             "type": "tool_call",
-            "id": text(attributes.get(TOOL_CALL_ID)),
+            "id": call_id,
             "name": span.tool_name or "",
-            "arguments": tool_arguments(attributes[TOOL_CALL_ARGUMENTS]),
+            "arguments": tool_arguments(callback_arguments(attributes[TOOL_CALL_ARGUMENTS])),
         }
         input_messages = [{"role": "assistant", "parts": [call]}]
-    if TOOL_CALL_RESULT in attributes:
-        response = {
-            "type": "tool_call_response",
-            "id": text(attributes.get(TOOL_CALL_ID)),
-            "response": attributes[TOOL_CALL_RESULT],
-        }
+    if has_result:
+        response = {"type": "tool_call_response", "id": call_id, "response": result}
         output_messages = [{"role": "tool", "parts": [response]}]
+    if call_id is not None and TOOL_CALL_ID not in attributes:
+        span.details["tool_call_id"] = call_id
     return input_messages, output_messages
 
 
@@ -220,7 +256,8 @@ def _detail_fields() -> dict[str, tuple[str | None, str, Callable[[Any], Any], i
     for attribute, key in TEXT_DETAILS:
         fields[attribute] = (None, key, text, 0)
     fields[CACHE_READ_TOKENS] = (None, "cache_read_input_tokens", count, 0)
-    fields[CACHE_CREATION_TOKENS] = (None, "cache_creation_input_tokens", count, 0)
+    fields[CACHE_CREATION_TOKENS] = (None, "cache_creation_input_tokens", count, 1)  # the semconv name wins over
+    fields[CACHE_WRITE_TOKENS] = (None, "cache_creation_input_tokens", count, 0)  # the Anthropic SDK's
     fields[REASONING_TOKENS] = (None, "reasoning_tokens", count, 1)  # the semconv name wins over
     fields[REASONING_TOKENS_UNOFFICIAL] = (None, "reasoning_tokens", count, 0)  # the name some emit
     fields[FINISH_REASONS] = (None, "finish_reasons", strings, 0)
@@ -262,6 +299,15 @@ def fill_details(span: Span, attributes: dict[str, Any]) -> None:
         details["request"] = request
 
 
+def mark_framework_spans(span: Span, operation: Any) -> None:
+    """Per-span facts the trajectory needs to count each call once and to skip plumbing (`VENDOR_SDK`, `PLUMBING`)."""
+    vendor = VENDOR_SDK_SCOPES.get(span.scope_name)
+    if vendor is not None:
+        span.details[VENDOR_SDK] = vendor
+    if isinstance(operation, str) and operation in PLUMBING_OPERATIONS:
+        span.details[PLUMBING] = operation
+
+
 class OtelGenAI:
     """Spans written to the OTel GenAI semantic conventions, from semconv 1.26 to the latest experimental."""
 
@@ -295,6 +341,7 @@ class OtelGenAI:
         span.user_id = text(user if user is not None else get(ENDUSER_ID))
         span.error_type = span_error_type(span)
         fill_details(span, attributes)
+        mark_framework_spans(span, operation)
 
         input_messages: list[Message] | None = None
         output_messages: list[Message] | None = None

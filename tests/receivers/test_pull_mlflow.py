@@ -1,0 +1,227 @@
+"""The `mlflow` pull receiver against a real `mlflow server`: traces made with MLflow's own client are imported,
+normalized as MLflow's convention, evaluated by a policy, and their scores read back from MLflow on the same traces;
+a restart (clean or kill -9) in the middle neither skips nor duplicates a trace or a score."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from mlflow import MlflowClient
+from mlflow_server import mlflow_server
+from running_collector import Collector, serve_config, start_collector, wait_until
+
+POLICY = """apiVersion: evals.si/v1alpha1
+kind: OnlineEvalPolicy
+metadata: {name: imported}
+spec:
+  selector: trace.service_name.startsWith('support-bot')
+  sampling: {rate: 1.0}
+  cascade:
+    - ref: builtin/latency
+      params: {max_ms: 60000}
+    - ref: builtin/tokens
+      params: {max_total: 20000}
+"""
+
+MAKE_TRACES = """
+import sys, mlflow
+mlflow.set_tracking_uri(sys.argv[1])
+mlflow.set_experiment(sys.argv[2])
+
+@mlflow.trace(span_type="TOOL")
+def get_weather(location: str) -> str:
+    return f"sunny in {location}"
+
+@mlflow.trace(span_type="AGENT")
+def agent(question: str) -> str:
+    with mlflow.start_span(name="chat", span_type="CHAT_MODEL") as s:
+        s.set_inputs({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": question}]})
+        s.set_outputs({"choices": [{"message": {"role": "assistant", "content": "calling get_weather"}}]})
+        s.set_attribute("mlflow.chat.tokenUsage", {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15})
+    return get_weather("Paris")
+
+for i in range(int(sys.argv[3])):
+    agent(f"weather in Paris? {sys.argv[4]} {i}")
+mlflow.flush_trace_async_logging()
+"""
+
+
+@pytest.fixture(scope="module")
+def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
+        yield uri
+
+
+def make_traces(uri: str, experiment: str, n: int, tag: str) -> None:
+    """`n` traces of an agent (AGENT root, CHAT_MODEL, TOOL) made by MLflow's own client, in another process."""
+    script = textwrap.dedent(MAKE_TRACES)
+    subprocess.run([sys.executable, "-c", script, uri, experiment, str(n), tag], check=True, timeout=120)
+
+
+def mlflow_trace_ids(uri: str, experiment: str) -> list[str]:
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None
+    return [t.info.trace_id for t in client.search_traces(locations=[exp.experiment_id], max_results=500)]
+
+
+def assessments(uri: str, trace_id: str) -> list[tuple[str, Any]]:
+    trace = MlflowClient(uri).get_trace(trace_id)
+    return sorted((a.name, a.value) for a in trace.info.assessments)
+
+
+def config(tmp: Path, uri: str, experiment: str, workers: int) -> dict[str, Any]:
+    (tmp / "policy.yaml").write_text(POLICY)
+    cfg = serve_config(tmp / "store")
+    cfg["receivers"] = {
+        "mlflow": {"tracking_uri": uri, "experiments": [experiment], "poll_interval": "300ms", "lookback": "1h"}
+    }
+    cfg["processors"] = {
+        "normalize": {},
+        "tail_sampling": {"decision_wait": "300ms"},
+        "evaluate": {"policies": [str(tmp / "policy.yaml")]},
+    }
+    cfg["exporters"]["mlflow"] = {"tracking_uri": uri, "trace_wait": "30s"}
+    cfg["service"]["pipelines"] = {
+        "traces": {
+            "receivers": ["mlflow"],
+            "processors": ["normalize", "tail_sampling", "evaluate"],
+            "exporters": ["clickhouse"],
+        },
+        "scores": {"exporters": ["clickhouse", "mlflow"]},
+    }
+    cfg["service"]["workers"] = workers
+    return cfg
+
+
+def stored(c: Collector) -> dict[str, int]:
+    traces = httpx.get(c.api + "/api/v1/traces?limit=1000").json()["traces"]
+    return {t["trace_id"]: t["span_count"] for t in traces}
+
+
+def metric(c: Collector, name: str) -> float:
+    for line in httpx.get(c.metrics).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def scored_back(uri: str, ids: list[str]) -> bool:
+    return all({n for n, _ in assessments(uri, t)} >= {"latency", "tokens"} for t in ids)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_traces_made_with_mlflow_are_imported_evaluated_and_scored_back(
+    tmp_path: Path, mlflow_uri: str, workers: int
+) -> None:
+    experiment = f"support-bot-{uuid.uuid4().hex[:8]}"
+    make_traces(mlflow_uri, experiment, 3, "a")
+    ids = mlflow_trace_ids(mlflow_uri, experiment)
+    assert len(ids) == 3
+    c = start_collector(tmp_path, config(tmp_path, mlflow_uri, experiment, workers))
+    try:
+        assert wait_until(lambda: len(stored(c)) == 3 and all(n == 3 for n in stored(c).values()), 60), stored(c)
+        # the same trace ids as in MLflow (tr-<hex>), so scores go back on the very traces
+        assert set(stored(c)) == {t.removeprefix("tr-") for t in ids}
+        trace = httpx.get(c.api + f"/api/v1/traces/{ids[0].removeprefix('tr-')}").json()["spans"]
+        by_type = {s["step_type"]: s for s in trace}
+        assert set(by_type) == {"agent", "llm", "tool"}  # MLflow's span types, read by its mapper
+        assert {s["convention"] for s in trace} == {"mlflow"}
+        llm = by_type["llm"]
+        assert (llm["input_tokens"], llm["output_tokens"]) == (10, 5)
+        assert by_type["tool"]["tool_name"] == "get_weather"
+        assert by_type["llm"]["attributes"]["mlflow.spanType"] == "CHAT_MODEL"  # the source's attributes kept
+        assert wait_until(lambda: scored_back(mlflow_uri, ids), 60), [assessments(mlflow_uri, t) for t in ids]
+        for t in ids:  # the tokens of the CHAT_MODEL span, as MLflow recorded them
+            assert [v for n, v in assessments(mlflow_uri, t) if n == "tokens"] == [15]
+        assert metric(c, "evalsi_pull_traces_total") == 3
+        assert metric(c, "evalsi_evaluate_traces_total") == 3
+    finally:
+        c.stop()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["clean stop", "kill -9"])
+def test_a_restart_in_the_middle_neither_skips_nor_duplicates(
+    tmp_path: Path, mlflow_uri: str, stop: signal.Signals
+) -> None:
+    experiment = f"support-bot-{uuid.uuid4().hex[:8]}"
+    make_traces(mlflow_uri, experiment, 3, "before")
+    cfg = config(tmp_path, mlflow_uri, experiment, 1)
+    c = start_collector(tmp_path, cfg)
+    first = mlflow_trace_ids(mlflow_uri, experiment)
+    try:
+        assert wait_until(lambda: scored_back(mlflow_uri, first), 60)
+    finally:
+        c.stop(stop)
+    make_traces(mlflow_uri, experiment, 2, "while down")
+    ids = mlflow_trace_ids(mlflow_uri, experiment)
+    assert len(ids) == 5
+    c = start_collector(tmp_path, cfg)
+    try:
+        assert wait_until(lambda: scored_back(mlflow_uri, ids), 60), [assessments(mlflow_uri, t) for t in ids]
+        assert wait_until(lambda: len(stored(c)) == 5, 30)
+        assert stored(c) == {t.removeprefix("tr-"): 3 for t in ids}  # every span once
+        for t in ids:  # one score of each name per trace, in MLflow too
+            names = [n for n, _ in assessments(mlflow_uri, t)]
+            assert sorted(names) == ["latency", "tokens"], names
+        if stop == signal.SIGTERM:  # the watermark was kept: the second run read only the new traces
+            assert metric(c, "evalsi_pull_traces_total") == 2
+        else:  # read again from the last kept watermark: what the store held was left out, not stored twice
+            assert metric(c, "evalsi_pull_traces_total") >= 2
+        assert metric(c, "evalsi_evaluate_traces_total") == 2  # the three of the first run are not evaluated again
+    finally:
+        c.stop()
+
+
+def test_evalsi_import_counts_on_a_dry_run_and_lands_the_same_counts_once(tmp_path: Path, mlflow_uri: str) -> None:
+    """`evalsi import mlflow`: a one-off backfill through the config's pipeline (an in-process collector here)."""
+    experiment = f"support-bot-{uuid.uuid4().hex[:8]}"
+    make_traces(mlflow_uri, experiment, 2, "backfill")
+    ids = mlflow_trace_ids(mlflow_uri, experiment)
+    cfg = config(tmp_path, mlflow_uri, experiment, 1)
+    cfg["receivers"] = serve_config(tmp_path / "store")["receivers"]  # the import hands its spans to the otlp one
+    cfg["service"]["pipelines"]["traces"]["receivers"] = ["otlp"]
+    config_path = tmp_path / "import.yaml"
+    config_path.write_text(yaml.safe_dump(cfg))
+    evalsi = [str(Path(sys.executable).parent / "evalsi")]
+
+    def run_import(*extra: str) -> dict[str, Any]:
+        args = ["import", "mlflow", "--tracking-uri", mlflow_uri, "-e", experiment, "--since", "1h", "--json"]
+        res = subprocess.run(
+            [*evalsi, *args, "-c", str(config_path), *extra], capture_output=True, text=True, timeout=300, cwd=tmp_path
+        )
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)
+
+    def stored_traces() -> dict[str, int]:
+        res = subprocess.run(
+            [*evalsi, "traces", "list", "--json", "-c", str(config_path)], capture_output=True, text=True, timeout=120
+        )
+        assert res.returncode == 0, res.stderr
+        return {t["trace_id"]: t["span_count"] for t in json.loads(res.stdout)}
+
+    dry = run_import("--dry-run")
+    assert (dry["traces"], dry["spans"], dry["sent"], dry["dry_run"]) == (2, 6, 0, True)
+    assert not (tmp_path / "store").exists() or stored_traces() == {}
+    assert all(assessments(mlflow_uri, t) == [] for t in ids)
+
+    done = run_import()
+    assert (done["traces"], done["spans"], done["sent"], done["stored_already"]) == (2, 6, 6, 0)
+    assert stored_traces() == {t.removeprefix("tr-"): 3 for t in ids}
+    assert scored_back(mlflow_uri, ids)  # the config's policy scored them; its mlflow exporter wrote them back
+
+    again = run_import()
+    assert (again["traces"], again["sent"], again["stored_already"]) == (2, 0, 6)
+    assert stored_traces() == {t.removeprefix("tr-"): 3 for t in ids}
+    assert all(sorted(n for n, _ in assessments(mlflow_uri, t)) == ["latency", "tokens"] for t in ids)
