@@ -166,7 +166,7 @@ class Pricer:
     def __init__(self, config: CostConfig, unknown_counter: Any = None) -> None:
         self.overrides = {key.lower(): value for key, value in config.prices.items()}
         self._unknown = unknown_counter
-        self._labels: set[tuple[str, str]] = set()
+        self._labels: dict[tuple[str, str], Any] = {}  # the counter's child per (provider, model), looked up once
         self._cache: dict[tuple[str | None, str], Rates | None] = {}
         self._day = self._today()
         # the table (a 1.6 MB module) loads here, at startup, rather than under the first span
@@ -224,9 +224,9 @@ class Pricer:
         if self._unknown is None:
             return
         labels = (provider, model)
-        if labels not in self._labels:
+        child = self._labels.get(labels)
+        if child is None:
             if len(self._labels) >= MAX_UNKNOWN_LABELS:
                 labels = ("other", "other")
-            else:
-                self._labels.add(labels)
-        self._unknown.labels(*labels).inc()
+            child = self._labels[labels] = self._unknown.labels(*labels)
+        child.inc()
