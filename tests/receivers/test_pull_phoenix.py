@@ -103,6 +103,16 @@ def make_traces(url: str, project: str, n: int, tag: str) -> list[str]:
     return trace_ids(url, project)
 
 
+def listed_traces(url: str, project: str) -> list[dict[str, Any]]:
+    """The project's traces as Phoenix lists them; none while it has not made the project yet (it answers 404, or
+    briefly something that is not the JSON list, while it ingests the project's first spans)."""
+    resp = httpx.get(f"{url}/v1/projects/{project}/traces")
+    if resp.status_code != 200:
+        return []
+    data: list[dict[str, Any]] = resp.json()["data"]
+    return data
+
+
 def complete_traces(url: str, project: str) -> list[dict[str, Any]]:
     resp = httpx.get(f"{url}/v1/projects/{project}/traces", params={"limit": 1000, "include_spans": "true"})
     if resp.status_code == 404:
@@ -363,7 +373,7 @@ def test_a_trace_whose_root_phoenix_lacks_waits_for_it_and_later_ones_go_on(tmp_
     running, root_id, done = os.urandom(16), os.urandom(8), os.urandom(16)
     post_spans(phoenix_url, project, [oi_span(running, os.urandom(8), root_id, "LLM", now - 5)])  # its root still runs
     post_spans(phoenix_url, project, [oi_span(done, os.urandom(8), b"", "AGENT", now - 4)])  # started later, complete
-    assert wait_until(lambda: len(httpx.get(f"{phoenix_url}/v1/projects/{project}/traces").json()["data"]) == 2, 30)
+    assert wait_until(lambda: len(listed_traces(phoenix_url, project)) == 2, 30)
     c = start_collector(tmp_path, config(tmp_path, phoenix_url, project, 1))
     try:
         assert wait_until(lambda: done.hex() in stored(c), 30)  # read ahead of the running one
