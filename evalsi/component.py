@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationInfo
 
 from evalsi.encoded import Decoder, EncodedConsumer
 from evalsi.log_record import LogBatch
@@ -28,6 +28,14 @@ class ComponentConfig(BaseModel):
     """Base of every component's typed config: unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def server_url(value: str, info: ValidationInfo) -> str:
+    """A field validator for the base URL of a server a component talks to (`http://host:port`, `https://host`):
+    the key's name in the message, the trailing slash dropped."""
+    if not value.startswith(("http://", "https://")) or value.endswith("://"):
+        raise ValueError(f"unsupported {info.field_name} {value!r}: use http://host:port or https://host (a server)")
+    return value.rstrip("/")
 
 
 class Refused(Exception):

@@ -35,7 +35,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field, field_validator
 
-from evalsi.component import ComponentConfig, Settings, exporter
+from evalsi.component import ComponentConfig, Settings, exporter, server_url
 from evalsi.duration import Duration
 from evalsi.exporters.delivery import (
     REFUSED_INVALID,
@@ -91,12 +91,7 @@ class LangfuseConfig(ComponentConfig):
     shutdown_timeout: Duration = 10.0
     retry_on_failure: RetryConfig = RetryConfig()
 
-    @field_validator("host")
-    @classmethod
-    def _host(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")) or v.endswith("://"):
-            raise ValueError(f"unsupported host {v!r}: use http://host:port or https://host")
-        return v.rstrip("/")
+    _host = field_validator("host")(server_url)
 
     @field_validator("public_key", "secret_key")
     @classmethod

@@ -39,7 +39,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field, field_validator, model_validator
 
-from evalsi.component import ComponentConfig, Settings, exporter
+from evalsi.component import ComponentConfig, Settings, exporter, server_url
 from evalsi.duration import Duration
 from evalsi.exporters.delivery import (
     RETRYABLE_HTTP,
@@ -109,12 +109,7 @@ class MlflowConfig(ComponentConfig):
     shutdown_timeout: Duration = 10.0
     retry_on_failure: RetryConfig = RetryConfig()
 
-    @field_validator("tracking_uri")
-    @classmethod
-    def _tracking_uri(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")) or v.endswith("://"):
-            raise ValueError(f"unsupported tracking_uri {v!r}: use http://host:port or https://host (a server)")
-        return v.rstrip("/")
+    _tracking_uri = field_validator("tracking_uri")(server_url)
 
     @model_validator(mode="after")
     def _one_experiment(self) -> MlflowConfig:

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field, field_validator
 
-from evalsi.component import ComponentConfig, Settings, exporter
+from evalsi.component import ComponentConfig, Settings, exporter, server_url
 from evalsi.duration import Duration
 from evalsi.exporters.delivery import (
     ExporterCounters,
@@ -73,12 +73,7 @@ class PhoenixConfig(ComponentConfig):
     shutdown_timeout: Duration = 10.0
     retry_on_failure: RetryConfig = RetryConfig()
 
-    @field_validator("endpoint")
-    @classmethod
-    def _endpoint(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")) or v.endswith("://"):
-            raise ValueError(f"unsupported endpoint {v!r}: use http://host:port or https://host (a Phoenix server)")
-        return v.rstrip("/")
+    _endpoint = field_validator("endpoint")(server_url)
 
 
 def annotation_identifier(score: Score) -> str:

@@ -18,7 +18,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span, Status
 from pydantic import field_validator
 
-from evalsi.component import Next, Settings, receiver
+from evalsi.component import Next, Settings, receiver, server_url
 from evalsi.duration import Duration
 from evalsi.ids import SOURCE_SPAN_ID, SOURCE_TRACE_ID
 from evalsi.receivers.otlp.decode import decode_encoded
@@ -55,12 +55,7 @@ class LangfuseReceiverConfig(PullConfig):
     readable a little after they end."""
     timeout: Duration = 30.0
 
-    @field_validator("host")
-    @classmethod
-    def _host(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")) or v.endswith("://"):
-            raise ValueError(f"unsupported host {v!r}: use http://host:port or https://host")
-        return v.rstrip("/")
+    _host = field_validator("host")(server_url)
 
     @field_validator("public_key", "secret_key")
     @classmethod

@@ -14,7 +14,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
 from pydantic import Field, field_validator
 
-from evalsi.component import Next, Settings, receiver
+from evalsi.component import Next, Settings, receiver, server_url
 from evalsi.duration import Duration
 from evalsi.receivers.otlp.decode import decode_encoded
 from evalsi.receivers.pull.poll import (
@@ -40,12 +40,7 @@ class MlflowReceiverConfig(PullConfig):
     """Extra request headers, e.g. `Authorization: env:MLFLOW_AUTH`."""
     timeout: Duration = 30.0
 
-    @field_validator("tracking_uri")
-    @classmethod
-    def _tracking_uri(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")) or v.endswith("://"):
-            raise ValueError(f"unsupported tracking_uri {v!r}: use http://host:port or https://host (a server)")
-        return v.rstrip("/")
+    _tracking_uri = field_validator("tracking_uri")(server_url)
 
     @field_validator("experiments")
     @classmethod

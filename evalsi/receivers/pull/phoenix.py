@@ -16,7 +16,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span, Status
 from pydantic import Field, field_validator
 
-from evalsi.component import Next, Settings, receiver
+from evalsi.component import Next, Settings, receiver, server_url
 from evalsi.duration import Duration
 from evalsi.receivers.otlp.decode import decode_encoded
 from evalsi.receivers.pull.poll import Listed, Page, PullConfig, Source, SourceError, SourcesReceiver, check_response
@@ -44,12 +44,7 @@ class PhoenixReceiverConfig(PullConfig):
     """A trace is listed once it started this long ago: Phoenix knows a span only once it has ended and been
     exported, so a younger trace may still lack spans (its start time may even move back)."""
 
-    @field_validator("endpoint")
-    @classmethod
-    def _endpoint(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")) or v.endswith("://"):
-            raise ValueError(f"unsupported endpoint {v!r}: use http://host:port or https://host (a Phoenix server)")
-        return v.rstrip("/")
+    _endpoint = field_validator("endpoint")(server_url)
 
     @field_validator("projects")
     @classmethod
