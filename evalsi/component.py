@@ -153,6 +153,12 @@ class WorkerPeers(Protocol):
         session meet."""
         ...
 
+    def hand_twin_trace(self, processor: str, spans: list[Any]) -> None:
+        """A completed trace that may record a model call another trace records too (a vendor SDK's lone call, an
+        instrumentation's root-level call), for the collector, where every worker's such traces meet and are
+        evaluated."""
+        ...
+
 
 class CollectorPeers(Protocol):
     """In the collector process, with pipeline workers: how a processor reaches the workers."""

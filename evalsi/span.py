@@ -23,6 +23,8 @@ VENDOR_SDK = "vendor_sdk"
 """`details["vendor_sdk"]`: the span is a vendor SDK's own record of an API call (the Anthropic SDK's
 `com.anthropic.sdk.python` spans), which an instrumentation of that SDK may record too: the trajectory then counts the
 call once (`trajectory.py`)."""
+VENDOR_SDK_SCOPES: dict[str, str] = {"com.anthropic.sdk.python": "anthropic"}
+"""Instrumentation scopes of vendor SDKs' own spans -> the provider (`details["vendor_sdk"]`)."""
 PLUMBING = "plumbing"
 """`details["plumbing"]`: the GenAI operation of a span that is no step of a run (`create_agent`, building an agent):
 the trajectory does not list it, and a trace of nothing else is no trajectory."""

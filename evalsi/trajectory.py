@@ -114,7 +114,7 @@ def duplicate_calls(spans: list[Span]) -> dict[str, str]:
     Nested (OpenInference makes its span current: the SDK's is its child): the nearest step above is an llm span.
     Siblings (OpenLLMetry does not: both under the app's or the tool runner's span): the same response id, else
     overlapping in time; each instrumentation span takes one SDK span, the one that started closest to it. An SDK span
-    whose instrumentation span is in another trace (no span of the app around the call) cannot be seen here.
+    whose instrumentation span is in another trace (no span of the app around the call) is joined first (`join_twins`).
     """
     sdk_spans = [s for s in spans if s.step_type == "llm" and s.details.get(VENDOR_SDK)]
     if not sdk_spans:
@@ -141,6 +141,69 @@ def duplicate_calls(spans: list[Span]) -> dict[str, str]:
             taken.add(match.span_id)
             folded[sdk.span_id] = match.span_id
     return folded
+
+
+CALL_TWIN_SLACK_NS = 1_000_000  # the SDK's span lies inside the instrumentation's, give or take a millisecond
+
+
+def lone_sdk_call(spans: list[Span]) -> Span | None:
+    """The span of a trace that is nothing but a vendor SDK's record of one call made outside any span of the app
+    (so outside the instrumentation's span too, when that span is not made current): its twin is in another trace."""
+    if len(spans) != 1:
+        return None
+    s = spans[0]
+    return s if s.step_type == "llm" and s.details.get(VENDOR_SDK) and not s.parent_span_id else None
+
+
+def twin_candidates(spans: list[Span], vendors: frozenset[str] | set[str] | None = None) -> list[Span]:
+    """The root instrumentation llm spans of a trace holding no vendor SDK span (a call recorded outside any span
+    of the app), of a provider in `vendors` (None: any): where a lone SDK call's twin may be."""
+    if any(s.details.get(VENDOR_SDK) for s in spans):
+        return []
+    return [
+        s for s in spans if s.step_type == "llm" and not s.parent_span_id and (vendors is None or s.provider in vendors)
+    ]
+
+
+def same_call_across_traces(sdk: Span, other: Span) -> bool:
+    """Whether a lone SDK call and a root instrumentation llm span of another trace record one API call: the same
+    response id when both have one; else (a failed call has none; OpenInference's stream records none) the same
+    provider and model, the SDK's span inside the instrumentation's (it is sent from within it)."""
+    if other.provider and other.provider != sdk.details.get(VENDOR_SDK):
+        return False
+    a, b = sdk.details.get("response_id"), other.details.get("response_id")
+    if a and b:
+        return bool(a == b)
+    if not sdk.model or sdk.model != other.model:
+        return False
+    return (
+        other.start_time_unix_nano - CALL_TWIN_SLACK_NS <= sdk.start_time_unix_nano
+        and sdk.end_time_unix_nano <= other.end_time_unix_nano + CALL_TWIN_SLACK_NS
+    )
+
+
+def join_twins(traces: dict[str, list[Span]]) -> dict[str, list[Span]]:
+    """Traces by id, with each lone SDK call (`lone_sdk_call`) joined to the trace of the instrumentation span that
+    records the same call (each takes one, the one that started closest): the call is then one step of that trace
+    (`duplicate_calls`, siblings at the root). The order of first appearance is kept; spans keep their trace ids."""
+    lone = {tid: sdk for tid, spans in traces.items() if (sdk := lone_sdk_call(spans)) is not None}
+    if not lone:
+        return traces
+    roots = [(tid, s) for tid, spans in traces.items() if tid not in lone for s in twin_candidates(spans)]
+    into: dict[str, str] = {}
+    taken: set[str] = set()
+    for tid, sdk in sorted(lone.items(), key=lambda kv: (kv[1].start_time_unix_nano, kv[1].span_id)):
+        found = [(rt, r) for rt, r in roots if r.span_id not in taken and same_call_across_traces(sdk, r)]
+        if found:
+            rt, r = min(found, key=lambda f: abs(f[1].start_time_unix_nano - sdk.start_time_unix_nano))
+            taken.add(r.span_id)
+            into[tid] = rt
+    if not into:
+        return traces
+    joined: dict[str, list[Span]] = {tid: list(spans) for tid, spans in traces.items() if tid not in into}
+    for tid, rt in into.items():
+        joined[rt].extend(traces[tid])
+    return joined
 
 
 def counted_once(spans: list[Span]) -> tuple[set[str], dict[str, Span]]:
@@ -300,12 +363,13 @@ def build_trajectory(spans: list[Span]) -> dict[str, Any]:
 
 def build_trajectories(spans: list[Span]) -> list[dict[str, Any]]:
     """One trajectory per trace, in order of first appearance; a trace of plumbing only (an agent being built,
-    OpenLLMetry's `create_agent` span in a trace of its own) is none."""
+    OpenLLMetry's `create_agent` span in a trace of its own) is none, and a vendor SDK's lone span of a call an
+    instrumentation recorded in another trace is a step of that trace's trajectory (`join_twins`)."""
     traces: dict[str, list[Span]] = {}
     for s in spans:
         traces.setdefault(s.trace_id, []).append(s)
     trajectories = []
-    for group in traces.values():
+    for group in join_twins(traces).values():
         trajectory = build_trajectory(group)
         if not trajectory["steps"] and any(s.details.get(PLUMBING) for s in group):
             continue

@@ -35,6 +35,7 @@ from evalsi.wal import WriteAheadLog, without_stored_spans
 log = logging.getLogger("evalsi.service")
 
 RETIRE_INTERVAL = 0.25  # how often the write-ahead log deletes the segments nothing depends on
+SETTLE_TIMEOUT_S = 10.0  # how long a clean stop waits for the exporters to store what a pull watermark covers
 
 
 def _skip_unwanted_sessions(chains: list[list[Any]]) -> None:
@@ -480,6 +481,9 @@ class Service:
             if where.startswith("processors."):
                 await comp.shutdown()
         await self._drain_fans()
+        # pull receivers keep their watermark once the exporters (still running) have stored what it covers
+        pulls = [c for w, c in self._started if w.startswith("receivers.") and hasattr(c, "settle")]
+        await asyncio.gather(*(c.settle(SETTLE_TIMEOUT_S) for c in pulls))
         for where, comp in self._started:
             if where.startswith("exporters."):
                 await comp.shutdown()

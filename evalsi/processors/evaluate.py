@@ -27,9 +27,10 @@ from evalsi.log_record import LogBatch, LogRecord
 from evalsi.policies import AlertEvent, AlertRecorder, Notifier, PolicyError, PolicySet, load_policies
 from evalsi.policies.engine import PolicyDecision, WindowRecord
 from evalsi.policies.feedback import is_feedback
+from evalsi.policies.twins import TwinBuffer
 from evalsi.processors.tail_sampling.buffer import SessionBuffer
 from evalsi.score import Score, ScoreBatch
-from evalsi.span import BatchKind, Span, SpanBatch, trace_key
+from evalsi.span import VENDOR_SDK_SCOPES, BatchKind, Span, SpanBatch, trace_key
 from evalsi.supervise import supervise
 
 
@@ -45,8 +46,22 @@ class LateSignalsConfig(ComponentConfig):
     """A numeric feedback value below this is `feedback.negative`, at or above it `feedback.positive`."""
 
 
+class DuplicateCallsConfig(ComponentConfig):
+    """A model call a vendor SDK and an instrumentation both record, in two traces (no span of the app around the
+    call: docs/conventions.md, "Duplicate model calls"): both wait here for each other, to be evaluated as one."""
+
+    wait: Duration = 2.0
+    """How long a vendor SDK's lone call (one span, a trace of its own), or a trace whose root is an instrumentation's
+    call to a provider whose SDK records its own spans (Anthropic), waits for its twin before it is evaluated alone.
+    A pair is evaluated as soon as both are here; every other trace never waits. 0 evaluates each trace at once,
+    alone: a call recorded in two traces then counts twice."""
+    max_traces: int = Field(default=10_000, gt=0)
+    """Traces waiting for a twin at most; past it the oldest is evaluated alone at once."""
+
+
 # traces (or feedback items) the engine thread takes per hand-off from the event loop
 ENGINE_CHUNK = 256
+TWINS_TICK_S = 0.1  # how often traces whose twin did not come in `duplicate_calls.wait` go to evaluation
 
 
 class EvaluateConfig(ComponentConfig):
@@ -65,6 +80,8 @@ class EvaluateConfig(ComponentConfig):
     `evalsi_evaluate_traces_shed_total` and in each policy's window (`shed`), so its intervals say what they miss."""
     late_signals: LateSignalsConfig = Field(default_factory=LateSignalsConfig)
     """The buffer of recent traces for policies that read `feedback` (only those policies' selected traces)."""
+    duplicate_calls: DuplicateCallsConfig = Field(default_factory=DuplicateCallsConfig)
+    """Traces that may record a call another trace records too wait briefly for each other."""
 
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
 
@@ -176,6 +193,15 @@ class Evaluate:
         if self.worker is not None:
             self.policies.record_windows()  # the collector process's windows aggregate every worker's
         self._session_stages = any(p.session_stages for p in self.policies.policies)
+        twins = config.duplicate_calls
+        self.twins = (
+            TwinBuffer(twins.wait, frozenset(VENDOR_SDK_SCOPES.values()), twins.max_traces) if twins.wait > 0 else None
+        )
+        """Lone vendor SDK calls and root-level instrumentation calls waiting for their twin; with workers, in the
+        collector process, where every worker's such traces meet (a worker hands them there)."""
+        self._evaluated_here: OrderedDict[str, None] = OrderedDict()
+        """With workers, in the collector process: ids of the traces evaluated here (twins), whose late feedback
+        stays here rather than going to a worker."""
         self.sessions: SessionBuffer | None = None
         """In the collector process with workers: every worker's traces of a session, until it is quiet (the
         service sets it from the pipeline's tail_sampling settings)."""
@@ -235,6 +261,17 @@ class Evaluate:
             "`expired` (left the buffer), `queue_full`.",
             ["processor", "reason"],
         )
+        self._twins_joined = m.counter(
+            "evalsi_evaluate_duplicate_call_traces",
+            "Traces that recorded a call another trace recorded too (a vendor SDK's lone span and an instrumentation's "
+            "root span), evaluated with it as one trace.",
+            ["processor"],
+        ).labels(sid)
+        self._twins_waiting = m.gauge(
+            "evalsi_evaluate_duplicate_call_waiting",
+            "Traces waiting for a twin in another trace that records the same call (`duplicate_calls.wait`).",
+            ["processor"],
+        ).labels(sid)
         self._late_buffered = m.gauge(
             "evalsi_late_signals_buffered_traces", "Completed traces kept for late feedback.", ["processor"]
         ).labels(sid)
@@ -311,6 +348,8 @@ class Evaluate:
         ]
         if self.sessions is not None:
             self._tasks.append(supervise(f"{cid} sessions", self._sessions_loop, log=log, metrics=metrics))
+        if self.twins is not None and self.worker is None:
+            self._tasks.append(supervise(f"{cid} duplicate calls", self._twins_loop, log=log, metrics=metrics))
 
     def _send_alerts(self) -> None:
         # in time order: an alert that resolved as its window closed may fire again in the next one
@@ -549,7 +588,13 @@ class Evaluate:
                 if self.config.overload == "shed" and self._full():
                     self._shed(spans)
                     continue
-                self._enqueue("trace", spans, batch.completed)
+                if self.twins is not None and self.twins.wants(spans):
+                    if self.worker is not None:  # every worker's meet in the collector process
+                        self.worker.hand_twin_trace(self.settings.id, spans)
+                    else:
+                        self._take_twin(spans, batch.completed)
+                else:
+                    self._enqueue("trace", spans, batch.completed)
                 if self.worker is not None and self._session_stages:
                     if any(s.session_id for s in spans):  # whole sessions meet in the collector process
                         self.worker.hand_session_trace(self.settings.id, spans)
@@ -601,6 +646,38 @@ class Evaluate:
             for session in self.sessions.due(time.monotonic()):
                 self._enqueue("session", session.spans)
 
+    def _take_twin(self, spans: list[Span], completed: float) -> None:
+        assert self.twins is not None
+        joined_before = self.twins.joined
+        for ready, at in self.twins.add(spans, completed or time.monotonic(), time.monotonic()):
+            self._enqueue_here(ready, at)
+        self._twins_joined.inc(2 * (self.twins.joined - joined_before))
+        self._twins_waiting.set(len(self.twins))
+
+    def take_twin_trace(self, spans: list[Span]) -> None:
+        """A worker's trace that may record a call another worker's trace records too: met and evaluated here."""
+        if self.twins is None:
+            self._enqueue_here(spans, time.monotonic())
+        else:
+            self._take_twin(spans, 0.0)
+
+    def _enqueue_here(self, spans: list[Span], completed: float) -> None:
+        if self.collector is not None:  # its late feedback is matched here, not in a worker
+            for tid in dict.fromkeys(s.trace_id for s in spans):
+                self._evaluated_here[tid] = None
+                self._evaluated_here.move_to_end(tid)
+            while len(self._evaluated_here) > max(self.config.late_signals.max_traces, 1):
+                self._evaluated_here.popitem(last=False)
+        self._enqueue("trace", spans, completed)
+
+    async def _twins_loop(self) -> None:
+        assert self.twins is not None
+        while True:
+            await asyncio.sleep(TWINS_TICK_S)
+            for ready, at in self.twins.due(time.monotonic()):
+                self._enqueue_here(ready, at)
+            self._twins_waiting.set(len(self.twins))
+
     def take_feedback(self, scores: list[Score]) -> None:
         """In a worker: feedback for traces of this worker, routed here by the collector process."""
         self._enqueue_feedback(scores)
@@ -624,13 +701,20 @@ class Evaluate:
         await self.next.consume_scores(batch)
         if self.collector is not None:
             feedback = [s for s in batch.scores if self._is_feedback(s)] if self._late else []
-            if feedback:
-                self.collector.route_feedback(self.settings.id, feedback)
+            here = [s for s in feedback if s.trace_id in self._evaluated_here]
+            if here:
+                self._enqueue_feedback(here)
+            routed = [s for s in feedback if s.trace_id not in self._evaluated_here]
+            if routed:
+                self.collector.route_feedback(self.settings.id, routed)
             return
         self._enqueue_feedback(batch.scores)
 
     async def shutdown(self) -> None:
         """Evaluate everything queued, close the open windows (their alerts still go out), then stop."""
+        if self.twins is not None:  # traces still waiting for a twin are evaluated alone
+            for ready, at in self.twins.drain():
+                self._enqueue_here(ready, at)
         if self.sessions is not None:  # every open session is evaluated before the work loop ends
             for session in self.sessions.drain():
                 self._enqueue("session", session.spans)

@@ -15,7 +15,7 @@ from evalsi import cel
 from evalsi.policies.engine import TraceView
 from evalsi.processors.normalize.files import normalize_files
 from evalsi.span import PLUMBING, VENDOR_SDK, Span
-from evalsi.trajectory import build_trajectories
+from evalsi.trajectory import build_trajectories, join_twins
 
 STACKS = [
     "langgraph-openinference",
@@ -27,22 +27,10 @@ STACKS = [
     "crewai",
 ]
 
-SEPARATE_TRACES = (
-    "the SDK's own span of this call is in a trace of its own (the instrumentation does not make its span current, "
-    "and no app span is around the call), so a second trajectory counts the call again; a trace cannot see another "
-    "trace's spans (docs/conventions.md, 'Duplicate model calls')"
-)
 AUTOMATIC_FUNCTION_CALLING = (
     "google-genai's automatic function calling records the SDK's two model calls as one span with the last call's "
     "usage only (45/9 of 76/18): the first call's tokens are not in the capture (docs/conventions.md, Google GenAI)"
 )
-# (stack, scenario) -> why its calls, tokens or trajectories cannot match what the server answered
-NOT_RECOVERABLE: dict[tuple[str, str], str] = {
-    ("anthropic-sdk/openllmetry", "chat_simple"): SEPARATE_TRACES,
-    ("anthropic-sdk/openllmetry", "chat_stream"): SEPARATE_TRACES,
-    ("anthropic-sdk/openllmetry", "chat_error"): SEPARATE_TRACES,
-    ("anthropic-sdk/openinference", "chat_stream"): SEPARATE_TRACES,
-}
 
 
 def _scenarios() -> Iterator[tuple[str, str]]:
@@ -89,14 +77,14 @@ def _same_result(got: Any, expected: Any) -> bool:
         return False
 
 
-@pytest.mark.parametrize(("stack", "scenario"), _params(NOT_RECOVERABLE))
+@pytest.mark.parametrize(("stack", "scenario"), _params())
 def test_one_trajectory_per_run(stack: str, scenario: str) -> None:
     assert len(build_trajectories(_spans(stack, scenario))) == 1
 
 
 @pytest.mark.parametrize(
     ("stack", "scenario"),
-    _params(NOT_RECOVERABLE, {("google-genai", "chat_tools_afc"): AUTOMATIC_FUNCTION_CALLING}),
+    _params({("google-genai", "chat_tools_afc"): AUTOMATIC_FUNCTION_CALLING}),
 )
 def test_each_model_call_is_one_llm_step_with_its_tokens(stack: str, scenario: str) -> None:
     expected = _expected(stack, scenario)
@@ -113,7 +101,7 @@ def test_each_model_call_is_one_llm_step_with_its_tokens(stack: str, scenario: s
 
 @pytest.mark.parametrize(
     ("stack", "scenario"),
-    _params(NOT_RECOVERABLE, {("google-genai", "chat_tools_afc"): AUTOMATIC_FUNCTION_CALLING}),
+    _params({("google-genai", "chat_tools_afc"): AUTOMATIC_FUNCTION_CALLING}),
 )
 def test_policy_selectors_and_span_evaluators_count_each_call_once(stack: str, scenario: str) -> None:
     """What a policy reads besides the trajectory: `trace.llm_calls` and the token sums of its CEL selectors, and the
@@ -123,6 +111,7 @@ def test_policy_selectors_and_span_evaluators_count_each_call_once(stack: str, s
     by_trace: dict[str, list[Span]] = {}
     for span in spans:
         by_trace.setdefault(span.trace_id, []).append(span)
+    by_trace = join_twins(by_trace)  # as the evaluate processor does (a lone SDK call's trace waits for its twin)
     sums = [cel.trace_activation(t)["trace"] for t in by_trace.values()]
     assert sum(t["llm_calls"] for t in sums) == expected["llm_calls"]
     assert sum(t["input_tokens"] for t in sums) == expected.get(
@@ -148,7 +137,7 @@ def test_tool_steps_carry_named_arguments_and_the_tools_result(stack: str, scena
     assert calls == [(r["name"], r["arguments"]) for r in expected["tool_calls_requested"]]
 
 
-@pytest.mark.parametrize(("stack", "scenario"), _params(NOT_RECOVERABLE))
+@pytest.mark.parametrize(("stack", "scenario"), _params())
 def test_final_output_is_the_answer(stack: str, scenario: str) -> None:
     trajectories = build_trajectories(_spans(stack, scenario))
     assert [t["final_output"] for t in trajectories] == [_expected(stack, scenario)["final_answer"]]

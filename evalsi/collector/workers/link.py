@@ -228,3 +228,6 @@ class WorkerPeers:
 
     def hand_session_trace(self, processor: str, spans: list[Any]) -> None:
         self._outbox.put(("session_trace", processor, spans))
+
+    def hand_twin_trace(self, processor: str, spans: list[Any]) -> None:
+        self._outbox.put(("twin_trace", processor, spans))

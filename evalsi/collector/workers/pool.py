@@ -229,6 +229,10 @@ class WorkerPool:
             hub = self.hubs.get(msg[1])
             if hub is not None:
                 hub.take_session_trace(msg[2])
+        elif kind == "twin_trace":
+            hub = self.hubs.get(msg[1])
+            if hub is not None:
+                hub.take_twin_trace(msg[2])
 
     def _on_exit(self, w: _Worker) -> None:
         w.drained.set()  # a worker that died drains nothing more

@@ -19,6 +19,7 @@ from evalsi.evaluators.base import Params, Target, evaluator
 from evalsi.evaluators.schema import compiled, json_type, violations
 from evalsi.score import Score
 from evalsi.span import Span
+from evalsi.trajectory import counted_once
 
 # --- text checks ---------------------------------------------------------------------------------------------
 
@@ -272,6 +273,23 @@ def _innermost(spans: list[Span], has: Callable[[Span], bool]) -> list[Span]:
     return [s for s in marked if s.span_id not in enclosing]
 
 
+def _calls_once(spans: list[Span]) -> tuple[list[Span], dict[str, Span]]:
+    """The spans to sum over, a call a vendor SDK and an instrumentation both record counted once (on the
+    instrumentation's span), and for such a span the SDK span whose usage counts (as the trajectory's step)."""
+    folded, usage = counted_once(spans)
+    return ([s for s in spans if s.span_id not in folded] if folded else spans), usage
+
+
+def _usage(span: Span, usage: dict[str, Span]) -> tuple[int | None, int | None]:
+    twin = usage.get(span.span_id)
+    if twin is None:
+        return span.input_tokens, span.output_tokens
+    return (
+        twin.input_tokens if twin.input_tokens is not None else span.input_tokens,
+        twin.output_tokens if twin.output_tokens is not None else span.output_tokens,
+    )
+
+
 class LatencyParams(Params):
     max_ms: float | None = Field(None, gt=0, description="passes when the duration is at most this")
 
@@ -319,16 +337,15 @@ _MODEL_CALLS = ("llm", "embedding")
 @evaluator("builtin/tokens", params=TokensParams)
 def tokens(target: Target, p: TokensParams) -> Score:
     """Input, output and total tokens over the trace's model calls (value: params.measure); passes within budgets."""
-    calls = [s for s in target.spans if s.step_type in _MODEL_CALLS]
-    counted = _innermost(
-        target.spans,
-        lambda s: s.step_type in _MODEL_CALLS and (s.input_tokens is not None or s.output_tokens is not None),
-    )
+    spans, usage = _calls_once(target.spans)
+    calls = [s for s in spans if s.step_type in _MODEL_CALLS]
+    counted = _innermost(spans, lambda s: s.step_type in _MODEL_CALLS and any(n is not None for n in _usage(s, usage)))
     if not counted:
         return Score.skipped("tokens", "no token usage" if calls else "no model calls")
+    tokens = [_usage(s, usage) for s in counted]
     used = {
-        "input": sum(s.input_tokens or 0 for s in counted),
-        "output": sum(s.output_tokens or 0 for s in counted),
+        "input": sum(i or 0 for i, _ in tokens),
+        "output": sum(o or 0 for _, o in tokens),
     }
     used["total"] = used["input"] + used["output"]
     budgets = {"input": p.max_input, "output": p.max_output, "total": p.max_total}
@@ -337,7 +354,7 @@ def tokens(target: Target, p: TokensParams) -> Score:
     explanation = (
         f"{used['total']} tokens ({used['input']} in, {used['output']} out) over {_count(len(counted), 'model call')}"
     )
-    unrecorded = sum(1 for s in calls if s.input_tokens is None and s.output_tokens is None)
+    unrecorded = sum(1 for s in calls if _usage(s, usage) == (None, None))
     if unrecorded:
         explanation += f" ({unrecorded} more recorded no usage)"
     if over:
@@ -358,10 +375,15 @@ class CostParams(Params):
 @evaluator("builtin/cost", params=CostParams)
 def cost(target: Target, p: CostParams) -> Score:
     """The trace's cost in USD (value): the sum of the cost its spans record; passes within params.max_usd."""
-    counted = _innermost(target.spans, lambda s: s.cost_usd is not None)
+    spans, twins = _calls_once(target.spans)
+
+    def cost_of(s: Span) -> float | None:  # a call recorded twice: the instrumentation's cost, else the SDK's
+        return s.cost_usd if s.cost_usd is not None or s.span_id not in twins else twins[s.span_id].cost_usd
+
+    counted = _innermost(spans, lambda s: cost_of(s) is not None)
     if not counted:
         return Score.skipped("cost", "no cost recorded")
-    usd = math.fsum(s.cost_usd or 0.0 for s in counted)
+    usd = math.fsum(cost_of(s) or 0.0 for s in counted)
     explanation = f"${usd:.6g} over {_count(len(counted), 'span')}"
     passed = None
     if p.max_usd is not None:

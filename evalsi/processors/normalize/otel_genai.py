@@ -26,7 +26,7 @@ from evalsi.processors.normalize.values import (
     text,
     token_count,
 )
-from evalsi.span import PLUMBING, VENDOR_SDK, Span, StepType
+from evalsi.span import PLUMBING, VENDOR_SDK, VENDOR_SDK_SCOPES, Span, StepType
 
 OPERATION = "gen_ai.operation.name"
 PROVIDER = "gen_ai.provider.name"
@@ -124,8 +124,6 @@ TEXT_DETAILS: tuple[tuple[str, str], ...] = (
 
 _MARKER_ATTRIBUTES = frozenset((OPERATION, SYSTEM, PROVIDER, REQUEST_MODEL, STEP_TYPE))
 
-VENDOR_SDK_SCOPES: dict[str, str] = {"com.anthropic.sdk.python": "anthropic"}
-"""Instrumentation scopes of a vendor SDK's own spans -> the vendor, as `details["vendor_sdk"]`."""
 PLUMBING_OPERATIONS = frozenset(("create_agent",))
 """Operations that are no step of a run, as `details["plumbing"]`."""
 

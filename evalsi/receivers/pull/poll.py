@@ -251,6 +251,17 @@ class PullReceiver:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
+    async def settle(self, timeout: float) -> None:
+        """On a clean stop, once the processors drained: keep the newest watermark whose traces the exporters have
+        stored, waiting up to `timeout` for them (so a restart reads only what is new); what is still held then is
+        read again on the next start and the spans the store holds are left out."""
+        deadline = time.monotonic() + timeout
+        while True:
+            await self.persist()
+            if not self._pending or time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(0.05)
+
     async def _poll_loop(self) -> None:
         while not self._stopping.is_set():
             wait = self._config.poll_interval
@@ -382,6 +393,9 @@ class SourcesReceiver:
         for loop in self.loops:
             await loop.shutdown()
         await self._client.aclose()
+
+    async def settle(self, timeout: float) -> None:
+        await asyncio.gather(*(loop.settle(timeout) for loop in self.loops))
 
 
 class Unavailable(Exception):

@@ -1,0 +1,116 @@
+"""One model call recorded in two traces (a vendor SDK's lone span beside an instrumentation's root span, when no
+span of the app is around the call): the evaluate processor holds such traces briefly so the two meet and are
+evaluated as one trace, the call counted once (`trajectory.join_twins` does the same offline)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from evalsi.span import Span
+from evalsi.trajectory import lone_sdk_call, same_call_across_traces, twin_candidates
+
+
+@dataclass
+class _Held:
+    spans: list[Span]
+    completed: float  # monotonic: when the trace was complete upstream (freshness counts the wait here)
+    due: float  # monotonic: evaluated alone from then on
+    sdk: Span | None  # the lone SDK call; None for an instrumentation trace
+    roots: list[Span] = field(default_factory=list)  # an instrumentation trace's root llm spans
+
+    def keys(self) -> list[str]:
+        spans = [self.sdk] if self.sdk is not None else self.roots
+        return [s.details["response_id"] for s in spans if s.details.get("response_id")]
+
+
+Ready = tuple[list[Span], float]
+"""A trace to evaluate now (a joined pair: the instrumentation's spans first) and when it was complete upstream."""
+
+
+class TwinBuffer:
+    """Lone SDK calls and root-level instrumentation calls of the providers whose SDKs record their own spans,
+    each held until its twin arrives (both are then handed on as one trace at once) or `wait` passes (then alone).
+    Only such traces wait: every other trace goes to evaluation without delay."""
+
+    def __init__(self, wait: float, vendors: frozenset[str], max_traces: int) -> None:
+        self.wait, self.vendors, self.max_traces = wait, vendors, max_traces
+        self._held: OrderedDict[str, _Held] = OrderedDict()  # by arrival: the first due first
+        self._by_response: dict[tuple[bool, str], str] = {}  # (is the SDK's, response id) -> held trace id
+        self._without_id: dict[bool, set[str]] = {True: set(), False: set()}  # held trace ids with no response id
+        self.joined = 0
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def wants(self, spans: list[Span]) -> bool:
+        """Whether the trace may have a twin in another trace (it then goes through `add`)."""
+        return lone_sdk_call(spans) is not None or bool(twin_candidates(spans, self.vendors))
+
+    def add(self, spans: list[Span], completed: float, now: float) -> list[Ready]:
+        """A trace `wants` took: its joined pair when its twin waits here, else nothing (it is held), plus the
+        oldest held traces when more than `max_traces` wait."""
+        sdk = lone_sdk_call(spans)
+        item = _Held(spans, completed, now + self.wait, sdk, [] if sdk is not None else twin_candidates(spans))
+        twin = self._twin_of(item)
+        if twin is not None:
+            other = self._pop(twin)
+            self.joined += 1
+            first, second = (other, item) if sdk is not None else (item, other)
+            return [(first.spans + second.spans, min(item.completed, other.completed))]
+        tid = spans[0].trace_id
+        self._held[tid] = item
+        is_sdk = sdk is not None
+        keys = item.keys()
+        for k in keys:
+            self._by_response[(is_sdk, k)] = tid
+        if not keys:
+            self._without_id[is_sdk].add(tid)
+        out: list[Ready] = []
+        while len(self._held) > self.max_traces:
+            out.append(self._ready(self._pop(next(iter(self._held)))))
+        return out
+
+    def due(self, now: float) -> list[Ready]:
+        """Held traces whose twin did not come in `wait`: evaluated alone."""
+        out: list[Ready] = []
+        while self._held:
+            tid, item = next(iter(self._held.items()))
+            if item.due > now:
+                break
+            out.append(self._ready(self._pop(tid)))
+        return out
+
+    def drain(self) -> list[Ready]:
+        """Everything held (on shutdown)."""
+        return [self._ready(self._pop(tid)) for tid in list(self._held)]
+
+    @staticmethod
+    def _ready(item: _Held) -> Ready:
+        return item.spans, item.completed
+
+    def _twin_of(self, item: _Held) -> str | None:
+        """The held trace of the other kind that records the same call, if any."""
+        look_for = item.sdk is None  # an instrumentation trace looks for an SDK call, and the other way round
+        for k in item.keys():
+            tid = self._by_response.get((look_for, k))
+            if tid is not None:
+                return tid
+        # a response id on one side only (OpenInference's stream records none) or on neither (a failed call)
+        candidates = self._without_id[look_for] if item.keys() else [t for t, h in self._held.items()
+                                                                     if (h.sdk is not None) == look_for]  # fmt: skip
+        for tid in candidates:
+            held = self._held[tid]
+            sdk, roots = (held.sdk, item.roots) if look_for else (item.sdk, held.roots)
+            if sdk is not None and any(same_call_across_traces(sdk, r) for r in roots):
+                return tid
+        return None
+
+    def _pop(self, tid: str) -> _Held:
+        item = self._held.pop(tid)
+        is_sdk = item.sdk is not None
+        for k in item.keys():
+            if self._by_response.get((is_sdk, k)) == tid:
+                del self._by_response[(is_sdk, k)]
+        self._without_id[is_sdk].discard(tid)
+        return item
