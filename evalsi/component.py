@@ -167,6 +167,10 @@ class CollectorPeers(Protocol):
         """Hand feedback scores to the workers holding their traces (sharded by trace id, as spans are)."""
         ...
 
+    def arm_twins(self, processor: str, service: str) -> None:
+        """Tell every worker that `service` sends lone vendor SDK calls (`policies/twins.py`)."""
+        ...
+
 
 class Host(Protocol):
     """What a component may ask of the service that runs it (the Collector's `component.Host`)."""

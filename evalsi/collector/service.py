@@ -164,6 +164,11 @@ class Service:
             collector=self if in_workers else None, auth=self.auth, wal=self.wal, host=self,
         )  # fmt: skip
 
+    def arm_twins(self, processor: str, service: str) -> None:
+        """`CollectorPeers`: every worker learns that `service` sends lone vendor SDK calls."""
+        if self.pool is not None:
+            self.pool.arm_twins(processor, service)
+
     def route_feedback(self, processor: str, scores: list[Any]) -> None:
         """`CollectorPeers`: feedback to the pipeline workers holding its traces."""
         if self.pool is not None:

@@ -28,10 +28,17 @@ Ready = tuple[list[Span], float]
 """A trace to evaluate now (a joined pair: the instrumentation's spans first) and when it was complete upstream."""
 
 
+ARMED_S = 3600.0
+"""A service's root-level instrumentation calls wait for a twin only while it sent a lone SDK call within this
+long: a service whose SDK records no spans of its own (turned off, or an older SDK) never waits."""
+MAX_SERVICES = 10_000
+
+
 class TwinBuffer:
     """Lone SDK calls and root-level instrumentation calls of the providers whose SDKs record their own spans,
     each held until its twin arrives (both are then handed on as one trace at once) or `wait` passes (then alone).
-    Only such traces wait: every other trace goes to evaluation without delay."""
+    Only such traces wait, and an instrumentation's call only from a service that sent lone SDK calls in the last
+    `ARMED_S`: every other trace goes to evaluation without delay."""
 
     def __init__(self, wait: float, vendors: frozenset[str], max_traces: int) -> None:
         self.wait, self.vendors, self.max_traces = wait, vendors, max_traces
@@ -39,13 +46,36 @@ class TwinBuffer:
         self._by_response: dict[tuple[bool, str], str] = {}  # (is the SDK's, response id) -> held trace id
         self._without_id: dict[bool, set[str]] = {True: set(), False: set()}  # held trace ids with no response id
         self.joined = 0
+        self._armed: OrderedDict[str, float] = OrderedDict()  # service -> when it last sent a lone SDK call
 
     def __len__(self) -> int:
         return len(self._held)
 
-    def wants(self, spans: list[Span]) -> bool:
-        """Whether the trace may have a twin in another trace (it then goes through `add`)."""
-        return lone_sdk_call(spans) is not None or bool(twin_candidates(spans, self.vendors))
+    def wants(self, spans: list[Span], now: float) -> bool:
+        """Whether the trace may have a twin in another trace (it then goes through `add`): a lone SDK call (which
+        arms its service), or a root-level instrumentation call from an armed service."""
+        service = spans[0].service_name
+        if lone_sdk_call(spans) is not None:
+            self.arm(service, now)
+            return True
+        return self.armed(service, now) and bool(twin_candidates(spans, self.vendors))
+
+    def arm(self, service: str, now: float) -> bool:
+        """`service` sent a lone SDK call at `now`: its root-level instrumentation calls wait for a twin from now
+        on. Whether it was not armed, or armed more than half of `ARMED_S` ago (worth telling other processes)."""
+        before = self._armed.get(service)
+        self._armed[service] = now
+        self._armed.move_to_end(service)
+        if len(self._armed) > MAX_SERVICES:
+            self._armed.popitem(last=False)
+        return before is None or now - before > ARMED_S / 2
+
+    def armed_services(self, now: float) -> int:
+        return sum(1 for at in self._armed.values() if now - at <= ARMED_S)
+
+    def armed(self, service: str, now: float) -> bool:
+        at = self._armed.get(service)
+        return at is not None and now - at <= ARMED_S
 
     def add(self, spans: list[Span], completed: float, now: float) -> list[Ready]:
         """A trace `wants` took: its joined pair when its twin waits here, else nothing (it is held), plus the

@@ -32,6 +32,7 @@ from evalsi.processors.tail_sampling.buffer import SessionBuffer
 from evalsi.score import Score, ScoreBatch
 from evalsi.span import VENDOR_SDK_SCOPES, BatchKind, Span, SpanBatch, trace_key
 from evalsi.supervise import supervise
+from evalsi.trajectory import lone_sdk_call
 
 
 class LateSignalsConfig(ComponentConfig):
@@ -270,6 +271,12 @@ class Evaluate:
         self._twins_waiting = m.gauge(
             "evalsi_evaluate_duplicate_call_waiting",
             "Traces waiting for a twin in another trace that records the same call (`duplicate_calls.wait`).",
+            ["processor"],
+        ).labels(sid)
+        self._twins_armed = m.gauge(
+            "evalsi_evaluate_duplicate_call_services",
+            "Services that sent a vendor SDK's lone call in the last hour, whose root-level instrumentation calls "
+            "therefore wait for a twin (summed over the collector process and its workers).",
             ["processor"],
         ).labels(sid)
         self._late_buffered = m.gauge(
@@ -584,11 +591,12 @@ class Evaluate:
                     "retry later",
                     retry_after=0.5,
                 )
-            for spans in traces.values():
+            # lone SDK calls first: each arms its service before the batch's other traces are looked at
+            for spans in sorted(traces.values(), key=lambda t: lone_sdk_call(t) is None):
                 if self.config.overload == "shed" and self._full():
                     self._shed(spans)
                     continue
-                if self.twins is not None and self.twins.wants(spans):
+                if self.twins is not None and self._twin_wanted(spans):
                     if self.worker is not None:  # every worker's meet in the collector process
                         self.worker.hand_twin_trace(self.settings.id, spans)
                     else:
@@ -646,6 +654,14 @@ class Evaluate:
             for session in self.sessions.due(time.monotonic()):
                 self._enqueue("session", session.spans)
 
+    def _twin_wanted(self, spans: list[Span]) -> bool:
+        assert self.twins is not None
+        now = time.monotonic()
+        wanted = self.twins.wants(spans, now)
+        if wanted and lone_sdk_call(spans) is not None:
+            self._twins_armed.set(self.twins.armed_services(now))
+        return wanted
+
     def _take_twin(self, spans: list[Span], completed: float) -> None:
         assert self.twins is not None
         joined_before = self.twins.joined
@@ -655,11 +671,25 @@ class Evaluate:
         self._twins_waiting.set(len(self.twins))
 
     def take_twin_trace(self, spans: list[Span]) -> None:
-        """A worker's trace that may record a call another worker's trace records too: met and evaluated here."""
+        """A worker's trace that may record a call another worker's trace records too: met and evaluated here. A
+        lone SDK call arms its service in every worker (so their root-level instrumentation calls come here too)."""
         if self.twins is None:
             self._enqueue_here(spans, time.monotonic())
-        else:
-            self._take_twin(spans, 0.0)
+            return
+        service, now = spans[0].service_name, time.monotonic()
+        if lone_sdk_call(spans) is not None:
+            if self.twins.arm(service, now) and self.collector is not None:
+                self.collector.arm_twins(self.settings.id, service)
+            self._twins_armed.set(self.twins.armed_services(now))
+        self._take_twin(spans, 0.0)
+
+    def arm_twins(self, service: str) -> None:
+        """In a worker: `service` sent a lone SDK call (seen in some worker): hand its root-level instrumentation
+        calls to the collector process from now on."""
+        if self.twins is not None:
+            now = time.monotonic()
+            self.twins.arm(service, now)
+            self._twins_armed.set(self.twins.armed_services(now))
 
     def _enqueue_here(self, spans: list[Span], completed: float) -> None:
         if self.collector is not None:  # its late feedback is matched here, not in a worker

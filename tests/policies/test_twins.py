@@ -4,6 +4,7 @@ buffer the evaluate processor holds them in, and the token and cost evaluators c
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from running_collector import FIXTURES
 
 from evalsi.evaluators import REGISTRY, Target, load_evaluators, parse_params
 from evalsi.evaluators.base import run
-from evalsi.policies.twins import TwinBuffer
+from evalsi.policies.twins import ARMED_S, TwinBuffer
 from evalsi.processors.normalize.files import normalize_files
 from evalsi.span import VENDOR_SDK, Span
 from evalsi.trajectory import build_trajectory
@@ -57,7 +58,9 @@ def test_the_two_traces_of_one_call_meet_and_are_one_trace_with_the_call_once(
     assert len(traces) == 2
     traces.sort(key=lambda t: not t[0].details.get(VENDOR_SDK), reverse=not sdk_first)
     twins = _buffer()
-    assert all(twins.wants(t) for t in traces)
+    sdk_trace = next(t for t in traces if t[0].details.get(VENDOR_SDK))
+    assert twins.wants(sdk_trace, now=9.0)  # a lone SDK call, which arms its service
+    assert all(twins.wants(t, now=9.5) for t in traces)
     assert twins.add(traces[0], completed=5.0, now=10.0) == []  # held for its twin
     assert len(twins) == 1
     ((joined, completed),) = twins.add(traces[1], completed=6.0, now=10.5)  # at once, no wait
@@ -76,7 +79,7 @@ def test_the_two_traces_of_one_call_meet_and_are_one_trace_with_the_call_once(
 def test_a_trace_without_a_twin_waits_then_is_evaluated_alone() -> None:
     (lone,) = _traces(_spans("anthropic-sdk/sdk", "chat_simple")).values()  # the SDK alone: no instrumentation
     twins = _buffer(wait=2.0)
-    assert twins.wants(lone)
+    assert twins.wants(lone, now=10.0)
     assert twins.add(lone, completed=1.0, now=10.0) == []
     assert twins.due(11.9) == []
     assert twins.due(12.0) == [(lone, 1.0)]
@@ -91,7 +94,23 @@ def test_other_traces_never_wait() -> None:
     # another provider's root-level call: its SDK records no spans of its own
     (openai,) = _traces(_spans("otel-openai-v2-latest", "chat_simple")).values()
     twins = _buffer()
-    assert not any(twins.wants(t) for t in (nested, runner, openai))
+    for t in (nested, runner, openai):  # their services armed: they still do not wait
+        twins.arm(t[0].service_name, 0.0)
+    assert not any(twins.wants(t, now=1.0) for t in (nested, runner, openai))
+
+
+def test_a_root_level_instrumentation_call_waits_only_while_its_service_sends_lone_sdk_calls() -> None:
+    """A service whose SDK records no spans of its own (turned off, as docs/conventions.md advises) never waits."""
+    traces = list(_traces(_spans("anthropic-sdk/openllmetry", "chat_simple")).values())
+    (instrumented,) = [t for t in traces if not t[0].details.get(VENDOR_SDK)]
+    (lone,) = [t for t in traces if t[0].details.get(VENDOR_SDK)]
+    twins = _buffer()
+    assert not twins.wants(instrumented, now=0.0)  # no lone SDK call from its service yet
+    assert twins.wants(lone, now=1.0)
+    assert twins.wants(instrumented, now=2.0)
+    assert not twins.wants(instrumented, now=1.0 + ARMED_S + 1)  # none for an hour: at once again
+    other = [replace(s, service_name="billing") for s in instrumented]
+    assert not twins.wants(other, now=2.0)  # armed per service
 
 
 MS = 1_000_000

@@ -261,6 +261,11 @@ class WorkerPool:
         w.outbox.put(None)
         self._spawn(w)
 
+    def arm_twins(self, processor: str, service: str) -> None:
+        """`CollectorPeers`: every worker hands `service`'s root-level instrumentation calls to the collector."""
+        for w in self._workers:
+            w.outbox.put(("arm_twins", processor, service))
+
     def route_feedback(self, processor: str, scores: list[Any]) -> None:
         """Feedback scores to the workers holding their traces, for `processor`'s late path (`CollectorPeers`)."""
         by_worker: dict[int, list[Any]] = {}

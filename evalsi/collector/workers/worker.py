@@ -146,6 +146,12 @@ class _WorkerRuntime:
                 if target is not None and hasattr(target, "take_feedback"):
                     target.take_feedback(scores)
                 continue
+            if msg[0] == "arm_twins":  # a service that sends lone SDK calls, seen by some worker
+                _, processor, service_name = msg
+                target = dict(service.processors).get(processor)
+                if target is not None and hasattr(target, "arm_twins"):
+                    target.arm_twins(service_name)
+                continue
             if msg[0] == "reload":  # SIGHUP in the collector process: the policies again
                 await service.reload(msg[1])
                 continue
