@@ -718,12 +718,7 @@ def _policy_stats(reader: TraceReader, window: str, policy: str | None) -> dict[
         assert isinstance(reader, StoreReader)
         since_ns = time.time_ns() - int(seconds * 1e9)
         rows = reader.store.score_window_stats(since_ns=since_ns, policy=policy)  # no collector runs: read the store
-        from evalsi.policies.intervals import headline_interval
-
-        stats = window_stats(rows)
-        for series, row in zip(stats, rows, strict=True):  # an interval within the values' bounds, as the API's
-            series["interval"], series["method"] = headline_interval(row, series["confidence"])
-        return {"window": window, "since_unix_nano": since_ns, "stats": stats}
+        return {"window": window, "since_unix_nano": since_ns, "stats": window_stats(rows)}
     except typer.Exit:
         raise
     except Exception as e:  # a store error from the engine: say where, not a traceback

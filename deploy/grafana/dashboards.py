@@ -758,16 +758,33 @@ NAME_VARIABLE = ch_variable(
 )
 SCORE_LABELS = 'policy="$policy", evaluator=~"$evaluator", name=~"$name"'
 
+
+def mean_band_sql(side: str) -> str:
+    """SQL for one bound of a mean's 95% interval within what the values can be, as `intervals.mean_interval`:
+    Wilson when every value is 0 or 1, Student t clamped to [0, 1] when all lie in [0, 1], log-t (mean times or
+    divided by exp(t·sd/(mean·√n))) when none is negative, plain t otherwise. Reads nv, vmean, sd, vmin, vmax,
+    nbinary and t."""
+    sign = "-" if side == "lower" else "+"
+    plain = f"vmean {sign} t * sd / sqrt(nv)"
+    clamped = f"greatest(0, {plain})" if side == "lower" else f"least(1, {plain})"
+    log_t = f"if(vmean <= 0, 0, vmean * exp({sign}least(700, t * sd / (vmean * sqrt(nv)))))"
+    wilson = wilson_sql("round(vmean * nv)", "nv", side)
+    return (
+        f"if(nv < 2, NULL, if(vmin >= 0 AND vmax <= 1, if(nbinary >= nv, {wilson}, {clamped}), "
+        f"if(vmin >= 0, {log_t}, {plain})))"
+    )
+
+
 SCORE_BAND_SQL = f"""
     SELECT
         time,
         if(nv > 0, vmean, p) AS mean,
-        if(nv > 0, if(nv >= 2, vmean - t * sd / sqrt(nv), NULL), wl) AS lower,
-        if(nv > 0, if(nv >= 2, vmean + t * sd / sqrt(nv), NULL), wu) AS upper,
+        if(nv > 0, {mean_band_sql("lower")}, wl) AS lower,
+        if(nv > 0, {mean_band_sql("upper")}, wu) AS upper,
         if(nv > 0, nv, np) AS n
     FROM (
         SELECT
-            time, nv, vmean, sd, np,
+            time, nv, vmean, sd, vmin, vmax, nbinary, np,
             {t975_sql("(nv - 1)")} AS t,
             if(np > 0, passes / np, NULL) AS p,
             if(np > 0, {wilson_sql("passes", "np", "lower")}, NULL) AS wl,
@@ -776,6 +793,7 @@ SCORE_BAND_SQL = f"""
             SELECT
                 $__timeInterval(Timestamp) AS time,
                 count(Value) AS nv, avg(Value) AS vmean, stddevSamp(Value) AS sd,
+                min(Value) AS vmin, max(Value) AS vmax, countIf(Value = 0 OR Value = 1) AS nbinary,
                 count(Passed) AS np, countIf(Passed) AS passes
             FROM evalsi_scores FINAL
             WHERE $__timeFilter(Timestamp) AND {ONLINE} AND Outcome = 'scored'
@@ -844,7 +862,9 @@ def window_table() -> table.Panel:
             "Current window, every policy",
             "The prometheus exporter's tumbling window (its `window`, 5m by default) for every (policy, evaluator, "
             "score): n scored outcomes, the mean value (or the pass rate for pass/fail scores) and its 95% interval "
-            "(Student t for values, Wilson for pass rates). A window that closed shows n = 0 until the next score.",
+            "(for values within their bounds, as the policy windows: Wilson for 0/1 values, Student t clamped to "
+            "[0, 1] for rates, log-t for non-negative measures, t otherwise; Wilson for pass rates). A window that "
+            "closed shows n = 0 until the next score.",
             targets,
             ds=PROMETHEUS,
             height=8,
@@ -882,9 +902,10 @@ def online_quality() -> dashboard_b.Dashboard:
             band(
                 ts(
                     "$name over time",
-                    "From evalsi_scores, per interval (at least 5m): the mean value with its Student t interval, or "
-                    "for pass/fail scores the pass rate with its Wilson interval, the same statistics as the policy "
-                    "windows; n (right axis) is the scored outcomes in the interval.",
+                    "From evalsi_scores, per interval (at least 5m): the mean value with its interval within the "
+                    "values' bounds (Wilson for 0/1 values, Student t clamped to [0, 1] for rates, log-t for "
+                    "non-negative measures, t otherwise), or for pass/fail scores the pass rate with its Wilson "
+                    "interval, the same statistics as the policy windows; n (right axis) is the scored outcomes.",
                     [Sql(SCORE_BAND_SQL, series=True)],
                     ds=CLICKHOUSE,
                     points=True,

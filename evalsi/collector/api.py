@@ -19,7 +19,6 @@ from evalsi.component import Refused, ScoreConsumer
 from evalsi.duration import parse_duration
 from evalsi.evaluators.judge_client import Judges
 from evalsi.ids import is_trace_id
-from evalsi.policies.intervals import headline_interval
 from evalsi.score import DEFAULT_PROJECT, Score, ScoreBatch
 from evalsi.store import TraceQueries
 
@@ -281,10 +280,7 @@ def build_api(
         since_ns = time.time_ns() - int(seconds * 1e9)
         stats = need_store().score_window_stats
         rows = await asyncio.to_thread(stats, since_ns=since_ns, policy=policy, project=project_of(request))
-        found = score_api.window_stats(rows)
-        for series, row in zip(found, rows, strict=True):  # an interval within the values' bounds, and its method
-            series["interval"], series["method"] = headline_interval(row, series["confidence"])
-        return {"window": window, "since_unix_nano": since_ns, "stats": found}
+        return {"window": window, "since_unix_nano": since_ns, "stats": score_api.window_stats(rows)}
 
     @app.get("/api/v1/alerts")
     async def list_alerts(

@@ -19,7 +19,7 @@ from evalsi.evaluators import Evaluator, Params, Target, load_evaluators, parse_
 from evalsi.evaluators.judge_client import Judges
 from evalsi.ids import is_span_id, is_trace_id
 from evalsi.json_codec import not_text_at
-from evalsi.policies.intervals import t_interval, wilson_interval
+from evalsi.policies.intervals import mean_interval, wilson_interval
 from evalsi.score import Score
 from evalsi.span import Span
 from evalsi.trajectory import build_trajectory
@@ -169,20 +169,40 @@ def score_record(s: Score) -> dict[str, Any]:
 
 
 def summarize(
-    *, n: int, value_n: int, value_mean: float | None, value_sd: float | None, pass_n: int, passed: int
+    *,
+    n: int,
+    value_n: int,
+    value_mean: float | None,
+    value_sd: float | None,
+    pass_n: int,
+    passed: int,
+    value_min: float | None = None,
+    value_max: float | None = None,
+    value_binary: int = 0,
 ) -> dict[str, Any]:
-    """The headline of one score series: numeric → mean with a t interval; pass/fail → rate with Wilson."""
+    """The headline of one score series: numeric → mean with an interval within what the values can be
+    (`intervals.mean_interval`: Wilson for 0/1 values, t clamped to [0, 1] for rates, log-t for non-negative
+    measures, t otherwise; `method` names it); pass/fail → rate with Wilson."""
     rate = passed / pass_n if pass_n else None
+    method: str | None
     if value_n:
         kind, mean = "numeric", value_mean
-        interval = t_interval(value_mean or 0.0, value_sd or 0.0, value_n, CONFIDENCE)
+        interval, method = mean_interval(
+            value_n,
+            value_mean or 0.0,
+            value_sd or 0.0,
+            minimum=value_min,
+            maximum=value_max,
+            binary=value_binary,
+            confidence=CONFIDENCE,
+        )
     elif pass_n:
-        kind, mean = "pass_fail", rate
+        kind, mean, method = "pass_fail", rate, "wilson"
         interval = wilson_interval(passed, pass_n, CONFIDENCE)
     else:
-        kind, mean, interval = "label", None, None
+        kind, mean, interval, method = "label", None, None, None
     return {
-        "kind": kind, "n": n, "mean": mean, "interval": list(interval) if interval else None,
+        "kind": kind, "n": n, "mean": mean, "interval": list(interval) if interval else None, "method": method,
         "confidence": CONFIDENCE, "pass_n": pass_n, "passed": passed, "pass_rate": rate,
     }  # fmt: skip
 
@@ -203,7 +223,8 @@ def aggregate(scores: list[Score]) -> list[dict[str, Any]]:
             {
                 "evaluator": evaluator, "name": name,
                 **summarize(n=len(scored), value_n=len(values), value_mean=mean, value_sd=sd,
-                            pass_n=len(verdicts), passed=sum(verdicts)),
+                            pass_n=len(verdicts), passed=sum(verdicts), value_min=min(values, default=None),
+                            value_max=max(values, default=None), value_binary=sum(v in (0.0, 1.0) for v in values)),
                 "skipped": sum(s.outcome == "skipped" for s in group),
                 "errors": sum(s.outcome == "error" for s in group),
             }
@@ -268,7 +289,8 @@ def window_stats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "policy": r["policy"], "evaluator": r["evaluator"], "name": r["name"],
                 **summarize(n=int(r["n"]), value_n=value_n, value_mean=r["value_mean"], value_sd=r["value_sd"],
-                            pass_n=int(r["pass_n"]), passed=int(r["passed"])),
+                            pass_n=int(r["pass_n"]), passed=int(r["passed"]), value_min=r.get("value_min"),
+                            value_max=r.get("value_max"), value_binary=int(r.get("value_binary") or 0)),
                 "p50": r["p50"] if value_n else None, "p95": r["p95"] if value_n else None,
             }
         )  # fmt: skip

@@ -16,7 +16,7 @@ from pydantic import Field, field_validator
 from evalsi.auth import gate
 from evalsi.component import ComponentConfig, Refused, Settings, exporter
 from evalsi.duration import Duration
-from evalsi.policies.intervals import t_interval, wilson_interval
+from evalsi.policies.intervals import mean_interval, wilson_interval
 from evalsi.score import Outcome, Score, ScoreBatch
 from evalsi.serving import AsgiServer, parse_endpoint
 
@@ -66,12 +66,18 @@ class _Window:
     value_n: int = 0
     value_mean: float = 0.0
     m2: float = 0.0
+    value_min: float = math.inf
+    value_max: float = -math.inf
+    value_binary: int = 0  # values that are 0 or 1
     pass_n: int = 0
     passed: int = 0
 
     def add(self, score: Score) -> None:
         value = score.value
         if value is not None and math.isfinite(value):
+            self.value_min = min(self.value_min, value)
+            self.value_max = max(self.value_max, value)
+            self.value_binary += value in (0.0, 1.0)
             self.value_n += 1
             delta = value - self.value_mean
             self.value_mean += delta / self.value_n
@@ -81,11 +87,16 @@ class _Window:
             self.passed += bool(score.passed)
 
     def summary(self) -> tuple[int, float | None, tuple[float, float] | None]:
-        """n, mean and interval: the mean value with a t interval when the score has values, else the pass rate
-        with a Wilson interval (as the policy windows do)."""
+        """n, mean and interval: the mean value with an interval within what the values can be when the score has
+        values (`intervals.mean_interval`: Wilson, t clamped to [0, 1], log-t or t), else the pass rate with a
+        Wilson interval (as the policy windows do)."""
         if self.value_n:
             sd = math.sqrt(self.m2 / (self.value_n - 1)) if self.value_n > 1 else 0.0
-            return self.value_n, self.value_mean, t_interval(self.value_mean, sd, self.value_n, CONFIDENCE)
+            interval, _ = mean_interval(
+                self.value_n, self.value_mean, sd, minimum=self.value_min, maximum=self.value_max,
+                binary=self.value_binary, confidence=CONFIDENCE,
+            )  # fmt: skip
+            return self.value_n, self.value_mean, interval
         if self.pass_n:
             return self.pass_n, self.passed / self.pass_n, wilson_interval(self.passed, self.pass_n, CONFIDENCE)
         return 0, None, None
@@ -103,12 +114,14 @@ class _WindowCollector:
         )
         lower = GaugeMetricFamily(
             "evalsi_policy_window_lower",
-            "Lower bound of the 95% interval of the window mean (t for values, Wilson for pass rates).",
+            "Lower bound of the 95% interval of the window mean (within the values' bounds: Wilson, t in [0, 1], "
+            "log-t or t, as the policy windows; Wilson for pass rates).",
             labels=SERIES,
         )
         upper = GaugeMetricFamily(
             "evalsi_policy_window_upper",
-            "Upper bound of the 95% interval of the window mean (t for values, Wilson for pass rates).",
+            "Upper bound of the 95% interval of the window mean (within the values' bounds: Wilson, t in [0, 1], "
+            "log-t or t, as the policy windows; Wilson for pass rates).",
             labels=SERIES,
         )
         count = GaugeMetricFamily(

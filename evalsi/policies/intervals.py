@@ -11,10 +11,9 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from statistics import NormalDist
-from typing import Any
 
 __all__ = [
-    "headline_interval", "log_interval", "mean_interval", "percentile", "t_interval", "t_quantile", "wilson_interval",
+    "log_interval", "mean_interval", "percentile", "t_interval", "t_quantile", "wilson_interval",
     "z_quantile",
 ]  # fmt: skip
 
@@ -169,24 +168,6 @@ def mean_interval(
             return (None if found is None else (max(0.0, found[0]), min(1.0, found[1]))), "t[0,1]"
         return log_interval(mean, sd, n, confidence), "log-t"
     return t_interval(mean, sd, n, confidence), "t"
-
-
-def headline_interval(row: dict[str, Any], confidence: float = 0.95) -> tuple[list[float] | None, str | None]:
-    """The interval and method of one series of the store's window stats (`score_window_stats`: value_n,
-    value_mean, value_sd, value_min, value_max, value_binary, pass_n, passed): of the mean when it has values,
-    else Wilson of the pass rate, else none."""
-    value_n = int(row.get("value_n") or 0)
-    if value_n:
-        found, method = mean_interval(
-            value_n, float(row.get("value_mean") or 0.0), float(row.get("value_sd") or 0.0),
-            minimum=row.get("value_min"), maximum=row.get("value_max"), binary=int(row.get("value_binary") or 0),
-            confidence=confidence,
-        )  # fmt: skip
-    elif int(row.get("pass_n") or 0):
-        found, method = wilson_interval(int(row["passed"]), int(row["pass_n"]), confidence), "wilson"
-    else:
-        return None, None
-    return (list(found) if found else None), method
 
 
 def percentile(ordered: list[float], q: float) -> float | None:

@@ -69,7 +69,7 @@ def test_evaluate_scores_each_record_and_aggregates_with_wilson_intervals(served
     assert match["interval"] == list(wilson_interval(1, 2))
 
 
-def test_evaluate_numeric_scores_get_a_t_interval(served: Collector) -> None:
+def test_evaluate_numeric_scores_get_an_interval_within_their_bounds(served: Collector) -> None:
     outputs = ["ok", "a longer answer", "the longest answer of the three"]
     body = {"records": [{"output": o} for o in outputs], "evaluators": [{"ref": "builtin/length"}]}
     resp = httpx.post(served.api + "/v1/evaluate", json=body, timeout=30)
@@ -79,8 +79,10 @@ def test_evaluate_numeric_scores_get_a_t_interval(served: Collector) -> None:
     assert [s["value"] for r in resp.json()["results"] for s in r["scores"]] == values
     assert agg["kind"] == "numeric" and agg["n"] == 3
     assert agg["mean"] == pytest.approx(statistics.fmean(values))
-    low, high = t_interval(statistics.fmean(values), statistics.stdev(values), 3)
-    assert agg["interval"] == [pytest.approx(low), pytest.approx(high)]
+    # lengths are never negative: a log-scale interval, above 0 (Student t would reach -20 characters here)
+    low, high = log_interval(statistics.fmean(values), statistics.stdev(values), 3)  # type: ignore[misc]
+    assert agg["interval"] == [pytest.approx(low), pytest.approx(high)] and agg["method"] == "log-t"
+    assert t_interval(statistics.fmean(values), statistics.stdev(values), 3)[0] < 0  # type: ignore[index]
 
 
 def test_evaluate_runs_judges_with_the_service_judge_runtime(served: Collector) -> None:

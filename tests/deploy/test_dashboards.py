@@ -28,7 +28,7 @@ from running_collector import Collector, serve_config, start_collector, wait_unt
 
 from evalsi.exporters.clickhouse.backend import Backend, open_backend
 from evalsi.exporters.clickhouse.schema import LOGS_SCHEMA, TRACES_SCHEMA
-from evalsi.policies.intervals import t_interval, t_quantile, wilson_interval
+from evalsi.policies.intervals import mean_interval, t_quantile, wilson_interval
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "deploy" / "grafana"
@@ -631,7 +631,7 @@ def test_promql_names_only_metrics_evalsi_exports() -> None:
 
 
 def test_the_score_band_is_the_policy_windows_interval(stack: Stack) -> None:
-    """The SQL's t and Wilson intervals equal evalsi.policies.intervals on the same scores."""
+    """The SQL's intervals equal evalsi.policies.intervals on the same scores."""
     board = _dashboards()["online-quality.json"]
     grafana = _resolve(stack, board, "all")
     grafana.interval_s = 10**9  # one bucket: every score of the range
@@ -643,11 +643,12 @@ def test_the_score_band_is_the_policy_windows_interval(stack: Stack) -> None:
         grafana.scoped = {"name": name}
         (row,) = stack.store.query(grafana.sql(band_sql))
         mine = [s for s in scores if s["Name"] == name]
-        if name == "latency":  # values: their mean with a Student t interval
+        if name == "latency":  # values: their mean with an interval within their bounds (durations: log-t)
             values = [s["Value"] for s in mine]
             mean = sum(values) / len(values)
             sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
-            expected = t_interval(mean, sd, len(values))
+            expected, method = mean_interval(len(values), mean, sd, minimum=min(values), maximum=max(values))
+            assert method == "log-t"
             assert row["n"] == len(values) == len(FIRST) + len(SECOND)
         else:  # verdicts only: the pass rate with a Wilson interval
             passes = sum(1 for s in mine if s["Passed"])
@@ -657,6 +658,35 @@ def test_the_score_band_is_the_policy_windows_interval(stack: Stack) -> None:
         assert expected is not None
         assert row["mean"] == pytest.approx(mean, rel=1e-9)
         assert (row["lower"], row["upper"]) == pytest.approx(expected, rel=1e-5), name
+
+
+@pytest.mark.parametrize(
+    ("values", "method"),
+    [
+        ([0.0, 1.0, 1.0, 1.0, 0.0], "wilson"),
+        ([0.2, 0.9, 0.95, 1.0], "t[0,1]"),
+        ([5.0, 8.0, 12.0, 250.0], "log-t"),
+        ([0.0, 0.0, 0.0], "wilson"),
+        ([-3.0, 2.0, 7.5], "t"),
+        ([4.0], None),
+    ],
+)
+def test_the_sql_band_picks_the_policy_windows_method(stack: Stack, values: list[float], method: str | None) -> None:
+    inner = " UNION ALL ".join(f"SELECT toFloat64({v}) AS v" for v in values)
+    sql = f"""SELECT {gen.mean_band_sql("lower")} AS lower, {gen.mean_band_sql("upper")} AS upper FROM (
+        SELECT nv, vmean, sd, vmin, vmax, nbinary, {gen.t975_sql("(nv - 1)")} AS t FROM (
+            SELECT count() AS nv, avg(v) AS vmean, stddevSamp(v) AS sd, min(v) AS vmin, max(v) AS vmax,
+                countIf(v = 0 OR v = 1) AS nbinary FROM ({inner})))"""
+    (row,) = stack.store.query(sql)
+    n, mean = len(values), sum(values) / len(values)
+    sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5 if n > 1 else 0.0
+    binary = sum(v in (0.0, 1.0) for v in values)
+    expected, found = mean_interval(n, mean, sd, minimum=min(values), maximum=max(values), binary=binary)
+    if method is None:
+        assert expected is None and (row["lower"], row["upper"]) == (None, None)
+        return
+    assert found == method and expected is not None
+    assert (row["lower"], row["upper"]) == pytest.approx(expected, rel=1e-5, abs=1e-6)  # z to 6 places in SQL
 
 
 def test_the_sql_t_quantile_is_the_policy_windows(stack: Stack) -> None:

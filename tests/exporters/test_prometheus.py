@@ -18,7 +18,7 @@ from running_collector import serve_config, start_collector
 
 from evalsi.component import Settings
 from evalsi.exporters.prometheus import PrometheusConfig, PrometheusExporter
-from evalsi.policies.intervals import t_interval, wilson_interval
+from evalsi.policies.intervals import log_interval, t_interval, wilson_interval
 from evalsi.score import Score, ScoreBatch
 from evalsi.telemetry import SelfMetrics
 
@@ -99,7 +99,7 @@ def test_counts_histogram_exemplars_and_window_intervals() -> None:
     # contains has verdicts only: no histogram observations
     assert _value(samples, "evalsi_score_value_count", **series) is None
 
-    # windows: pass rate with Wilson bounds, mean value with t bounds, computed by `intervals`
+    # windows: pass rate with Wilson bounds, mean value within its bounds (latencies: log-t), computed by `intervals`
     low, high = wilson_interval(6, 8, 0.95)  # type: ignore[misc]
     assert _value(samples, "evalsi_policy_window_n", **series) == 8
     assert _value(samples, "evalsi_policy_window_mean", **series) == pytest.approx(0.75)
@@ -108,7 +108,8 @@ def test_counts_histogram_exemplars_and_window_intervals() -> None:
     values = [120.0, 80.0, 2500.0]
     mean = sum(values) / 3
     sd = (sum((v - mean) ** 2 for v in values) / 2) ** 0.5
-    t_low, t_high = t_interval(mean, sd, 3, 0.95)  # type: ignore[misc]
+    t_low, t_high = log_interval(mean, sd, 3, 0.95)  # type: ignore[misc]
+    assert t_interval(mean, sd, 3, 0.95)[0] < 0 < t_low  # type: ignore[index]  (a plain t bound would be below 0)
     assert _value(samples, "evalsi_policy_window_n", **lat) == 3
     assert _value(samples, "evalsi_policy_window_mean", **lat) == pytest.approx(mean)
     assert _value(samples, "evalsi_policy_window_lower", **lat) == pytest.approx(t_low, rel=1e-9)

@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 from policy_helpers import policy_doc, span, write
 
+from evalsi.collector.score_api import aggregate, window_stats
 from evalsi.policies import load_policies
-from evalsi.policies.intervals import headline_interval, log_interval, mean_interval, t_interval, wilson_interval
+from evalsi.policies.intervals import log_interval, mean_interval, t_interval, wilson_interval
+from evalsi.score import Score
 
 # latencies (ms) of a quiet window: one slow trace among fast ones. Their t interval reaches below zero.
 LATENCIES = [5.0, 8.0, 12.0, 250.0]
@@ -95,16 +97,25 @@ def test_coverage_by_simulation() -> None:
 
 
 def test_store_rows_get_their_interval_and_method() -> None:
+    """`policies stats` (the store's window rows) and `/v1/evaluate` (scores in hand) name one method alike."""
     mean, sd = _mean_sd(LATENCIES)
+    keys = {"policy": "p", "evaluator": "e", "name": "n", "p50": None, "p95": None}
     row: dict[str, Any] = {
-        "value_n": 4, "value_mean": mean, "value_sd": sd, "value_min": 5.0, "value_max": 250.0, "value_binary": 0,
-        "pass_n": 4, "passed": 3,
+        **keys, "n": 4, "value_n": 4, "value_mean": mean, "value_sd": sd, "value_min": 5.0, "value_max": 250.0,
+        "value_binary": 0, "pass_n": 4, "passed": 3,
     }  # fmt: skip
-    interval, method = headline_interval(row)
-    assert method == "log-t" and interval is not None and 0 <= interval[0] <= mean <= interval[1]
-    verdicts = {"value_n": 0, "pass_n": 10, "passed": 8}
-    assert headline_interval(verdicts) == (pytest.approx(list(wilson_interval(8, 10))), "wilson")  # type: ignore[arg-type]
-    assert headline_interval({"value_n": 0, "pass_n": 0, "passed": 0}) == (None, None)
+    verdicts = {**keys, "n": 10, "value_n": 0, "value_mean": None, "value_sd": None, "pass_n": 10, "passed": 8}
+    label = {**keys, "n": 1, "value_n": 0, "value_mean": None, "value_sd": None, "pass_n": 0, "passed": 0}
+    latency, rate, topic = window_stats([row, verdicts, label])
+    assert latency["method"] == "log-t" and 0 <= latency["interval"][0] <= mean <= latency["interval"][1]
+    assert (rate["interval"], rate["method"]) == (pytest.approx(list(wilson_interval(8, 10))), "wilson")
+    assert (topic["interval"], topic["method"]) == (None, None)
+    scores = [Score("latency", value=v, outcome="scored", evaluator="e") for v in LATENCIES]
+    (aggregate_,) = aggregate(scores)
+    assert aggregate_["method"] == "log-t" and aggregate_["interval"] == pytest.approx(latency["interval"])
+    rates = [Score("f1", value=v, outcome="scored", evaluator="e") for v in (0.2, 0.9, 0.95, 1.0)]
+    (bounded,) = aggregate(rates)
+    assert bounded["method"] == "t[0,1]" and bounded["interval"][1] <= 1.0
 
 
 def test_policy_window_names_its_method(tmp_path: Path) -> None:
