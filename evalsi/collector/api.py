@@ -132,6 +132,24 @@ def build_api(
             raise HTTPException(404, f"trace {trace_id} not found")
         return cast(dict[str, Any], doc)
 
+    @app.post("/api/v1/spans/stored")
+    async def stored_spans(body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+        """Which spans of these traces the store holds, as [trace id, span id] pairs: what `evalsi import` (or any
+        re-sender) leaves out, so a span is stored once."""
+        trace_ids = body.get("trace_ids") if isinstance(body, dict) else None
+        if not isinstance(trace_ids, list) or set(body) != {"trace_ids"}:
+            raise HTTPException(400, 'body: expected {"trace_ids": [32 hex digits, ...]} and nothing else')
+        if len(trace_ids) > MAX_STORED_SPANS_TRACES:
+            raise HTTPException(
+                413, f"trace_ids: {len(trace_ids)} in one request; at most {MAX_STORED_SPANS_TRACES}, split them"
+            )
+        for i, t in enumerate(trace_ids):
+            if not isinstance(t, str):
+                raise HTTPException(400, f"trace_ids.{i}: expected a string of 32 hex digits")
+            _check_trace_id(f"trace_ids.{i}", t)
+        keys = await asyncio.to_thread(need_store().stored_span_keys, sorted({t.lower() for t in trace_ids}))
+        return {"spans": sorted([t, s] for t, s in keys)}
+
     @app.get("/api/v1/sessions")
     async def list_sessions(
         request: Request,
@@ -311,6 +329,9 @@ MAX_FILTER = 1000
 """The longest service or policy name a query filters on: a longer one is refused, not sent to the store."""
 MAX_WHERE = 4000
 """The longest CEL condition a trace search takes."""
+
+
+MAX_STORED_SPANS_TRACES = 1_000  # trace ids in one POST /api/v1/spans/stored
 
 
 def _check_trace_id(name: str, value: str) -> None:

@@ -204,6 +204,25 @@ def test_trace_and_span_ids_are_32_and_16_hex_digits_or_refused_naming_the_param
         assert resp.status_code == 400 and resp.json()["detail"].startswith("span_id: "), f"{bad!r}: {resp.text}"
 
 
+def test_stored_spans_names_each_held_span_and_refuses_what_is_no_list_of_trace_ids(served: Served) -> None:
+    """`POST /api/v1/spans/stored` (what `evalsi import` leaves out): the stored spans of the traces asked for."""
+    known = [served.trace_of[s] for s in ("sec-svc", "\\x73ec-svc")]
+    resp = served.post("/api/v1/spans/stored", {"trace_ids": [known[0].upper(), known[1], "f" * 32]})
+    assert resp.status_code == 200, resp.text
+    spans = resp.json()["spans"]
+    assert sorted(t for t, _ in spans) == sorted(known)  # one span each; the unknown trace has none
+    assert all(len(s) == 16 for _, s in spans)
+    for bad in BAD_TRACE_IDS:
+        resp = served.post("/api/v1/spans/stored", {"trace_ids": [known[0], bad]})
+        assert resp.status_code == 400 and resp.json()["detail"].startswith("trace_ids.1: "), f"{bad!r}: {resp.text}"
+    for body in ({}, {"trace_ids": "a" * 32}, {"trace_ids": [1]}, [known[0]], {"trace_ids": [], "x": 1}, None):
+        resp = served.post("/api/v1/spans/stored", body)
+        assert resp.status_code in (400, 422) and resp.json()["detail"], f"{body!r}: {resp.text}"
+    resp = served.post("/api/v1/spans/stored", {"trace_ids": ["a" * 32] * 1001})
+    assert resp.status_code == 413 and "at most 1000" in resp.json()["detail"], resp.text
+    assert served.post("/api/v1/spans/stored", {"trace_ids": []}).json() == {"spans": []}
+
+
 def test_numbers_out_of_range_are_refused_with_a_message(served: Served) -> None:
     for path in ("/api/v1/traces", "/api/v1/scores", "/api/v1/runs"):
         for bad in BAD_LIMITS:

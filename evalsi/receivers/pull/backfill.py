@@ -20,6 +20,7 @@ from evalsi.receivers.pull.poll import Listed, Source, SourceError, Unavailable
 from evalsi.wal import drop_spans
 
 FETCH_BATCH = 50
+STORED_SPANS_BATCH = 1_000  # trace ids a POST /api/v1/spans/stored takes at most
 RETRY_FOR_S = 300.0
 T = TypeVar("T")
 
@@ -85,14 +86,17 @@ class CollectorTarget:
         self._client = httpx.Client(timeout=60, headers=api_headers())
 
     def stored_spans(self, trace_ids: list[str]) -> set[str]:
-        """trace id + span id (hex) of each span the store holds of these traces."""
+        """trace id + span id (hex) of each span the store holds of these traces (one request a batch)."""
         held: set[str] = set()
-        for trace_id in trace_ids:
-            resp = self._client.get(f"{self.api_url}/api/v1/traces/{trace_id}", params={"limit": 100_000})
-            if resp.status_code == 404:
-                continue
-            resp.raise_for_status()
-            held.update(trace_id + s["span_id"] for s in resp.json()["spans"])
+        for i in range(0, len(trace_ids), STORED_SPANS_BATCH):
+            body = {"trace_ids": trace_ids[i : i + STORED_SPANS_BATCH]}
+            resp = self._client.post(f"{self.api_url}/api/v1/spans/stored", json=body)
+            if resp.status_code >= 400:
+                raise SourceError(
+                    f"the collector's API could not say which spans it holds: HTTP {resp.status_code} "
+                    f"{resp.text[:300]} (is the collector at {self.api_url} older than this evalsi?)"
+                )
+            held.update(t + s for t, s in resp.json()["spans"])
         return held
 
     def send(self, body: bytes) -> None:
