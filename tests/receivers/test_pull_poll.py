@@ -187,6 +187,34 @@ def test_the_watermark_is_kept_only_once_nothing_handed_on_before_it_is_held() -
     assert host.store.watermarks["fake|fake"]["ids"] == ["1"]
 
 
+def test_a_clean_stop_keeps_the_watermark_once_the_exporters_stored_what_it_covers() -> None:
+    """`settle` (the service calls it once the processors drained, the exporters still running): it waits for what
+    is held to be stored, then keeps the watermark; a store that never catches up leaves it unkept (read again)."""
+    source = FakeSource([FakeTrace("1", NOW_MS - 1000)])
+    host = FakeHost(held=0.0)  # the store exporter still writes trace 1
+    rec, _ = receiver(source, host)
+    run(rec)
+    assert host.store.watermarks == {}
+
+    async def stored_soon() -> None:
+        await asyncio.sleep(0.2)
+        host.held = None
+
+    async def stop() -> float:
+        t0 = time.monotonic()
+        await asyncio.gather(rec.settle(5.0), stored_soon())
+        return time.monotonic() - t0
+
+    assert asyncio.run(stop()) < 2.0  # no longer than the store took
+    assert host.store.watermarks["fake|fake"]["ids"] == ["1"]
+
+    stuck = FakeHost(held=0.0)
+    rec2, _ = receiver(FakeSource([FakeTrace("2", NOW_MS - 500)]), stuck)
+    run(rec2)
+    asyncio.run(rec2.settle(0.3))
+    assert stuck.store.watermarks == {}  # the next start reads trace 2 again; the store leaves out what it holds
+
+
 def test_a_source_that_is_down_is_retried_with_backoff_and_counted() -> None:
     source = FakeSource([FakeTrace("1", NOW_MS - 1000)], down=2)
     rec, pipeline = receiver(source, poll_interval="10ms", retry_initial="10ms", retry_max="50ms")
