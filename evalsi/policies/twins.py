@@ -89,6 +89,9 @@ class TwinBuffer:
             first, second = (other, item) if sdk is not None else (item, other)
             return [(first.spans + second.spans, min(item.completed, other.completed))]
         tid = spans[0].trace_id
+        out: list[Ready] = []
+        if tid in self._held:  # spans of a trace already waiting (arriving late): the earlier ones go on alone
+            out.append(self._ready(self._pop(tid)))
         self._held[tid] = item
         is_sdk = sdk is not None
         keys = item.keys()
@@ -96,7 +99,6 @@ class TwinBuffer:
             self._by_response[(is_sdk, k)] = tid
         if not keys:
             self._without_id[is_sdk].add(tid)
-        out: list[Ready] = []
         while len(self._held) > self.max_traces:
             out.append(self._ready(self._pop(next(iter(self._held)))))
         return out
@@ -124,7 +126,7 @@ class TwinBuffer:
         look_for = item.sdk is None  # an instrumentation trace looks for an SDK call, and the other way round
         for k in item.keys():
             tid = self._by_response.get((look_for, k))
-            if tid is not None:
+            if tid is not None and tid in self._held:
                 return tid
         # a response id on one side only (OpenInference's stream records none) or on neither (a failed call)
         candidates = self._without_id[look_for] if item.keys() else [t for t, h in self._held.items()

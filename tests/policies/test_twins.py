@@ -157,6 +157,18 @@ def test_a_call_outside_the_other_calls_time_is_no_twin() -> None:
     assert len(twins) == 2
 
 
+def test_a_trace_waiting_again_hands_on_what_waited_and_its_twin_still_finds_it() -> None:
+    twins = _buffer()
+    first = _call("a" * 32, "msg_a", 0, 100, sdk=True)
+    again = _call("a" * 32, "msg_a", 0, 100, sdk=True)  # the same trace id in a later batch (late spans)
+    assert twins.add(first, 1.0, 0.0) == []
+    assert twins.add(again, 2.0, 0.5) == [(first, 1.0)]
+    assert len(twins) == 1
+    ((joined, _),) = twins.add(_call("b" * 32, "msg_a", 0, 100, sdk=False), 3.0, 1.0)
+    assert [s.trace_id for s in joined] == ["b" * 32, "a" * 32]
+    assert len(twins) == 0
+
+
 def test_past_max_traces_the_oldest_is_evaluated_alone_at_once() -> None:
     twins = _buffer(max_traces=2)
     first = _call("a" * 32, "msg_a", 0, 100, sdk=True)
