@@ -9,7 +9,7 @@ from typing import Any
 from cel_expr_python import cel as _cel
 
 from evalsi.span import Span
-from evalsi.trajectory import counted_once
+from evalsi.trajectory import call_usage, counted_once
 
 __all__ = ["SPAN_FIELDS", "VARIABLES", "Program", "compile", "span_activation", "trace_activation"]
 
@@ -164,10 +164,10 @@ def trace_activation(
             models[s.model] = None
         if s.tool_name:
             tools[s.tool_name] = None
-        u = usage.get(s.span_id, s)
-        tokens_in += (u.input_tokens if u.input_tokens is not None else s.input_tokens) or 0
-        tokens_out += (u.output_tokens if u.output_tokens is not None else s.output_tokens) or 0
-        cost += (u.cost_usd if u.cost_usd is not None else s.cost_usd) or 0.0
+        used_in, used_out, used_usd = call_usage(s, usage.get(s.span_id))
+        tokens_in += used_in or 0
+        tokens_out += used_out or 0
+        cost += used_usd or 0.0
     start = min((s.start_time_unix_nano for s in ordered), default=0)
     end = max((s.end_time_unix_nano for s in ordered), default=0)
 

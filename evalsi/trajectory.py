@@ -206,6 +206,19 @@ def join_twins(traces: dict[str, list[Span]]) -> dict[str, list[Span]]:
     return joined
 
 
+def call_usage(span: Span, twin: Span | None) -> tuple[int | None, int | None, float | None]:
+    """Input tokens, output tokens and cost of a call, `twin` its vendor SDK span when an instrumentation span
+    records it too (`counted_once`), by the trajectory step's rule: the SDK's token counts (the API's usage as is),
+    the instrumentation's cost, each taken from the other span where it has none."""
+    if twin is None:
+        return span.input_tokens, span.output_tokens, span.cost_usd
+    return (
+        twin.input_tokens if twin.input_tokens is not None else span.input_tokens,
+        twin.output_tokens if twin.output_tokens is not None else span.output_tokens,
+        span.cost_usd if span.cost_usd is not None else twin.cost_usd,
+    )
+
+
 def counted_once(spans: list[Span]) -> tuple[set[str], dict[str, Span]]:
     """For sums over a trace's spans (`trace.llm_calls`, tokens, cost): the vendor SDK spans to leave out (their call
     is the instrumentation span's), and for each such instrumentation span the SDK span whose usage counts (it copies

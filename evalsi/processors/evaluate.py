@@ -592,7 +592,8 @@ class Evaluate:
                     retry_after=0.5,
                 )
             # lone SDK calls first: each arms its service before the batch's other traces are looked at
-            for spans in sorted(traces.values(), key=lambda t: lone_sdk_call(t) is None):
+            order = sorted(traces.values(), key=lambda t: lone_sdk_call(t) is None) if self.twins else traces.values()
+            for spans in order:
                 if self.config.overload == "shed" and self._full():
                     self._shed(spans)
                     continue

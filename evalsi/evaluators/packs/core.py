@@ -19,7 +19,7 @@ from evalsi.evaluators.base import Params, Target, evaluator
 from evalsi.evaluators.schema import compiled, json_type, violations
 from evalsi.score import Score
 from evalsi.span import Span
-from evalsi.trajectory import counted_once
+from evalsi.trajectory import call_usage, counted_once
 
 # --- text checks ---------------------------------------------------------------------------------------------
 
@@ -281,13 +281,7 @@ def _calls_once(spans: list[Span]) -> tuple[list[Span], dict[str, Span]]:
 
 
 def _usage(span: Span, usage: dict[str, Span]) -> tuple[int | None, int | None]:
-    twin = usage.get(span.span_id)
-    if twin is None:
-        return span.input_tokens, span.output_tokens
-    return (
-        twin.input_tokens if twin.input_tokens is not None else span.input_tokens,
-        twin.output_tokens if twin.output_tokens is not None else span.output_tokens,
-    )
+    return call_usage(span, usage.get(span.span_id))[:2]
 
 
 class LatencyParams(Params):
@@ -378,7 +372,7 @@ def cost(target: Target, p: CostParams) -> Score:
     spans, twins = _calls_once(target.spans)
 
     def cost_of(s: Span) -> float | None:  # a call recorded twice: the instrumentation's cost, else the SDK's
-        return s.cost_usd if s.cost_usd is not None or s.span_id not in twins else twins[s.span_id].cost_usd
+        return call_usage(s, twins.get(s.span_id))[2]
 
     counted = _innermost(spans, lambda s: cost_of(s) is not None)
     if not counted:
