@@ -8,6 +8,7 @@ The traces the tests write to it are made there too, with the OpenInference trac
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,10 +20,20 @@ VENV = Path(os.environ.get("EVALSI_TEST_PHOENIX_VENV", ROOT / ".venv-phoenix"))
 PHOENIX = VENV / "bin" / "phoenix"
 PYTHON = VENV / "bin" / "python"
 """The interpreter of Phoenix's venv: runs the scripts that write traces to Phoenix with its OpenInference tracer."""
+INSTALLING = ROOT / ".venv-phoenix.installing"
+"""Present while `.ci/run` installs Phoenix in the background (beside the main install and the first tests)."""
 MISSING = (
     f"needs Arize Phoenix in {VENV}: `python3 -m venv .venv-phoenix && .venv-phoenix/bin/pip install "
     "arize-phoenix==20.26.1` (.ci/run does it)"
 )
+
+
+def installed(wait: float = 600) -> bool:
+    """Whether Phoenix's venv is there, once `.ci/run`'s background install (if one is under way) has ended."""
+    deadline = time.monotonic() + wait
+    while INSTALLING.exists() and time.monotonic() < deadline:
+        time.sleep(1)
+    return PHOENIX.exists()
 
 
 @contextmanager

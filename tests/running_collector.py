@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import yaml
+from evalsi_cli import evalsi_cli
 
 # real captures, copied from the project's shared/fixtures so a bare checkout can run the suite
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -75,8 +76,13 @@ class Collector:
         return out
 
     def cli(self, *args: str, api: bool = True, check: bool = True) -> subprocess.CompletedProcess[str]:
-        extra = ["--api", self.api] if api else ["-c", str(self.config_path)]
-        res = subprocess.run([*EVALSI, *args, *extra], capture_output=True, text=True, timeout=120)
+        """`evalsi ARGS --api <this collector>` in this process (it only speaks HTTP), or `evalsi ARGS -c <config>`
+        (`api=False`) in a process of its own: that reads the embedded store, and chDB opens one path per process."""
+        if api:
+            res = evalsi_cli(*args, "--api", self.api)
+        else:
+            res = subprocess.run([*EVALSI, *args, "-c", str(self.config_path)], capture_output=True, text=True,
+                                 timeout=120)  # fmt: skip
         if check and res.returncode != 0:
             raise AssertionError(f"evalsi {' '.join(args)} failed ({res.returncode}): {res.stderr}")
         return res

@@ -206,7 +206,7 @@ def test_workers_auto_is_the_default_and_says_what_it_chose(monkeypatch: pytest.
     assert chosen.service.workers == 1 and "one store, not 2" in chosen.workers_note
 
 
-@pytest.mark.skipif(config_cores() < 2, reason="workers: auto runs one process on one core")
+@pytest.mark.skipif(config_cores() < 2, reason="workers: auto runs one process on one core (runs with 2+)")
 def test_serve_runs_the_pipelines_in_workers_by_default(tmp_path: Path) -> None:
     cfg = serve_config(tmp_path / "store")
     del cfg["service"]["workers"]  # the default: auto

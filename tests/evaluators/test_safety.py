@@ -200,7 +200,7 @@ def test_pii_params_errors_name_the_key() -> None:
     assert _invalid("pii-leak", {"outputs": "inputs"}).startswith("outputs: ")
 
 
-@pytest.mark.skipif(not HAS_PRESIDIO, reason="presidio-analyzer is not installed")
+@pytest.mark.skipif(not HAS_PRESIDIO, reason="needs presidio-analyzer: pip install -e '.[presidio]'")
 def test_presidio_pattern_recognizers_offline() -> None:
     target = _fixture("openinference", "chat_pii")
     score = _score("pii-leak", target, presidio=True)

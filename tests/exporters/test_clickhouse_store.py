@@ -69,6 +69,16 @@ class Place:
 
 @pytest.fixture(params=["chdb", "clickhouse-connect+stand-in", "clickhouse-server"])
 def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
+    yield from _place(request, tmp_path)
+
+
+@pytest.fixture(params=["clickhouse-connect+stand-in", "clickhouse-server"])
+def server_place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
+    """A ClickHouse server's place only: databases and users are a server's (the embedded store has neither)."""
+    yield from _place(request, tmp_path)
+
+
+def _place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
     kind = request.param
     if kind == "chdb":
         where = Place(kind, f"chdb://{tmp_path / 'store'}", "default", "default", "")
@@ -289,9 +299,8 @@ def test_spans_older_than_the_ttl_are_dropped(place: Place) -> None:
     assert {t["trace_id"] for t in store.list_traces(limit=10)} == {TRACE}
 
 
-def test_a_server_database_that_does_not_exist_is_created(place: Place) -> None:
-    if place.kind == "chdb":
-        pytest.skip("the embedded store has one database, made with its directory")
+def test_a_server_database_that_does_not_exist_is_created(server_place: Place) -> None:
+    place = server_place
     store = place.open()
     store.create_schema()
     rows = store.backend.query("SELECT currentDatabase() AS db")
@@ -322,9 +331,8 @@ def test_async_inserts_wait_for_the_write(place: Place, request: pytest.FixtureR
         ), inserts[-1:]
 
 
-def test_wrong_credentials_are_an_error_that_says_so(place: Place) -> None:
-    if place.kind == "chdb":
-        pytest.skip("the embedded store has no users")
+def test_wrong_credentials_are_an_error_that_says_so(server_place: Place) -> None:
+    place = server_place
     with pytest.raises(
         StoreError, match=r"cannot reach the ClickHouse server at .*(AUTHENTICATION_FAILED|uthentication)"
     ):

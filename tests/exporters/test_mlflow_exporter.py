@@ -11,14 +11,13 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Feedback
-from mlflow_server import free_port, mlflow_server
+from mlflow_server import free_port
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -35,13 +34,6 @@ from evalsi.span import Span, SpanBatch
 from evalsi.telemetry import SelfMetrics
 
 FAST_RETRY = {"initial_interval": "20ms", "max_interval": "100ms", "max_elapsed_time": "5s"}
-
-
-@pytest.fixture(scope="module")
-def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real MLflow tracking server for this module."""
-    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
-        yield uri
 
 
 def exporter(uri: str, **config: Any) -> tuple[MlflowExporter, SelfMetrics]:

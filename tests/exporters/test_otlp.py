@@ -771,8 +771,7 @@ def fixture_spans(folder: str, scenario: str) -> list[Span]:
     [("otel-openai-v2", "chat_tools"), ("otel-openai-v2-latest", "chat_tools"), ("openinference", "chat_tools")],
 )
 def test_spans_round_trip_through_the_encoder(folder: str, scenario: str) -> None:
-    if not (FIXTURES / folder / f"{scenario}.pb").exists():
-        pytest.skip(f"no {folder}/{scenario}.pb capture")
+    assert (FIXTURES / folder / f"{scenario}.pb").exists(), f"the {folder}/{scenario}.pb capture is missing"
     original = fixture_spans(folder, scenario)
     body = traces_request(original).SerializeToString()
     again = decode_traces_protobuf(body)

@@ -27,7 +27,12 @@ def _post(c: Collector, path: str, file: Path) -> None:
 
 
 def _chat_spans(c: Collector, trace_id: str) -> list[dict[str, Any]]:
-    doc = json.loads(c.cli("traces", "show", trace_id, "--json").stdout)
+    """The trace's model-call spans as stored, none while the trace is not stored yet."""
+    shown = c.cli("traces", "show", trace_id, "--json", check=False)
+    if shown.returncode != 0 and "not found" in shown.stderr:
+        return []
+    assert shown.returncode == 0, shown.stderr
+    doc = json.loads(shown.stdout)
     return [s for s in doc["spans"] if s["step_type"] == "llm"]
 
 

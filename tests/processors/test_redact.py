@@ -556,8 +556,8 @@ def test_log_records_failing_redaction_lose_body_or_are_dropped() -> None:
 
 
 def _presidio() -> None:
-    pytest.importorskip("presidio_analyzer")
-    pytest.importorskip("presidio_anonymizer")
+    pytest.importorskip("presidio_analyzer", reason="needs presidio: pip install -e '.[presidio]'")
+    pytest.importorskip("presidio_anonymizer", reason="needs presidio: pip install -e '.[presidio]'")
 
 
 def test_presidio_alone_redacts_the_pii_captures_offline() -> None:

@@ -9,8 +9,9 @@ inputs 100,000 at a time): tests/fuzz_inputs.py's structured (hypothesis), mutat
 and, for the whole module: the collector never dies, a valid span sent every half second (HTTP and gRPC in turn)
 meanwhile is answered within STALL_S and stored, and its memory is printed (`pytest -s`).
 
-Deterministic (hypothesis derandomized, fixed seeds); FUZZ_EXAMPLES scales the budget (1 = 1,820 inputs:
-600 to the API first, while the store is small, 220 structured, 1,000 mutated).
+Deterministic (hypothesis derandomized, fixed seeds). The budget is the Hypothesis profile's (tests/budget.py): `ci`
+sends 910 inputs (300 to the API first, while the store is small, 110 structured, 500 mutated), `deep`
+(HYPOTHESIS_PROFILE=deep) ten times as many; FUZZ_EXAMPLES scales either.
 The findings of the fuzzing (benchmarks/fuzz-findings) are tests of their own at the end: regression tests for those
 fixed, strict xfails for those the product still has.
 """
@@ -31,6 +32,7 @@ from typing import Any
 import fuzz_inputs as F
 import grpc
 import pytest
+from budget import examples
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from running_collector import Collector, serve_config, start_collector
@@ -137,19 +139,19 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
         c.stop(signal.SIGTERM)
 
 
-@fuzz_settings(600)
+@fuzz_settings(examples(ci=300, deep=3_000))
 @given(seed=st.integers(0, 2**64 - 1))
 def test_api(fuzzed: Fuzzed, seed: int) -> None:
     fuzzed.check(F.api_input(random.Random(seed), light=True))
 
 
-@fuzz_settings(220)
+@fuzz_settings(examples(ci=110, deep=1_100))
 @given(inp=F.structured_inputs())
 def test_structured_otlp(fuzzed: Fuzzed, inp: F.FuzzInput) -> None:
     fuzzed.check(inp)
 
 
-@fuzz_settings(1000)
+@fuzz_settings(examples(ci=500, deep=5_000))
 @given(seed=st.integers(0, 2**64 - 1))
 def test_mutated_otlp(fuzzed: Fuzzed, seed: int) -> None:
     fuzzed.check(F.mutation_input(random.Random(seed)))

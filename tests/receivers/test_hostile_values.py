@@ -13,7 +13,8 @@ one transport (OTLP/HTTP protobuf, OTLP/HTTP JSON, gRPC):
 
 At the end of each collector: every valid span of every accepted request is still there, and SIGTERM exits 0.
 
-Budget: HOSTILE_EXAMPLES examples per transport and worker mode (default 25). Shrinking is off by default (a
+Budget: per transport and worker mode, 15 examples in the `ci` Hypothesis profile, 250 in `deep`
+(HYPOTHESIS_PROFILE=deep; tests/budget.py); HOSTILE_EXAMPLES sets it. Shrinking is off by default (a
 stalled collector is restarted, which makes shrinking slow); set HOSTILE_SHRINK=1 to shrink a failure.
 """
 
@@ -23,10 +24,11 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from budget import examples
 from hostile_otlp import Case, Harness, hostile_cases
 from hypothesis import HealthCheck, Phase, given, settings
 
-EXAMPLES = int(os.environ.get("HOSTILE_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("HOSTILE_EXAMPLES", examples(ci=15, deep=250)))
 PHASES = (
     (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
     if os.environ.get("HOSTILE_SHRINK")

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ import httpx
 import pytest
 import yaml
 from mlflow import MlflowClient
-from mlflow_server import mlflow_server
 from running_collector import Collector, serve_config, start_collector, wait_until
 
 POLICY = """apiVersion: evals.si/v1alpha1
@@ -55,12 +53,6 @@ for i in range(int(sys.argv[3])):
     agent(f"weather in Paris? {sys.argv[4]} {i}")
 mlflow.flush_trace_async_logging()
 """
-
-
-@pytest.fixture(scope="module")
-def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
-        yield uri
 
 
 def make_traces(uri: str, experiment: str, n: int, tag: str) -> None:

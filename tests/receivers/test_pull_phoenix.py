@@ -21,7 +21,7 @@ import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
-from phoenix_server import MISSING, PHOENIX, PYTHON, phoenix_server
+from phoenix_server import MISSING, PYTHON, installed, phoenix_server
 from pydantic import ValidationError
 from running_collector import Collector, serve_config, start_collector, wait_until
 
@@ -88,7 +88,7 @@ provider.shutdown()
 
 @pytest.fixture(scope="module")
 def phoenix_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if not PHOENIX.exists():
+    if not installed():
         pytest.skip(MISSING)
     with phoenix_server(tmp_path_factory.mktemp("phoenix")) as url:
         yield url

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("inspect_ai")
+pytest.importorskip("inspect_ai", reason="needs inspect-ai: pip install -e '.[harness]' (the test extra has it)")
 
 from evalsi.run_harness.importers.inspect_log import (
     FAKE_STEP_NS,

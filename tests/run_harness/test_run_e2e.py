@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from evalsi_cli import evalsi_cli
 from running_collector import EVALSI, Collector, serve_config
 
 from .harness_server import Capabilities, HarnessServer
@@ -82,6 +83,11 @@ def run_file(tmp: Path, *, gates: list[str] | None = None, data: list[dict[str, 
 
 
 def evalsi(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """`evalsi ARGS` in `cwd`: a command that only reads and writes through a running collector (`--collector`) in
+    this process; `evalsi run` always in a process of its own (it imports the target's and tools' modules by name
+    from the run's folder, and without `--collector` starts a collector on an embedded store)."""
+    if "--collector" in args and args[0] != "run":
+        return evalsi_cli(*args, cwd=cwd)
     return subprocess.run([*EVALSI, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
 
 
