@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import budget
 import pytest
@@ -22,6 +23,29 @@ from running_collector import Collector, serve_config, start_collector
 
 TESTS = Path(__file__).resolve().parent
 
+
+
+def _one_default_ssl_context() -> None:
+    """httpx's top-level calls (`httpx.get`, `httpx.post`, ...) build a Client, and with it a default SSL context
+    (~30 ms of CPU loading certifi's bundle), on every call; the tests' polling loops make thousands of them. They
+    get one context, the same default one; each call still has a client and a connection of its own."""
+    import functools
+
+    import httpx
+
+    context = httpx.create_ssl_context()  # what each call would have built (SSL_CERT_FILE, certifi)
+    for name in ("request", "stream", "get", "options", "head", "post", "put", "patch", "delete"):
+        call = getattr(httpx, name)
+
+        @functools.wraps(call)
+        def with_shared_context(*args: Any, _call: Any = call, **kwargs: Any) -> Any:
+            kwargs.setdefault("verify", context)
+            return _call(*args, **kwargs)
+
+        setattr(httpx, name, with_shared_context)
+
+
+_one_default_ssl_context()
 settings.register_profile("ci", deadline=None, print_blob=True)
 settings.register_profile("deep", deadline=None, print_blob=True, max_examples=1_000)
 settings.load_profile(budget.PROFILE)

@@ -92,12 +92,13 @@ class Collector:
 
     def wait_stored(self, n: int, timeout: float = 30) -> int:
         deadline = time.monotonic() + timeout
-        got = 0
+        got, pause = 0, 0.05
         while time.monotonic() < deadline:
             got = self.stored_spans()
             if got >= n:
                 return got
-            time.sleep(0.1)
+            time.sleep(pause)
+            pause = min(0.5, pause * 1.5)  # each look is a query of the store: look often only at first
         return got
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
