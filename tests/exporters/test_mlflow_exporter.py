@@ -12,11 +12,9 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from mlflow import MlflowClient
-from mlflow.entities import Feedback
 from mlflow_server import free_port
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -33,7 +31,18 @@ from evalsi.score import Score, ScoreBatch
 from evalsi.span import Span, SpanBatch
 from evalsi.telemetry import SelfMetrics
 
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Feedback
+
 FAST_RETRY = {"initial_interval": "20ms", "max_interval": "100ms", "max_elapsed_time": "5s"}
+
+
+def mlflow_client(uri: str) -> MlflowClient:
+    """MLflow's client, imported when a test uses it (mlflow takes ~2 s to import, in every xdist worker)."""
+    from mlflow import MlflowClient
+
+    return MlflowClient(uri)
 
 
 def exporter(uri: str, **config: Any) -> tuple[MlflowExporter, SelfMetrics]:
@@ -109,7 +118,7 @@ def run(exp: MlflowExporter, *steps: SpanBatch | ScoreBatch | float) -> None:
 
 def feedback(uri: str, trace_id: str) -> dict[str, Feedback]:
     """The trace's assessments as the MLflow client shows them, by name (each name at most once)."""
-    assessments = MlflowClient(uri).get_trace(f"tr-{trace_id}").info.assessments
+    assessments = mlflow_client(uri).get_trace(f"tr-{trace_id}").info.assessments
     by_name = {a.name: a for a in assessments}
     assert len(by_name) == len(assessments), [a.name for a in assessments]
     return by_name
@@ -152,7 +161,7 @@ def test_spans_and_scores_land_on_their_traces_and_spans(mlflow_uri: str) -> Non
     # scores arrive with their spans still queued: they must wait for them, not fail
     run(exp, SpanBatch(spans_a + spans_b), ScoreBatch([judged, contains, tone, failed, skipped]))
 
-    client = MlflowClient(mlflow_uri)
+    client = mlflow_client(mlflow_uri)
     experiment = client.get_experiment_by_name("evalsi-test-landing")
     assert experiment is not None
     traces = client.search_traces(locations=[experiment.experiment_id])
@@ -202,7 +211,7 @@ def test_replayed_scores_add_no_duplicate(mlflow_uri: str) -> None:
     again, metrics = exporter(mlflow_uri, experiment_name="evalsi-test-replay")
     another_trial = verdict("relevance", trace_id, value=0.7, span_id=spans[1].span_id, run_id="run-1", trial=1)
     run(again, SpanBatch(spans), ScoreBatch([*scores, another_trial]))
-    trace = MlflowClient(mlflow_uri).get_trace(f"tr-{trace_id}")
+    trace = mlflow_client(mlflow_uri).get_trace(f"tr-{trace_id}")
     assert sorted(s.span_id for s in trace.data.spans) == sorted(s.span_id for s in spans)  # spans re-sent: once
     assessments = trace.info.assessments
     assert sorted(a.metadata[KEY_METADATA] for a in assessments) == sorted(
@@ -266,7 +275,7 @@ def test_spans_are_paced_to_the_rate_limit_and_consume_never_waits(mlflow_uri: s
     # 300 spans at 200/s, the first batch of 50 at once: at least (300 - 50) / 200 = 1.25 s
     assert sent >= 1.2, sent
     assert sample(metrics, "otelcol_exporter_sent_spans_total") == 300
-    found = MlflowClient(mlflow_uri).search_traces(locations=["0"], max_results=100)
+    found = mlflow_client(mlflow_uri).search_traces(locations=["0"], max_results=100)
     assert {f"tr-{t}" for t, _ in traces} <= {t.info.trace_id for t in found}
 
 
@@ -304,7 +313,7 @@ def test_a_span_or_score_mlflow_refuses_is_dropped_alone_and_the_others_land(
         )
     took = time.monotonic() - started
 
-    trace = MlflowClient(mlflow_uri).get_trace(f"tr-{trace_id}")
+    trace = mlflow_client(mlflow_uri).get_trace(f"tr-{trace_id}")
     assert sorted(s.span_id for s in trace.data.spans) == sorted(s.span_id for s in spans)
     assert set(feedback(mlflow_uri, trace_id)) == {s.name for s in good}
     assert refused(metrics, "spans", "invalid") == 1
@@ -403,7 +412,7 @@ def test_serve_forwards_traces_and_writes_policy_scores_to_mlflow(tmp_path: Path
     pipelines["traces"]["exporters"] = ["clickhouse", "mlflow"]
     pipelines["scores"] = {"exporters": ["clickhouse", "mlflow"]}
     c = start_collector(tmp_path, cfg)
-    client = MlflowClient(mlflow_uri)
+    client = mlflow_client(mlflow_uri)
     try:
         provider = TracerProvider(resource=Resource.create({"service.name": "support"}))
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=c.http + "/v1/traces")))

@@ -16,7 +16,6 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from mlflow import MlflowClient
 from running_collector import Collector, serve_config, start_collector, wait_until
 
 POLICY = """apiVersion: evals.si/v1alpha1
@@ -55,6 +54,13 @@ mlflow.flush_trace_async_logging()
 """
 
 
+def mlflow_client(uri: str) -> Any:
+    """MLflow's client, imported when a test uses it (mlflow takes ~2 s to import, in every xdist worker)."""
+    from mlflow import MlflowClient
+
+    return MlflowClient(uri)
+
+
 def make_traces(uri: str, experiment: str, n: int, tag: str) -> None:
     """`n` traces of an agent (AGENT root, CHAT_MODEL, TOOL) made by MLflow's own client, in another process."""
     script = textwrap.dedent(MAKE_TRACES)
@@ -62,14 +68,14 @@ def make_traces(uri: str, experiment: str, n: int, tag: str) -> None:
 
 
 def mlflow_trace_ids(uri: str, experiment: str) -> list[str]:
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     exp = client.get_experiment_by_name(experiment)
     assert exp is not None
     return [t.info.trace_id for t in client.search_traces(locations=[exp.experiment_id], max_results=500)]
 
 
 def assessments(uri: str, trace_id: str) -> list[tuple[str, Any]]:
-    trace = MlflowClient(uri).get_trace(trace_id)
+    trace = mlflow_client(uri).get_trace(trace_id)
     return sorted((a.name, a.value) for a in trace.info.assessments)
 
 

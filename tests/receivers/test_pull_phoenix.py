@@ -199,7 +199,10 @@ def test_traces_made_with_openinference_are_imported_evaluated_and_annotated_bac
         for t in ids:  # the trace's tokens, as OpenInference recorded them, written by code
             assert [(s, k) for n, s, k in annotations(phoenix_url, project, t) if n == "tokens"] == [(15.0, "CODE")]
         assert metric(c, "evalsi_pull_traces_total") == 3
-        assert metric(c, "evalsi_evaluate_traces_total") == 3
+        # pipeline workers report their counts every second
+        assert wait_until(lambda: metric(c, "evalsi_evaluate_traces_total") == 3, 10), metric(
+            c, "evalsi_evaluate_traces_total"
+        )
     finally:
         c.stop()
 

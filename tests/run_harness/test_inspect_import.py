@@ -7,6 +7,7 @@ Run as a script (`python test_inspect_import.py DIR`) it writes the logs the tes
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import itertools
 import json
 import math
@@ -21,8 +22,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("inspect_ai", reason="needs inspect-ai: pip install -e '.[harness]' (the test extra has it)")
-
 from evalsi.run_harness.importers.inspect_log import (
     FAKE_STEP_NS,
     ImportedRun,
@@ -30,6 +29,12 @@ from evalsi.run_harness.importers.inspect_log import (
     read_inspect_log,
 )
 from evalsi.run_harness.model import Attempt, GivenScore, InfraError, LlmCall, Step, SubAgent, ToolCall
+
+# looked up, not imported, at collection: inspect_ai takes ~1.5 s to import, in every xdist worker
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("inspect_ai") is None,
+    reason="needs inspect-ai: pip install -e '.[harness]' (the test extra has it)",
+)
 
 QUESTIONS = {"add": "What is 2+3?", "2": "Name the capital of France.", "wrong": "What colour is the sky?"}
 ANSWERS = {"add": "5", "2": "Paris", "wrong": "green"}

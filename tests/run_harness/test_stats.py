@@ -8,12 +8,10 @@ import math
 import random
 from fractions import Fraction
 from itertools import combinations
+from typing import Any
 
 import numpy as np
 import pytest
-from scipy import stats as scipy_stats
-from statsmodels.stats.contingency_tables import mcnemar as sm_mcnemar
-from statsmodels.stats.proportion import proportion_confint
 
 from evalsi.run_harness.stats import (
     EXACT_BELOW,
@@ -33,6 +31,29 @@ from evalsi.run_harness.stats import (
     variance_across_trials,
     wilson,
 )
+
+
+# the references load when a test asks them (scipy and statsmodels take ~2 s to import, in every xdist worker)
+def sm_mcnemar(*args: Any, **kwargs: Any) -> Any:
+    from statsmodels.stats.contingency_tables import mcnemar
+
+    return mcnemar(*args, **kwargs)
+
+
+def proportion_confint(*args: Any, **kwargs: Any) -> Any:
+    from statsmodels.stats.proportion import proportion_confint as confint
+
+    return confint(*args, **kwargs)
+
+
+class _Scipy:
+    def __getattr__(self, name: str) -> Any:
+        from scipy import stats
+
+        return getattr(stats, name)
+
+
+scipy_stats = _Scipy()
 
 # --- references ---------------------------------------------------------------------------------------------------
 
