@@ -54,8 +54,8 @@ class TraceQueries(Protocol):
         self, trace_ids: list[str], *, since_ns: int = 0, project: str | None = None
     ) -> dict[str, list[dict[str, Any]]]: ...
 
-    def stored_span_keys(self, trace_ids: list[str]) -> set[tuple[str, str]]:
-        """The (trace id, span id) of every stored span of these traces."""
+    def stored_span_keys(self, trace_ids: list[str], *, project: str | None = None) -> set[tuple[str, str]]:
+        """The (trace id, span id) of every stored span of these traces (of one project; None: of any)."""
         ...
 
     def write_scores(self, scores: list[Any]) -> None:

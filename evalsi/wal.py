@@ -10,14 +10,16 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import Field, field_validator
 
 from evalsi.component import ComponentConfig, Refused
+from evalsi.score import DEFAULT_PROJECT
+from evalsi.span import PROJECT_ATTRIBUTE
 from evalsi.telemetry import SelfMetrics
 
 log = logging.getLogger("evalsi.wal")
@@ -331,19 +333,45 @@ def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
         future.set_exception(error)
 
 
-def without_stored_spans(body: bytes, stored: Callable[[list[str]], set[tuple[str, str]]]) -> tuple[bytes | None, int]:
-    """An ExportTraceServiceRequest without the spans `stored(trace_ids)` names as in the store (trace id, span id
-    in hex): the request to replay (None when nothing is left) and how many spans were left out."""
+class StoredSpanKeys(Protocol):
+    """The store's answer to which spans of some traces it holds, within one project."""
+
+    def __call__(self, trace_ids: list[str], *, project: str | None = None) -> set[tuple[str, str]]: ...
+
+
+def without_stored_spans(body: bytes, stored: StoredSpanKeys, project: str = "") -> tuple[bytes | None, int]:
+    """An ExportTraceServiceRequest without the spans the store holds (`stored`, asked per project: trace id and
+    span id in hex): the request to replay (None when nothing is left) and how many spans were left out. `project`:
+    the sender's credential's; "" when none was checked (each resource's own, see `resource_project`). Another
+    project's span with the same ids is not this span."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     request = ExportTraceServiceRequest.FromString(body)
-    spans = [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
-    trace_ids = sorted({s.trace_id.hex() for s in spans if len(s.trace_id) == 16})
-    held = {t + s for t, s in stored(trace_ids)} if trace_ids else set()
+    by_project: dict[str, set[str]] = {}
+    total = 0
+    for rs in request.resource_spans:
+        ids = by_project.setdefault(resource_project(rs.resource.attributes, project), set())
+        for ss in rs.scope_spans:
+            total += len(ss.spans)
+            ids.update(s.trace_id.hex() for s in ss.spans if len(s.trace_id) == 16)
+    held = {
+        f"{p}/{t}{s}" for p, ids in by_project.items() if ids for t, s in stored(sorted(ids), project=p)
+    }  # fmt: skip
     if not held:
         return body, 0
-    left, skipped = drop_spans(body, held.__contains__)
-    return (left if skipped < len(spans) else None), skipped
+    left, skipped = drop_spans(body, held.__contains__, project=project)
+    return (left if skipped < total else None), skipped
+
+
+def resource_project(attributes: Iterable[Any], project: str = "") -> str:
+    """The project of a ResourceSpans' spans: the sender's credential's (`project`) when one was checked, else the
+    resource's `evalsi.project` attribute, else `default` (as the receiver stamps and the store reads them)."""
+    if project:
+        return project
+    for kv in attributes:
+        if kv.key == PROJECT_ATTRIBUTE and kv.value.string_value:
+            return kv.value.string_value
+    return DEFAULT_PROJECT
 
 
 REPLAYED_KEYS_MAX = 5_000_000
@@ -359,8 +387,8 @@ class ReplayedSpans:
         self._until = 0.0
         self.full = False
 
-    def add(self, body: bytes) -> None:
-        """Note the spans of a replayed ExportTraceServiceRequest."""
+    def add(self, body: bytes, project: str = "") -> None:
+        """Note the spans of a replayed ExportTraceServiceRequest, each within its project (`resource_project`)."""
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
         if len(self._keys) >= REPLAYED_KEYS_MAX:
@@ -368,8 +396,9 @@ class ReplayedSpans:
             return
         request = ExportTraceServiceRequest.FromString(body)
         for rs in request.resource_spans:
+            p = resource_project(rs.resource.attributes, project)
             for ss in rs.scope_spans:
-                self._keys.update((s.trace_id + s.span_id).hex() for s in ss.spans)
+                self._keys.update(f"{p}/{(s.trace_id + s.span_id).hex()}" for s in ss.spans)
         self._until = time.monotonic() + REPLAYED_TTL_S
 
     def active(self) -> bool:
@@ -378,24 +407,26 @@ class ReplayedSpans:
         return bool(self._keys)
 
     def again(self, key: str) -> bool:
-        """Whether the span (trace id + span id in hex) was replayed and now comes again (once: then it is
-        forgotten)."""
+        """Whether the span (`<project>/<trace id + span id in hex>`) was replayed and now comes again (once: then it
+        is forgotten)."""
         if key in self._keys:
             self._keys.discard(key)
             return True
         return False
 
 
-def drop_spans(body: bytes, drop: Callable[[str], bool]) -> tuple[bytes, int]:
-    """An ExportTraceServiceRequest without the spans `drop(trace id + span id in hex)` is true for, and how many
-    were left out (the body unchanged when none)."""
+def drop_spans(body: bytes, drop: Callable[[str], bool], *, project: str | None = None) -> tuple[bytes, int]:
+    """An ExportTraceServiceRequest without the spans `drop(key)` is true for, and how many were left out (the body
+    unchanged when none). The key is the trace id + span id in hex, within its project (`<project>/<ids>`, see
+    `resource_project`) when `project` is given: the credential's, or "" when none was checked."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     request = ExportTraceServiceRequest.FromString(body)
     dropped = 0
     for rs in request.resource_spans:
+        prefix = "" if project is None else resource_project(rs.resource.attributes, project) + "/"
         for ss in rs.scope_spans:
-            keep = [s for s in ss.spans if not drop((s.trace_id + s.span_id).hex())]
+            keep = [s for s in ss.spans if not drop(prefix + (s.trace_id + s.span_id).hex())]
             if len(keep) != len(ss.spans):
                 dropped += len(ss.spans) - len(keep)
                 copies = [type(s).FromString(s.SerializeToString()) for s in keep]

@@ -152,3 +152,69 @@ def test_without_auth_a_resource_may_name_its_project(tmp_path: Path) -> None:
         assert spans[0]["resource_attributes"]["evalsi.project"] == "team-c"  # no credential: nothing to check
     finally:
         assert c.stop() == 0
+
+
+def test_which_spans_are_stored_is_answered_within_the_askers_project(sent: Collector) -> None:
+    """POST /api/v1/spans/stored (what `evalsi import` leaves out) never names another project's spans: it would
+    tell a team which of another team's trace ids exist."""
+    only_a = "0a" * 16
+    span = {"traceId": only_a, "spanId": "0b" * 8, "name": "a-only", "kind": 1,
+            "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000001000000000"}  # fmt: skip
+    body = {"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"spans": [span]}]}]}
+    r = httpx.post(sent.http + "/v1/traces", json=body, headers=_bearer(A_KEY))
+    assert r.status_code == 200, r.text
+
+    def stored(key: str) -> list[list[str]]:
+        r = httpx.post(f"{sent.api}/api/v1/spans/stored", json={"trace_ids": [only_a]}, headers=_bearer(key))
+        assert r.status_code == 200, r.text
+        return r.json()["spans"]
+
+    assert wait_until(lambda: stored(A_KEY) == [[only_a, "0b" * 8]], timeout=30)
+    assert stored(B_KEY) == []
+
+
+LATENCY_POLICY = """
+apiVersion: evals.si/v1alpha1
+kind: OnlineEvalPolicy
+metadata: {name: every-trace}
+spec:
+  cascade:
+    - ref: builtin/latency
+      params: {max_ms: 60000}
+"""
+
+
+def test_online_scores_carry_their_traces_project_not_the_processors(tmp_path: Path) -> None:
+    """The evaluate processor's `project` (here `default`) names only traces that have none: team a's trace is
+    scored in team-a, where team a reads it and team b (or a `default` key) does not."""
+    (tmp_path / "policy.yaml").write_text(LATENCY_POLICY)
+    d_key, d_hash = new_key()
+    cfg = serve_config(tmp_path / "store")
+    cfg["processors"]["tail_sampling"] = {"decision_wait": "300ms"}
+    cfg["processors"]["evaluate"] = {"policies": [str(tmp_path / "policy.yaml")]}
+    cfg["service"]["pipelines"]["traces"]["processors"] = ["normalize", "tail_sampling", "evaluate"]
+    cfg["service"]["pipelines"]["scores"] = {"exporters": ["clickhouse"]}
+    cfg["auth"] = {
+        "mode": "strict",
+        "api_keys": [
+            {"hash": A_HASH, "name": "a", "project": "team-a"},
+            {"hash": B_HASH, "name": "b", "project": "team-b"},
+            {"hash": d_hash, "name": "d"},
+        ],
+    }
+    c = start_collector(tmp_path, cfg)
+    try:
+        _send(HttpExporter(endpoint=c.http + "/v1/traces", headers=_bearer(A_KEY)), "a-scored")
+
+        def scores(key: str) -> list[dict[str, Any]]:
+            url = f"{c.api}/api/v1/scores?trace_id={SHARED_TRACE:032x}"
+            return httpx.get(url, headers=_bearer(key)).json()["scores"]
+
+        assert wait_until(lambda: len(scores(A_KEY)) == 1, timeout=30)
+        assert scores(A_KEY)[0]["project"] == "team-a" and scores(A_KEY)[0]["evaluator"] == "builtin/latency"
+        assert scores(B_KEY) == [] and scores(d_key) == []
+        for key in (B_KEY, d_key):
+            stats = httpx.get(f"{c.api}/api/v1/policies/stats?window=1h", headers=_bearer(key)).json()["stats"]
+            assert stats == []
+    finally:
+        assert c.stop() == 0

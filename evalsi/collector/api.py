@@ -4,6 +4,7 @@ API (`/v1/evaluate`, `/v1/feedback`, policy stats)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -133,7 +134,7 @@ def build_api(
         return cast(dict[str, Any], doc)
 
     @app.post("/api/v1/spans/stored")
-    async def stored_spans(body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+    async def stored_spans(request: Request, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
         """Which spans of these traces the store holds, as [trace id, span id] pairs: what `evalsi import` (or any
         re-sender) leaves out, so a span is stored once."""
         trace_ids = body.get("trace_ids") if isinstance(body, dict) else None
@@ -147,7 +148,10 @@ def build_api(
             if not isinstance(t, str):
                 raise HTTPException(400, f"trace_ids.{i}: expected a string of 32 hex digits")
             _check_trace_id(f"trace_ids.{i}", t)
-        keys = await asyncio.to_thread(need_store().stored_span_keys, sorted({t.lower() for t in trace_ids}))
+        keys = await asyncio.to_thread(
+            functools.partial(need_store().stored_span_keys, project=project_of(request)),
+            sorted({t.lower() for t in trace_ids}),
+        )
         return {"spans": sorted([t, s] for t, s in keys)}
 
     @app.get("/api/v1/sessions")

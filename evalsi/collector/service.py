@@ -355,9 +355,9 @@ class Service:
                     )
                     continue
                 body = receiver.protobuf_of(record.signal, record.format, record.body)
-                if record.signal == "traces":
-                    self.wal.replayed_spans.add(body)  # a sender may send it again: dropped, not stored twice
-                body, skipped = await self._unstored(record.signal, body)
+                if record.signal == "traces":  # a sender may send it again: dropped, not stored twice
+                    self.wal.replayed_spans.add(body, record.project)
+                body, skipped = await self._unstored(record.signal, body, record.project)
                 spans_skipped += skipped
                 if body is not None:
                     await receiver.replay(record.signal, body, record.project)
@@ -369,12 +369,12 @@ class Service:
                    "replay_s": round(time.monotonic() - t0, 2)},
         )  # fmt: skip
 
-    async def _unstored(self, signal: str, body: bytes) -> tuple[bytes | None, int]:
-        """A logged request (protobuf) without the spans the store holds (None when nothing is left)."""
+    async def _unstored(self, signal: str, body: bytes, project: str) -> tuple[bytes | None, int]:
+        """A logged request (protobuf) without the spans its project's store holds (None when nothing is left)."""
         if signal != "traces" or self.store_exporter is None or self.store_exporter.store is None:
             return body, 0
         store = self.store_exporter.store
-        return await asyncio.to_thread(without_stored_spans, body, store.stored_span_keys)
+        return await asyncio.to_thread(without_stored_spans, body, store.stored_span_keys, project)
 
     async def _retire_loop(self) -> None:
         assert self.wal is not None

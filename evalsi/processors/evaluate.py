@@ -30,7 +30,7 @@ from evalsi.policies.feedback import is_feedback
 from evalsi.policies.twins import TwinBuffer
 from evalsi.processors.tail_sampling.buffer import SessionBuffer
 from evalsi.score import Score, ScoreBatch
-from evalsi.span import VENDOR_SDK_SCOPES, BatchKind, Span, SpanBatch, trace_key
+from evalsi.span import PROJECT_ATTRIBUTE, VENDOR_SDK_SCOPES, BatchKind, Span, SpanBatch, trace_key
 from evalsi.supervise import supervise
 from evalsi.trajectory import lone_sdk_call
 
@@ -493,10 +493,19 @@ class Evaluate:
                 scores = self.policies.evaluate_session(work.spans)
             self._latency.observe(time.perf_counter() - t0)
         self._send_alerts()
-        for s in scores:
-            s.project = self.config.project
+        if work.unit != "feedback":
+            project = self._project_of(work.spans)
+            for s in scores:
+                s.project = project
+        for s in scores:  # feedback's late path: each score keeps the project of the feedback it came with
             self._scores.labels(self.settings.id, s.outcome).inc()
         return scores
+
+    def _project_of(self, items: list[Any]) -> str:
+        """The project of a trace's (or session's, or log batch's) scores: the items' `evalsi.project` (a credential's,
+        stamped at the receiver), else this processor's `project` setting."""
+        value = items[0].resource_attributes.get(PROJECT_ATTRIBUTE) if items else None
+        return value if isinstance(value, str) and value else self.config.project
 
     async def _hand_on(self, scores: list[Score]) -> None:
         if self.worker is not None:  # to the collector process, with what the policies' windows would hold
@@ -715,10 +724,14 @@ class Evaluate:
 
     async def consume_logs(self, batch: LogBatch) -> None:
         """Evaluation results other tools sent as `gen_ai.evaluation.result` events are stored as external scores."""
-        scores = [s for s in map(score_from_event, batch.records) if s is not None]
+        scores = []
+        for record in batch.records:
+            score = score_from_event(record)
+            if score is not None:
+                score.project = self._project_of([record])  # the sender's, as for a trace's own scores
+                scores.append(score)
         if scores:
             for s in scores:
-                s.project = self.config.project
                 self._scores.labels(self.settings.id, s.outcome).inc()
             await self._hand_on(scores)
             self._enqueue_feedback(scores)

@@ -19,7 +19,14 @@ from running_collector import Collector, serve_config, start_collector, wait_unt
 from evalsi.collector.config import ConfigError, parse_config
 from evalsi.component import Refused
 from evalsi.telemetry import SelfMetrics
-from evalsi.wal import DurabilityConfig, WriteAheadLog, _encode, read_segment, without_stored_spans
+from evalsi.wal import (
+    DurabilityConfig,
+    ReplayedSpans,
+    WriteAheadLog,
+    _encode,
+    read_segment,
+    without_stored_spans,
+)
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 T0 = time.time_ns() - 60_000_000_000
@@ -177,8 +184,9 @@ def test_without_stored_spans_keeps_the_rest_of_the_request() -> None:
     t0 = ((0xFEED).to_bytes(8, "big") + (0).to_bytes(8, "big")).hex()
     asked: list[list[str]] = []
 
-    def stored(trace_ids: list[str]) -> set[tuple[str, str]]:
+    def stored(trace_ids: list[str], *, project: str | None = None) -> set[tuple[str, str]]:
         asked.append(trace_ids)
+        assert project == "default"  # no credential checked, no evalsi.project attribute
         return {(t0, (1).to_bytes(8, "big").hex()), (t0, (2).to_bytes(8, "big").hex())}
 
     left, skipped = without_stored_spans(body, stored)
@@ -191,8 +199,29 @@ def test_without_stored_spans_keeps_the_rest_of_the_request() -> None:
         ("01", 3),
     ]
     assert len(asked) == 1 and len(asked[0]) == 2
-    everything = without_stored_spans(_request(0, 1), lambda ids: {(ids[0], f"{n:016x}") for n in (1, 2, 3)})
+    everything = without_stored_spans(_request(0, 1), lambda ids, project: {(ids[0], f"{n:016x}") for n in (1, 2, 3)})
     assert everything == (None, 3)
+
+
+def test_a_span_stored_in_another_project_with_the_same_ids_is_replayed() -> None:
+    """Two teams' spans may share trace and span ids: the store holding team a's says nothing of team b's."""
+    body = _request(0, 1)
+    t0 = ((0xFEED).to_bytes(8, "big") + (0).to_bytes(8, "big")).hex()
+    held = {"team-a": {(t0, f"{n:016x}") for n in (1, 2, 3)}}
+    asked: list[str | None] = []
+
+    def stored(trace_ids: list[str], *, project: str | None = None) -> set[tuple[str, str]]:
+        asked.append(project)
+        return held.get(project or "", set())
+
+    assert without_stored_spans(body, stored, "team-b") == (body, 0)  # team b's credential: all replayed
+    assert without_stored_spans(body, stored, "team-a") == (None, 3)
+    assert asked == ["team-b", "team-a"]
+
+    replayed = ReplayedSpans()
+    replayed.add(body, "team-a")
+    assert not replayed.again(f"team-b/{t0}{1:016x}")  # team b's new span with the same ids is not a second copy
+    assert replayed.again(f"team-a/{t0}{1:016x}")
 
 
 def test_durability_config_errors_name_the_key(tmp_path: Path) -> None:

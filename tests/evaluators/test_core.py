@@ -126,6 +126,10 @@ def test_simple_answer_is_checked_against_the_capture(folder: str) -> None:
     assert _score("regex", target, pattern=r"\bParis\b", must_match=False).passed is False
     assert _score("regex", target, pattern=r"the capital .* paris", ignore_case=True).passed is True
     assert _score("regex", target, pattern=r"Paris", full=True).passed is False
+    assert _score("regex", target, pattern=r"^paris", ignore_case=True, multiline=True).passed is False
+    # a pattern that backtracks for hours in Python's re (2**60 steps) is answered by RE2 at once
+    assert _score("regex", _answer("a" * 60 + "!"), pattern=r"^(a+)+$").passed is False
+    assert _score("regex", _answer("a" * 60), pattern=r"^(a+)+$").passed is True
 
     chars = _score("length", target)
     assert chars.value == len(result) and chars.passed is None
@@ -449,6 +453,11 @@ def test_params_errors_name_the_key() -> None:
     assert _invalid("contains", {"any": ["x"], "ignore_case": True}).startswith("ignore_case: ")
     assert _invalid("regex", {"pattern": "(unclosed"}).startswith("pattern: invalid regular expression")
     assert _invalid("regex", {}).startswith("pattern: ")
+    # RE2: what needs backtracking is refused where it is given, with the reason and the syntax it takes
+    backreference = _invalid("regex", {"pattern": r"(a)\1"})
+    assert backreference.startswith("pattern: invalid regular expression") and "RE2 syntax" in backreference
+    assert "invalid perl operator" in _invalid("regex", {"pattern": r"Paris(?=\.)"})
+    assert _invalid("task-success", {"regex": r"(?<!not )done"}).startswith("regex: invalid regular expression")
     assert "min (5) is greater than max (3)" in _invalid("length", {"min": 5, "max": 3})
     assert _invalid("length", {"unit": "tokens"}).startswith("unit: ")
     assert _invalid("latency", {"max_ms": 0}).startswith("max_ms: ")

@@ -313,7 +313,9 @@ def test_hmac_key_from_an_unset_variable_is_named(monkeypatch: pytest.MonkeyPatc
         ({"rules": [{"name": "a b", "pattern": "x"}]}, "processors.redact.rules.0.name"),
         ({"default_rules": ["ssn"]}, "processors.redact.default_rules: unknown built-in rule(s) 'ssn'"),
         ({"blocked_values": ["(a"]}, "processors.redact.blocked_values.0: invalid pattern"),
-        ({"blocked_key_patterns": ["(a"]}, "processors.redact.blocked_key_patterns.0: invalid pattern"),
+        ({"blocked_key_patterns": ["(a"]}, "processors.redact.blocked_key_patterns.0: invalid regular expression"),
+        # keys are the sender's: their patterns run on RE2 (linear time), which takes no backreference
+        ({"blocked_key_patterns": [r"(\w)\1"]}, "invalid escape sequence: \\1 (RE2 syntax"),
         ({"on_error": "keep"}, "processors.redact.on_error"),
         ({"presidio": {"operator": "encrypt"}}, "processors.redact.presidio.operator"),
     ],

@@ -87,7 +87,7 @@ class FakeStore:
     def write_watermark(self, source: str, watermark: dict[str, Any]) -> None:
         self.watermarks[source] = watermark
 
-    def stored_span_keys(self, trace_ids: list[str]) -> set[tuple[str, str]]:
+    def stored_span_keys(self, trace_ids: list[str], *, project: str | None = None) -> set[tuple[str, str]]:
         return set()
 
 

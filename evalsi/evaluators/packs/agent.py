@@ -4,10 +4,8 @@ budgets, trajectory match, τ-bench-style expected actions and task success, jud
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Iterator
-from functools import lru_cache
 from typing import Any, Literal
 
 import orjson
@@ -16,6 +14,7 @@ from pydantic import AliasChoices, Field, TypeAdapter, ValidationError, field_va
 
 from evalsi.evaluators.base import Params, Target, evaluator
 from evalsi.evaluators.schema import compiled, json_type, violations
+from evalsi.pattern import Pattern, compile_pattern
 from evalsi.score import Score
 from evalsi.span import Span
 
@@ -588,17 +587,14 @@ class TaskSuccessParams(Params):
     attribute: str | list[str] = ["evalsi.task.success", "task.success"]
     # else a checker on the final output (every one given must pass)
     contains: str | None = None
-    regex: str | None = None  # searched anywhere in the output
+    regex: str | None = None  # searched anywhere in the output (RE2 syntax: evalsi.pattern)
     ignore_case: bool = False
 
     @field_validator("regex")
     @classmethod
     def _compiles(cls, value: str | None) -> str | None:
         if value is not None:
-            try:
-                re.compile(value)
-            except re.error as e:
-                raise ValueError(f"not a valid regular expression: {e}") from None
+            compile_pattern(value)  # a PatternError (a ValueError) names the pattern and RE2's reason
         return value
 
     @property
@@ -606,9 +602,8 @@ class TaskSuccessParams(Params):
         return [self.attribute] if isinstance(self.attribute, str) else self.attribute
 
 
-@lru_cache(maxsize=256)
-def _compiled(regex: str, ignore_case: bool) -> re.Pattern[str]:
-    return re.compile(regex, re.IGNORECASE if ignore_case else 0)
+def _compiled(regex: str, ignore_case: bool) -> Pattern:
+    return compile_pattern(regex, ignore_case=ignore_case)
 
 
 def _verdict(value: Any) -> bool | None:

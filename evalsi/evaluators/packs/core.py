@@ -17,6 +17,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from evalsi.evaluators.base import Params, Target, evaluator
 from evalsi.evaluators.schema import compiled, json_type, violations
+from evalsi.pattern import Pattern, compile_pattern
 from evalsi.score import Score
 from evalsi.span import Span
 from evalsi.trajectory import call_usage, counted_once
@@ -125,25 +126,21 @@ def contains(target: Target, p: ContainsParams) -> Score:
 
 
 class RegexParams(Params):
-    pattern: str = Field(description="a Python regular expression")
+    pattern: str = Field(description="a regular expression, RE2 syntax (linear time: no backreferences, lookaround)")
     must_match: bool = Field(True, description="false: passes when the pattern is NOT found")
     full: bool = Field(False, description="the whole output must match, not just a part of it")
     ignore_case: bool = False
     multiline: bool = Field(False, description="^ and $ match at line boundaries")
-    _re: re.Pattern[str] = PrivateAttr()
+    _re: Pattern = PrivateAttr()
 
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, v: str) -> str:
-        try:
-            re.compile(v)
-        except re.error as e:
-            raise ValueError(f"invalid regular expression {v!r}: {e}") from None
+        compile_pattern(v)  # a PatternError (a ValueError) names the pattern and RE2's reason
         return v
 
     def model_post_init(self, context: Any) -> None:
-        flags = (re.IGNORECASE if self.ignore_case else 0) | (re.MULTILINE if self.multiline else 0)
-        self._re = re.compile(self.pattern, flags)
+        self._re = compile_pattern(self.pattern, ignore_case=self.ignore_case, multiline=self.multiline)
 
 
 @evaluator("builtin/regex", requires=("output",), params=RegexParams)

@@ -734,9 +734,10 @@ GROUP BY TraceId
 """
 
 
-def span_keys_sql(table: str, trace_ids: list[str]) -> str:
-    """The trace and span id of every stored span of some traces."""
-    return f"SELECT DISTINCT TraceId, SpanId FROM {table} WHERE TraceId IN ({_ids(trace_ids)})"
+def span_keys_sql(table: str, trace_ids: list[str], with_project: bool = False) -> str:
+    """The trace and span id of every stored span of some traces (of one project: parameter {project:String})."""
+    project = f" AND {SPAN_PROJECT}" if with_project else ""
+    return f"SELECT DISTINCT TraceId, SpanId FROM {table} WHERE TraceId IN ({_ids(trace_ids)}){project}"
 
 
 def traces_spans_sql(table: str, trace_ids: list[str], with_project: bool = False) -> str:

@@ -385,11 +385,13 @@ class TraceStore:
         rows = self.backend.query(sql, {"since": _since(since_ns), **_project(project)})
         return {r["trace_id"]: int(r["spans"]) for r in rows}
 
-    def stored_span_keys(self, trace_ids: list[str]) -> set[tuple[str, str]]:
-        """The (trace id, span id) of every stored span of these traces (what a write-ahead log replay leaves out)."""
+    def stored_span_keys(self, trace_ids: list[str], *, project: str | None = None) -> set[tuple[str, str]]:
+        """The (trace id, span id) of every stored span of these traces, of one project (None: of any): what a
+        write-ahead log replay or a re-sender leaves out."""
         found: set[tuple[str, str]] = set()
+        sql_project, params = project is not None, _project(project)
         for i in range(0, len(trace_ids), 500):
-            rows = self.backend.query(span_keys_sql(self.table, _checked(trace_ids[i : i + 500])))
+            rows = self.backend.query(span_keys_sql(self.table, _checked(trace_ids[i : i + 500]), sql_project), params)
             found.update((r["TraceId"], r["SpanId"]) for r in rows)
         return found
 

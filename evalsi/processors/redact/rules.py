@@ -12,6 +12,7 @@ from fnmatch import translate
 
 import polars as pl
 
+from evalsi.pattern import compile_pattern
 from evalsi.pii import (
     CARD_PATTERN,
     EMAIL_PATTERN,
@@ -263,7 +264,7 @@ class KeyRules:
     def __init__(self, config: RedactConfig) -> None:
         self.ignored = frozenset(config.ignored_keys)
         self.allowed = None if config.allow_all_keys else frozenset(config.allowed_keys)
-        self.blocked = [re.compile(p) for p in config.blocked_key_patterns]
+        self.blocked = [compile_pattern(p) for p in config.blocked_key_patterns]
         self.scan_values = bool(config.blocked_values)
         self.is_content = key_matcher([*CONTENT_KEYS, *CONTENT_KEY_GLOBS, *config.attribute_keys])
         self.cache: dict[str, int] = {}  # key -> action; read directly on the hot path

@@ -29,7 +29,7 @@ from evalsi.receivers.otlp.grpc_transport import GrpcTransport
 from evalsi.receivers.otlp.http_transport import build_app, otlp_refusal
 from evalsi.score import DEFAULT_PROJECT
 from evalsi.serving import AsgiServer
-from evalsi.span import SpanBatch
+from evalsi.span import SpanBatch, project_of
 from evalsi.wal import drop_spans
 
 
@@ -80,7 +80,7 @@ class OtlpReceiver:
             else:
                 wal.check_room()  # before the pipeline takes it: a refusal after would mean a duplicate
                 if codec.signal == "traces" and wal.replayed_spans.active():
-                    decoded = self._without_replayed(codec, decoded, wal)
+                    decoded = self._without_replayed(codec, decoded, wal, project or "")
                     if not len(decoded.batch):
                         return  # every span of it was replayed already: a sender's second copy
                 arrived = time.monotonic()
@@ -95,18 +95,19 @@ class OtlpReceiver:
             raise
         self._accepted[codec.signal][transport].inc(n)
 
-    def _without_replayed(self, codec: Codec, decoded: Decoded, wal: Any) -> Decoded:
+    def _without_replayed(self, codec: Codec, decoded: Decoded, wal: Any, project: str) -> Decoded:
         """The request without the spans the write-ahead log replayed at start (sent again by a sender that never got
-        the answer to the first copy), counted."""
+        the answer to the first copy), counted; a span of another project with the same ids is not one of them.
+        `project`: the credential's, "" when none was checked."""
         again = wal.replayed_spans.again
         batch = decoded.batch
         if isinstance(batch, SpanBatch):
-            spans = [s for s in batch.spans if not again(s.trace_id + s.span_id)]
+            spans = [s for s in batch.spans if not again(f"{project or project_of(s)}/{s.trace_id}{s.span_id}")]
             dropped = len(batch.spans) - len(spans)
             if dropped:
                 decoded = replace(decoded, batch=SpanBatch(spans, batch.revision, batch.kind))
         elif isinstance(batch, EncodedBatch):
-            body, dropped = drop_spans(batch.body, again)
+            body, dropped = drop_spans(batch.body, again, project=project)
             if dropped:
                 checked = codec.from_protobuf(body)
                 decoded = replace(decoded, batch=checked.batch)
