@@ -13,7 +13,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from running_collector import Collector, serve_config, start_collector
+from running_collector import Collector, serve_config, start_collector, wait_until
 
 POLICY = """
 apiVersion: evals.si/v1alpha1
@@ -110,8 +110,9 @@ def test_policy_scores_selected_traces_with_honest_outcomes(tmp_path: Path, work
         # every trace was stored, evaluated or not
         stored = {t["trace_id"] for t in json.loads(c.cli("traces", "list", "--json").stdout)}
         assert stored >= {good, wrong, no_content, other_route}
-        metrics = httpx.get(c.metrics).text
-        assert 'evalsi_evaluate_traces_total{processor="evaluate"} 4.0' in metrics
+        evaluated = 'evalsi_evaluate_traces_total{processor="evaluate"} 4.0'
+        # pipeline workers report their counts every second
+        assert wait_until(lambda: evaluated in httpx.get(c.metrics).text, 10), httpx.get(c.metrics).text
     finally:
         assert c.stop() == 0
 
@@ -191,8 +192,9 @@ def test_judge_runs_where_cheap_checks_pass_and_stops_at_its_budget(tmp_path: Pa
         assert all(s["source"] == "llm_judge" and s["value"] == 0.9 for s in judged if s["outcome"] == "scored")
         assert "llm-judge" not in _scores(c, wrong)  # the cheap check failed: the judge never ran
         assert len(fake.requests) == 3 and all(r["model"] == "judge-1" for r in fake.requests)
-        metrics = httpx.get(c.metrics).text
-        assert 'evalsi_judge_budget_exhausted_total{judge="llm-judge",model="judge-1"} 2.0' in metrics
+        exhausted = 'evalsi_judge_budget_exhausted_total{judge="llm-judge",model="judge-1"} 2.0'
+        # pipeline workers report their counts every second
+        assert wait_until(lambda: exhausted in httpx.get(c.metrics).text, 10), httpx.get(c.metrics).text
     finally:
         fake.server.shutdown()
         assert c.stop() == 0

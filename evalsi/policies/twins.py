@@ -19,6 +19,12 @@ class _Held:
     sdk: Span | None  # the lone SDK call; None for an instrumentation trace
     roots: list[Span] = field(default_factory=list)  # an instrumentation trace's root llm spans
 
+    @property
+    def service(self) -> str:
+        """One call's two traces come from one process: the same service (a response id alone is not unique
+        enough: two services calling one deterministic fake model server see the same ids)."""
+        return self.spans[0].service_name
+
     def keys(self) -> list[str]:
         spans = [self.sdk] if self.sdk is not None else self.roots
         return [s.details["response_id"] for s in spans if s.details.get("response_id")]
@@ -43,7 +49,7 @@ class TwinBuffer:
     def __init__(self, wait: float, vendors: frozenset[str], max_traces: int) -> None:
         self.wait, self.vendors, self.max_traces = wait, vendors, max_traces
         self._held: OrderedDict[str, _Held] = OrderedDict()  # by arrival: the first due first
-        self._by_response: dict[tuple[bool, str], str] = {}  # (is the SDK's, response id) -> held trace id
+        self._by_response: dict[tuple[bool, str, str], str] = {}  # (is the SDK's, service, response id) -> trace id
         self._without_id: dict[bool, set[str]] = {True: set(), False: set()}  # held trace ids with no response id
         self.joined = 0
         self._armed: OrderedDict[str, float] = OrderedDict()  # service -> when it last sent a lone SDK call
@@ -96,7 +102,7 @@ class TwinBuffer:
         is_sdk = sdk is not None
         keys = item.keys()
         for k in keys:
-            self._by_response[(is_sdk, k)] = tid
+            self._by_response[(is_sdk, item.service, k)] = tid
         if not keys:
             self._without_id[is_sdk].add(tid)
         while len(self._held) > self.max_traces:
@@ -125,7 +131,7 @@ class TwinBuffer:
         """The held trace of the other kind that records the same call, if any."""
         look_for = item.sdk is None  # an instrumentation trace looks for an SDK call, and the other way round
         for k in item.keys():
-            tid = self._by_response.get((look_for, k))
+            tid = self._by_response.get((look_for, item.service, k))
             if tid is not None and tid in self._held:
                 return tid
         # a response id on one side only (OpenInference's stream records none) or on neither (a failed call)
@@ -133,6 +139,8 @@ class TwinBuffer:
                                                                      if (h.sdk is not None) == look_for]  # fmt: skip
         for tid in candidates:
             held = self._held[tid]
+            if held.service != item.service:
+                continue
             sdk, roots = (held.sdk, item.roots) if look_for else (item.sdk, held.roots)
             if sdk is not None and any(same_call_across_traces(sdk, r) for r in roots):
                 return tid
@@ -142,7 +150,7 @@ class TwinBuffer:
         item = self._held.pop(tid)
         is_sdk = item.sdk is not None
         for k in item.keys():
-            if self._by_response.get((is_sdk, k)) == tid:
-                del self._by_response[(is_sdk, k)]
+            if self._by_response.get((is_sdk, item.service, k)) == tid:
+                del self._by_response[(is_sdk, item.service, k)]
         self._without_id[is_sdk].discard(tid)
         return item

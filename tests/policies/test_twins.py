@@ -150,6 +150,24 @@ def test_calls_made_at_once_pair_by_response_id_not_by_time() -> None:
     assert [s.trace_id for s in joined_a] == ["a" * 32, "c" * 32]
 
 
+def test_a_response_id_pairs_only_within_one_service() -> None:
+    """One call's two traces come from one process. Two services calling a model server that answers with the same
+    response id (a deterministic fake, as in the captures) made two calls: each pairs with its own SDK trace."""
+    twins = _buffer()
+
+    def of(service: str, spans: list[Span]) -> list[Span]:
+        return [replace(s, service_name=service) for s in spans]
+
+    a_inst = of("shop", _call("a" * 32, "msg_same", 0, 100, sdk=False))
+    b_sdk = of("bank", _call("d" * 32, "msg_same", 201, 299, sdk=True))
+    a_sdk = of("shop", _call("c" * 32, "msg_same", 1, 99, sdk=True))
+    assert twins.add(a_inst, 0.0, 0.0) == []
+    assert twins.add(b_sdk, 0.0, 0.0) == []  # the same id from another service: not shop's call
+    ((joined, _),) = twins.add(a_sdk, 0.0, 0.0)
+    assert [s.trace_id for s in joined] == ["a" * 32, "c" * 32]
+    assert len(twins) == 1  # bank's SDK call waits for its own twin
+
+
 def test_a_call_outside_the_other_calls_time_is_no_twin() -> None:
     twins = _buffer()
     assert twins.add(_call("a" * 32, None, 0, 100, sdk=False), 0.0, 0.0) == []
