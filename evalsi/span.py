@@ -49,10 +49,10 @@ PROJECT_ATTRIBUTE = "evalsi.project"
 """The resource attribute naming a span's project: set by the receiver from the sender's credential (`auth`)."""
 
 
-def project_of(item: Any) -> str:
+def project_of(item: Any, default: str = "default") -> str:
     """The project of a span or log record: its `evalsi.project` resource attribute, else `default`."""
     value = item.resource_attributes.get(PROJECT_ATTRIBUTE)
-    return value if isinstance(value, str) and value else "default"
+    return value if isinstance(value, str) and value else default
 
 
 def trace_key(span: Any) -> str:

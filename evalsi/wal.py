@@ -354,13 +354,19 @@ def without_stored_spans(body: bytes, stored: StoredSpanKeys, project: str = "")
         for ss in rs.scope_spans:
             total += len(ss.spans)
             ids.update(s.trace_id.hex() for s in ss.spans if len(s.trace_id) == 16)
-    held = {
-        f"{p}/{t}{s}" for p, ids in by_project.items() if ids for t, s in stored(sorted(ids), project=p)
-    }  # fmt: skip
+    held: set[str] = set()
+    for p, ids in by_project.items():
+        if ids:
+            held.update(span_key(p, t, s) for t, s in stored(sorted(ids), project=p))
     if not held:
         return body, 0
     left, skipped = drop_spans(body, held.__contains__, project=project)
     return (left if skipped < total else None), skipped
+
+
+def span_key(project: str, trace_id: str, span_id: str) -> str:
+    """A span's identity across projects (ids in lowercase hex): what replay and its dedup compare."""
+    return f"{project}/{trace_id}{span_id}"
 
 
 def resource_project(attributes: Iterable[Any], project: str = "") -> str:
@@ -398,7 +404,7 @@ class ReplayedSpans:
         for rs in request.resource_spans:
             p = resource_project(rs.resource.attributes, project)
             for ss in rs.scope_spans:
-                self._keys.update(f"{p}/{(s.trace_id + s.span_id).hex()}" for s in ss.spans)
+                self._keys.update(span_key(p, s.trace_id.hex(), s.span_id.hex()) for s in ss.spans)
         self._until = time.monotonic() + REPLAYED_TTL_S
 
     def active(self) -> bool:
@@ -407,26 +413,29 @@ class ReplayedSpans:
         return bool(self._keys)
 
     def again(self, key: str) -> bool:
-        """Whether the span (`<project>/<trace id + span id in hex>`) was replayed and now comes again (once: then it
-        is forgotten)."""
+        """Whether the span (its `span_key`) was replayed and now comes again (once: then it is forgotten)."""
         if key in self._keys:
             self._keys.discard(key)
             return True
         return False
 
 
+def _key(project: str | None, trace_id: str, span_id: str) -> str:
+    return trace_id + span_id if project is None else span_key(project, trace_id, span_id)
+
+
 def drop_spans(body: bytes, drop: Callable[[str], bool], *, project: str | None = None) -> tuple[bytes, int]:
     """An ExportTraceServiceRequest without the spans `drop(key)` is true for, and how many were left out (the body
-    unchanged when none). The key is the trace id + span id in hex, within its project (`<project>/<ids>`, see
+    unchanged when none). The key is the trace id + span id in hex, or the `span_key` in its project (see
     `resource_project`) when `project` is given: the credential's, or "" when none was checked."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     request = ExportTraceServiceRequest.FromString(body)
     dropped = 0
     for rs in request.resource_spans:
-        prefix = "" if project is None else resource_project(rs.resource.attributes, project) + "/"
+        p = None if project is None else resource_project(rs.resource.attributes, project)
         for ss in rs.scope_spans:
-            keep = [s for s in ss.spans if not drop(prefix + (s.trace_id + s.span_id).hex())]
+            keep = [s for s in ss.spans if not drop(_key(p, s.trace_id.hex(), s.span_id.hex()))]
             if len(keep) != len(ss.spans):
                 dropped += len(ss.spans) - len(keep)
                 copies = [type(s).FromString(s.SerializeToString()) for s in keep]

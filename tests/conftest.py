@@ -24,7 +24,6 @@ from running_collector import Collector, serve_config, start_collector
 TESTS = Path(__file__).resolve().parent
 
 
-
 def _one_default_ssl_context() -> None:
     """httpx's top-level calls (`httpx.get`, `httpx.post`, ...) build a Client, and with it a default SSL context
     (~30 ms of CPU loading certifi's bundle), on every call; the tests' polling loops make thousands of them. They
@@ -46,6 +45,7 @@ def _one_default_ssl_context() -> None:
 
 
 _one_default_ssl_context()
+
 settings.register_profile("ci", deadline=None, print_blob=True)
 settings.register_profile("deep", deadline=None, print_blob=True, max_examples=1_000)
 settings.load_profile(budget.PROFILE)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,15 +29,13 @@ def _working_directory(path: Path | None) -> Iterator[None]:
         os.chdir(before)
 
 
-def evalsi_cli(
-    *args: str, cwd: Path | None = None, env: Mapping[str, str | None] | None = None, input: str | None = None
-) -> subprocess.CompletedProcess[str]:
+def evalsi_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """`evalsi ARGS` in this process: its exit code, stdout and stderr (an uncaught exception's traceback in stderr,
     exit code 1, as the interpreter would)."""
     from evalsi.cli import app
 
     with _working_directory(cwd):
-        result = CliRunner().invoke(app, list(args), env=dict(env) if env else None, input=input, prog_name="evalsi")
+        result = CliRunner().invoke(app, list(args), prog_name="evalsi")
     stderr = result.stderr
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         stderr += "".join(traceback.format_exception(result.exception))

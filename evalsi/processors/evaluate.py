@@ -30,7 +30,7 @@ from evalsi.policies.feedback import is_feedback
 from evalsi.policies.twins import TwinBuffer
 from evalsi.processors.tail_sampling.buffer import SessionBuffer
 from evalsi.score import Score, ScoreBatch
-from evalsi.span import PROJECT_ATTRIBUTE, VENDOR_SDK_SCOPES, BatchKind, Span, SpanBatch, trace_key
+from evalsi.span import VENDOR_SDK_SCOPES, BatchKind, Span, SpanBatch, project_of, trace_key
 from evalsi.supervise import supervise
 from evalsi.trajectory import lone_sdk_call
 
@@ -493,19 +493,14 @@ class Evaluate:
                 scores = self.policies.evaluate_session(work.spans)
             self._latency.observe(time.perf_counter() - t0)
         self._send_alerts()
-        if work.unit != "feedback":
-            project = self._project_of(work.spans)
-            for s in scores:
+        # a trace's (or session's) scores carry its project, stamped at the receiver; `project` names only traces
+        # with none. The late path's scores keep the project of the feedback they came with.
+        project = project_of(work.spans[0], self.config.project) if work.unit != "feedback" and work.spans else None
+        for s in scores:
+            if project is not None:
                 s.project = project
-        for s in scores:  # feedback's late path: each score keeps the project of the feedback it came with
             self._scores.labels(self.settings.id, s.outcome).inc()
         return scores
-
-    def _project_of(self, items: list[Any]) -> str:
-        """The project of a trace's (or session's, or log batch's) scores: the items' `evalsi.project` (a credential's,
-        stamped at the receiver), else this processor's `project` setting."""
-        value = items[0].resource_attributes.get(PROJECT_ATTRIBUTE) if items else None
-        return value if isinstance(value, str) and value else self.config.project
 
     async def _hand_on(self, scores: list[Score]) -> None:
         if self.worker is not None:  # to the collector process, with what the policies' windows would hold
@@ -724,11 +719,11 @@ class Evaluate:
 
     async def consume_logs(self, batch: LogBatch) -> None:
         """Evaluation results other tools sent as `gen_ai.evaluation.result` events are stored as external scores."""
-        scores = []
+        scores: list[Score] = []
         for record in batch.records:
             score = score_from_event(record)
             if score is not None:
-                score.project = self._project_of([record])  # the sender's, as for a trace's own scores
+                score.project = project_of(record, self.config.project)  # the sender's, as for a trace's scores
                 scores.append(score)
         if scores:
             for s in scores:

@@ -25,6 +25,7 @@ from evalsi.wal import (
     WriteAheadLog,
     _encode,
     read_segment,
+    span_key,
     without_stored_spans,
 )
 
@@ -220,8 +221,8 @@ def test_a_span_stored_in_another_project_with_the_same_ids_is_replayed() -> Non
 
     replayed = ReplayedSpans()
     replayed.add(body, "team-a")
-    assert not replayed.again(f"team-b/{t0}{1:016x}")  # team b's new span with the same ids is not a second copy
-    assert replayed.again(f"team-a/{t0}{1:016x}")
+    assert not replayed.again(span_key("team-b", t0, f"{1:016x}"))  # team b's new span, same ids: not a copy
+    assert replayed.again(span_key("team-a", t0, f"{1:016x}"))
 
 
 def test_durability_config_errors_name_the_key(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pydantic import AliasChoices, Field, TypeAdapter, ValidationError, field_va
 
 from evalsi.evaluators.base import Params, Target, evaluator
 from evalsi.evaluators.schema import compiled, json_type, violations
-from evalsi.pattern import Pattern, compile_pattern
+from evalsi.pattern import compile_pattern
 from evalsi.score import Score
 from evalsi.span import Span
 
@@ -602,10 +602,6 @@ class TaskSuccessParams(Params):
         return [self.attribute] if isinstance(self.attribute, str) else self.attribute
 
 
-def _compiled(regex: str, ignore_case: bool) -> Pattern:
-    return compile_pattern(regex, ignore_case=ignore_case)
-
-
 def _verdict(value: Any) -> bool | None:
     """A success attribute's value as a verdict: booleans, numbers (non-zero is success), or words such as
     "true", "yes", "success", "passed" / "false", "no", "failed"; None when it is none of these."""
@@ -666,7 +662,7 @@ def task_success(target: Target, params: TaskSuccessParams) -> Score:
             found = params.contains in output
         (checks if found else failures).append(f"{'contains' if found else 'does not contain'} {params.contains!r}")
     if params.regex is not None:
-        found = _compiled(params.regex, params.ignore_case).search(output) is not None
+        found = compile_pattern(params.regex, ignore_case=params.ignore_case).search(output) is not None
         (checks if found else failures).append(f"{'matches' if found else 'does not match'} /{params.regex}/")
     return Score(
         name,

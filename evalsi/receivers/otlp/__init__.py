@@ -30,7 +30,7 @@ from evalsi.receivers.otlp.http_transport import build_app, otlp_refusal
 from evalsi.score import DEFAULT_PROJECT
 from evalsi.serving import AsgiServer
 from evalsi.span import SpanBatch, project_of
-from evalsi.wal import drop_spans
+from evalsi.wal import drop_spans, span_key
 
 
 @receiver("otlp", config=OtlpReceiverConfig, signals=("traces", "logs"), decode=decode_encoded)
@@ -102,7 +102,7 @@ class OtlpReceiver:
         again = wal.replayed_spans.again
         batch = decoded.batch
         if isinstance(batch, SpanBatch):
-            spans = [s for s in batch.spans if not again(f"{project or project_of(s)}/{s.trace_id}{s.span_id}")]
+            spans = [s for s in batch.spans if not again(span_key(project or project_of(s), s.trace_id, s.span_id))]
             dropped = len(batch.spans) - len(spans)
             if dropped:
                 decoded = replace(decoded, batch=SpanBatch(spans, batch.revision, batch.kind))
