@@ -235,6 +235,8 @@ def test_a_restart_in_the_middle_neither_skips_nor_duplicates(
             assert metric(c, "evalsi_pull_traces_total") == 2
         else:  # read again from the last kept watermark: what the store held was left out, not stored twice
             assert metric(c, "evalsi_pull_traces_total") >= 2
+        # pipeline workers report their counts every second
+        wait_until(lambda: metric(c, "evalsi_evaluate_traces_total") == 2, 10)
         assert metric(c, "evalsi_evaluate_traces_total") == 2  # the three of the first run are not evaluated again
     finally:
         c.stop()
