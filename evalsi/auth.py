@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from evalsi.duration import Duration
 from evalsi.serving import parse_endpoint
+from evalsi.span import DEFAULT_PROJECT
 from evalsi.telemetry import SelfMetrics
 
 log = logging.getLogger("evalsi.auth")
@@ -33,7 +34,6 @@ HASH_PREFIX = "sha256:"
 Surface = Literal["otlp", "api", "metrics"]
 """What a listener serves: OTLP ingest, the query API (evaluate and feedback included), or Prometheus metrics."""
 
-DEFAULT_PROJECT = "default"
 PROJECT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 """A project name: lowercase letters, digits, `_` and `-`, starting with a letter or a digit, at most 63 characters."""
 

@@ -7,14 +7,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from evalsi.span import DEFAULT_PROJECT  # the project of a score whose sender has none
+
 Outcome = Literal["scored", "skipped", "error"]
 Source = Literal["code", "llm_judge", "human", "external", "checker", "imported"]
 """Who gave a score: an evaluator's code or judge, a person, an app (external), a task checker script of an offline
 run, or another harness whose results were imported."""
-
-
-DEFAULT_PROJECT = "default"
-"""The project of what a sender without a project-bound credential sends, and of its scores."""
 
 
 @dataclass(slots=True)

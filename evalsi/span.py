@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 # OTLP enum values, spelled as the canonical shape shows them (`span.kind == "CLIENT"`).
 SPAN_KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
@@ -49,17 +49,41 @@ PROJECT_ATTRIBUTE = "evalsi.project"
 """The resource attribute naming a span's project: set by the receiver from the sender's credential (`auth`)."""
 
 
-def project_of(item: Any, default: str = "default") -> str:
+DEFAULT_PROJECT = "default"
+"""The project of what carries none (a sender without a project-bound credential)."""
+
+
+def project_of(item: Any, default: str = DEFAULT_PROJECT) -> str:
     """The project of a span or log record: its `evalsi.project` resource attribute, else `default`."""
     value = item.resource_attributes.get(PROJECT_ATTRIBUTE)
     return value if isinstance(value, str) and value else default
 
 
-def trace_key(span: Any) -> str:
-    """What assembles a span into its trace: its trace id, within its project (`project/trace id`) when it has one,
-    so a second project sending the same trace id neither joins nor completes another project's trace."""
-    project = span.resource_attributes.get(PROJECT_ATTRIBUTE)
-    return f"{project}/{span.trace_id}" if project else span.trace_id
+class TraceKey(NamedTuple):
+    """A trace's identity: its trace id within its project. Every index of traces (assembly, decisions, late
+    feedback, duplicate-call twins, the WAL's replay) is keyed by it, so a second project sending the same trace id
+    neither joins, completes, answers nor moves another project's trace."""
+
+    project: str
+    trace_id: str
+
+    def __str__(self) -> str:
+        return f"{self.project}/{self.trace_id}"
+
+
+class SessionKey(NamedTuple):
+    """A session's identity: its session id within its project (two teams' `session-1` are two sessions)."""
+
+    project: str
+    session_id: str
+
+    def __str__(self) -> str:
+        return f"{self.project}/{self.session_id}"
+
+
+def trace_key(span: Any, default: str = DEFAULT_PROJECT) -> TraceKey:
+    """The key of a span's trace: its project (`default` when it has none) and trace id."""
+    return TraceKey(project_of(span, default), span.trace_id)
 
 
 @dataclass(slots=True)

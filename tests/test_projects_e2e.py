@@ -5,6 +5,7 @@ and policy stats stay in their project."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -216,5 +217,87 @@ def test_online_scores_carry_their_traces_project_not_the_processors(tmp_path: P
         for key in (B_KEY, d_key):
             stats = httpx.get(f"{c.api}/api/v1/policies/stats?window=1h", headers=_bearer(key)).json()["stats"]
             assert stats == []
+    finally:
+        assert c.stop() == 0
+
+
+COMPLAINTS_POLICY = """
+apiVersion: evals.si/v1alpha1
+kind: OnlineEvalPolicy
+metadata: {name: complaints}
+spec:
+  sampling: {rate: 0, always: [feedback.negative]}
+  cascade:
+    - ref: builtin/latency
+      params: {max_ms: 60000}
+  promote: {when: feedback.negative, dataset: complaints}
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-workers"])
+def test_another_projects_feedback_on_a_trace_id_runs_none_of_its_policy_stages(tmp_path: Path, workers: int) -> None:
+    """Team b's negative feedback on team a's trace id neither scores nor promotes team a's trace (the late path
+    is keyed by project and trace id); team a's own feedback then does, once, into a row that names team-a."""
+    (tmp_path / "complaints.yaml").write_text(COMPLAINTS_POLICY)
+    cfg = serve_config(tmp_path / "store")
+    cfg["service"]["workers"] = workers
+    cfg["processors"]["tail_sampling"] = {"decision_wait": "300ms"}
+    cfg["processors"]["evaluate"] = {
+        "policies": [str(tmp_path / "complaints.yaml")], "datasets_dir": str(tmp_path / "datasets"),
+        "late_signals": {"window": "5m", "max_traces": 1000},
+    }  # fmt: skip
+    pipelines = cfg["service"]["pipelines"]
+    pipelines["traces"]["processors"] = ["normalize", "tail_sampling", "evaluate"]
+    pipelines["scores"] = {"processors": ["evaluate"], "exporters": ["clickhouse"]}
+    cfg["auth"] = {
+        "mode": "strict",
+        "api_keys": [
+            {"hash": A_HASH, "name": "a", "project": "team-a"},
+            {"hash": B_HASH, "name": "b", "project": "team-b"},
+        ],
+    }
+    c = start_collector(tmp_path, cfg)
+    dataset = tmp_path / "datasets" / "complaints.jsonl"
+    trace_id = f"{SHARED_TRACE:032x}"
+
+    def metric(name: str) -> float:
+        for line in httpx.get(c.metrics, headers=_bearer(A_KEY)).text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def complain(key: str) -> None:
+        body = {"trace_id": trace_id, "name": "thumbs_up", "value": False}
+        r = httpx.post(f"{c.api}/v1/feedback", json=body, headers=_bearer(key))
+        assert r.status_code == 200, r.text
+
+    def policy_scores(key: str) -> list[dict[str, Any]]:
+        url = f"{c.api}/api/v1/scores?trace_id={trace_id}&policy=complaints"
+        return httpx.get(url, headers=_bearer(key)).json()["scores"]
+
+    try:
+        provider = TracerProvider(resource=Resource.create({"service.name": "support"}), id_generator=_FixedTrace())
+        provider.add_span_processor(SimpleSpanProcessor(HttpExporter(c.http + "/v1/traces", headers=_bearer(A_KEY))))
+        with provider.get_tracer("support.app").start_as_current_span("chat gpt-4o-mini") as chat:
+            chat.set_attribute("gen_ai.operation.name", "chat")
+            chat.set_attribute("gen_ai.request.model", "gpt-4o-mini")
+            for attribute, role, text in (("input", "user", "Capital of France?"), ("output", "assistant", "Lyon")):
+                message = [{"role": role, "parts": [{"type": "text", "content": text}]}]
+                chat.set_attribute(f"gen_ai.{attribute}.messages", json.dumps(message))
+        provider.shutdown()
+        evaluated = 'evalsi_evaluate_traces_total{processor="evaluate"}'
+        assert wait_until(lambda: metric(evaluated) == 1, timeout=30)
+
+        complain(B_KEY)  # team b knows team a's trace id
+        unmatched = 'evalsi_late_signals_unmatched_total{processor="evaluate",reason="unknown_trace"}'
+        assert wait_until(lambda: metric(unmatched) == 1, timeout=15)  # not team b's trace: matched nothing
+        assert policy_scores(A_KEY) == [] and not dataset.exists()
+
+        complain(A_KEY)
+        assert wait_until(dataset.exists, timeout=30)
+        rows = [json.loads(line) for line in dataset.read_text().splitlines()]
+        assert [(r["trace_id"], r["metadata"]["project"], r["output"]) for r in rows] == [(trace_id, "team-a", "Lyon")]
+        assert wait_until(lambda: [s["name"] for s in policy_scores(A_KEY)] == ["latency"], timeout=15)
+        assert policy_scores(B_KEY) == []
     finally:
         assert c.stop() == 0

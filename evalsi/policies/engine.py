@@ -592,6 +592,7 @@ class Policy:
             return
         trace = view.root
         metadata = {
+            "project": project_of(trace),
             "service_name": trace.service_name or None,
             "session_id": view.session_id or None,
             "models": list(dict.fromkeys(s.model for s in view.spans if s.model)),

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from evalsi.score import Score
+from evalsi.span import DEFAULT_PROJECT, TraceKey
 
 log = logging.getLogger("evalsi.policies")
 
@@ -57,14 +58,14 @@ def record(
 
 
 class Datasets:
-    """Appends rows to JSONL files, each trace id at most once per file (the ids already in a file are read the
-    first time it is written to, so a restart does not promote a trace twice)."""
+    """Appends rows to JSONL files, each trace (project and trace id) at most once per file (the traces already in
+    a file are read the first time it is written to, so a restart does not promote a trace twice)."""
 
     def __init__(self) -> None:
-        self._seen: dict[Path, set[str]] = {}
+        self._seen: dict[Path, set[TraceKey]] = {}
         self._lock = threading.Lock()
 
-    def _ids(self, path: Path) -> set[str]:
+    def _ids(self, path: Path) -> set[TraceKey]:
         seen = self._seen.get(path)
         if seen is None:
             seen = self._seen[path] = set()
@@ -74,20 +75,28 @@ class Datasets:
                         if not line.strip():
                             continue
                         try:
-                            seen.add(json.loads(line)["trace_id"])
+                            seen.add(_key(json.loads(line)))
                         except (ValueError, KeyError, TypeError):
                             log.warning("%s:%d: not a promoted record (no trace_id); ignored for dedup", path, number)
         return seen
 
     def append(self, path: Path, row: dict[str, Any]) -> bool:
-        """Append `row` unless its trace id is already in the file; True when written."""
-        trace_id = row["trace_id"]
+        """Append `row` unless its trace (project and trace id) is already in the file; True when written."""
+        key = _key(row)
         with self._lock:
             seen = self._ids(path)
-            if trace_id in seen:
+            if key in seen:
                 return False
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-            seen.add(trace_id)
+            seen.add(key)
             return True
+
+
+def _key(row: dict[str, Any]) -> TraceKey:
+    """A promoted row's trace: its project (metadata.project; rows written before it was recorded are the default
+    project's) and trace id."""
+    metadata = row.get("metadata")
+    project = metadata.get("project") if isinstance(metadata, dict) else None
+    return TraceKey(project if isinstance(project, str) and project else DEFAULT_PROJECT, row["trace_id"])

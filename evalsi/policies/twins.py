@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from evalsi.span import Span
+from evalsi.span import Span, TraceKey, trace_key
 from evalsi.trajectory import lone_sdk_call, same_call_across_traces, twin_candidates
 
 
@@ -20,10 +20,14 @@ class _Held:
     roots: list[Span] = field(default_factory=list)  # an instrumentation trace's root llm spans
 
     @property
-    def service(self) -> str:
-        """One call's two traces come from one process: the same service (a response id alone is not unique
-        enough: two services calling one deterministic fake model server see the same ids)."""
-        return self.spans[0].service_name
+    def key(self) -> TraceKey:
+        return trace_key(self.spans[0])
+
+    @property
+    def origin(self) -> tuple[str, str]:
+        """One call's two traces come from one process: the same service of one project (a response id alone is
+        not unique enough: two services calling one deterministic fake model server see the same ids)."""
+        return self.key.project, self.spans[0].service_name
 
     def keys(self) -> list[str]:
         spans = [self.sdk] if self.sdk is not None else self.roots
@@ -48,9 +52,10 @@ class TwinBuffer:
 
     def __init__(self, wait: float, vendors: frozenset[str], max_traces: int) -> None:
         self.wait, self.vendors, self.max_traces = wait, vendors, max_traces
-        self._held: OrderedDict[str, _Held] = OrderedDict()  # by arrival: the first due first
-        self._by_response: dict[tuple[bool, str, str], str] = {}  # (is the SDK's, service, response id) -> trace id
-        self._without_id: dict[bool, set[str]] = {True: set(), False: set()}  # held trace ids with no response id
+        self._held: OrderedDict[TraceKey, _Held] = OrderedDict()  # by arrival: the first due first
+        # (is the SDK's, (project, service), response id) -> the held trace
+        self._by_response: dict[tuple[bool, tuple[str, str], str], TraceKey] = {}
+        self._without_id: dict[bool, set[TraceKey]] = {True: set(), False: set()}  # held traces with no response id
         self.joined = 0
         self._armed: OrderedDict[str, float] = OrderedDict()  # service -> when it last sent a lone SDK call
 
@@ -94,7 +99,7 @@ class TwinBuffer:
             self.joined += 1
             first, second = (other, item) if sdk is not None else (item, other)
             return [(first.spans + second.spans, min(item.completed, other.completed))]
-        tid = spans[0].trace_id
+        tid = item.key
         out: list[Ready] = []
         if tid in self._held:  # spans of a trace already waiting (arriving late): the earlier ones go on alone
             out.append(self._ready(self._pop(tid)))
@@ -102,7 +107,7 @@ class TwinBuffer:
         is_sdk = sdk is not None
         keys = item.keys()
         for k in keys:
-            self._by_response[(is_sdk, item.service, k)] = tid
+            self._by_response[(is_sdk, item.origin, k)] = tid
         if not keys:
             self._without_id[is_sdk].add(tid)
         while len(self._held) > self.max_traces:
@@ -127,11 +132,11 @@ class TwinBuffer:
     def _ready(item: _Held) -> Ready:
         return item.spans, item.completed
 
-    def _twin_of(self, item: _Held) -> str | None:
+    def _twin_of(self, item: _Held) -> TraceKey | None:
         """The held trace of the other kind that records the same call, if any."""
         look_for = item.sdk is None  # an instrumentation trace looks for an SDK call, and the other way round
         for k in item.keys():
-            tid = self._by_response.get((look_for, item.service, k))
+            tid = self._by_response.get((look_for, item.origin, k))
             if tid is not None and tid in self._held:
                 return tid
         # a response id on one side only (OpenInference's stream records none) or on neither (a failed call)
@@ -139,18 +144,18 @@ class TwinBuffer:
                                                                      if (h.sdk is not None) == look_for]  # fmt: skip
         for tid in candidates:
             held = self._held[tid]
-            if held.service != item.service:
+            if held.origin != item.origin:
                 continue
             sdk, roots = (held.sdk, item.roots) if look_for else (item.sdk, held.roots)
             if sdk is not None and any(same_call_across_traces(sdk, r) for r in roots):
                 return tid
         return None
 
-    def _pop(self, tid: str) -> _Held:
+    def _pop(self, tid: TraceKey) -> _Held:
         item = self._held.pop(tid)
         is_sdk = item.sdk is not None
         for k in item.keys():
-            if self._by_response.get((is_sdk, item.service, k)) == tid:
-                del self._by_response[(is_sdk, item.service, k)]
+            if self._by_response.get((is_sdk, item.origin, k)) == tid:
+                del self._by_response[(is_sdk, item.origin, k)]
         self._without_id[is_sdk].discard(tid)
         return item

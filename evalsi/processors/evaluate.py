@@ -28,9 +28,9 @@ from evalsi.policies import AlertEvent, AlertRecorder, Notifier, PolicyError, Po
 from evalsi.policies.engine import PolicyDecision, WindowRecord
 from evalsi.policies.feedback import is_feedback
 from evalsi.policies.twins import TwinBuffer
-from evalsi.processors.tail_sampling.buffer import SessionBuffer
+from evalsi.processors.tail_sampling.buffer import SessionBuffer, session_of
 from evalsi.score import Score, ScoreBatch
-from evalsi.span import VENDOR_SDK_SCOPES, BatchKind, Span, SpanBatch, project_of, trace_key
+from evalsi.span import VENDOR_SDK_SCOPES, BatchKind, Span, SpanBatch, TraceKey, project_of, trace_key
 from evalsi.supervise import supervise
 from evalsi.trajectory import lone_sdk_call
 
@@ -200,7 +200,7 @@ class Evaluate:
         )
         """Lone vendor SDK calls and root-level instrumentation calls waiting for their twin; with workers, in the
         collector process, where every worker's such traces meet (a worker hands them there)."""
-        self._evaluated_here: OrderedDict[str, None] = OrderedDict()
+        self._evaluated_here: OrderedDict[TraceKey, None] = OrderedDict()
         """With workers, in the collector process: ids of the traces evaluated here (twins), whose late feedback
         stays here rather than going to a worker."""
         self.sessions: SessionBuffer | None = None
@@ -208,9 +208,10 @@ class Evaluate:
         service sets it from the pipeline's tail_sampling settings)."""
         self._is_feedback = is_feedback
         self._late = bool(self.policies.late) and config.late_signals.max_traces > 0
-        self._recent: OrderedDict[str, _Recent] = OrderedDict()  # by completion: the oldest first
-        self._gone: OrderedDict[str, None] = OrderedDict()  # traces that left the buffer, to tell `expired`
-        self._early: OrderedDict[str, tuple[float, list[Score]]] = OrderedDict()  # feedback before its trace
+        # keyed by (project, trace id): feedback reaches only its own project's traces
+        self._recent: OrderedDict[TraceKey, _Recent] = OrderedDict()  # by completion: the oldest first
+        self._gone: OrderedDict[TraceKey, None] = OrderedDict()  # traces that left the buffer, to tell `expired`
+        self._early: OrderedDict[TraceKey, tuple[float, list[Score]]] = OrderedDict()  # feedback before its trace
         self._notifier: Notifier | None = None
         self._recorder: AlertRecorder | None = None
         self._no_store_said = False
@@ -417,11 +418,11 @@ class Evaluate:
         """Drop buffered traces and held feedback past the window, and the oldest traces past `max_traces`."""
         late = self.config.late_signals
         while self._recent:
-            trace_id, recent = next(iter(self._recent.items()))
+            key, recent = next(iter(self._recent.items()))
             if recent.expires > now and len(self._recent) <= late.max_traces:
                 break
-            del self._recent[trace_id]
-            self._gone[trace_id] = None
+            del self._recent[key]
+            self._gone[key] = None
         while len(self._gone) > _GONE_PER_TRACE * late.max_traces:
             self._gone.popitem(last=False)
         while self._early:
@@ -434,45 +435,47 @@ class Evaluate:
     def _evaluate_trace(self, spans: list[Span]) -> list[Score]:
         if not self._late:
             return self.policies.evaluate_trace(spans)
-        trace_id = spans[0].trace_id
-        held = self._early.pop(trace_id, None)
+        key = trace_key(spans[0], self.config.project)
+        held = self._early.pop(key, None)
         early = held[1] if held else []
         if early:
             self._late_matched.labels(self.settings.id, "early").inc(len(early))
         # completed again (spans after tail sampling's decision): its feedback so far still holds
-        previous = self._recent.pop(trace_id, None)
+        previous = self._recent.pop(key, None)
         feedback = [*(previous.feedback if previous else ()), *early]
         decisions: dict[str, PolicyDecision] = {}
         scores = self.policies.evaluate_trace(spans, feedback=feedback, decisions=decisions)
         if decisions:  # some policy that reads feedback selected the trace
             now = time.monotonic()
-            self._gone.pop(trace_id, None)
-            self._recent[trace_id] = _Recent(spans, decisions, feedback, now + self.config.late_signals.window)
+            self._gone.pop(key, None)
+            self._recent[key] = _Recent(spans, decisions, feedback, now + self.config.late_signals.window)
             self._expire(now)
         elif previous is not None:
-            self._gone[trace_id] = None
+            self._gone[key] = None
         return scores
 
     def _evaluate_feedback(self, feedback: list[Score]) -> list[Score]:
-        """The late path: each trace the feedback is about gets a second look from the policies that read it."""
+        """The late path: each trace the feedback is about gets a second look from the policies that read it. The
+        feedback's project (its sender's) is part of the trace it names: another project's feedback on a trace id
+        matches nothing of this one."""
         now = time.monotonic()
         self._expire(now)
-        by_trace: dict[str, list[Score]] = {}
+        by_trace: dict[TraceKey, list[Score]] = {}
         for s in feedback:
-            by_trace.setdefault(s.trace_id, []).append(s)
+            by_trace.setdefault(TraceKey(s.project, s.trace_id), []).append(s)
         out: list[Score] = []
         sid = self.settings.id
-        for trace_id, scores in by_trace.items():
-            recent = self._recent.get(trace_id)
+        for key, scores in by_trace.items():
+            recent = self._recent.get(key)
             if recent is None:
-                reason = "expired" if trace_id in self._gone else "unknown_trace"
+                reason = "expired" if key in self._gone else "unknown_trace"
                 self._late_unmatched.labels(sid, reason).inc(len(scores))
                 self.settings.logger.debug(
-                    "late feedback for trace %s not matched (%s)", trace_id, reason, extra={"reason": reason}
+                    "late feedback for trace %s not matched (%s)", key, reason, extra={"reason": reason}
                 )
                 if reason == "unknown_trace":  # maybe not complete yet: the online evaluation will see it
-                    arrived, held = self._early.pop(trace_id, (now, []))
-                    self._early[trace_id] = (arrived, held + scores)
+                    arrived, held = self._early.pop(key, (now, []))
+                    self._early[key] = (arrived, held + scores)
                 continue
             self._late_matched.labels(sid, "late").inc(len(scores))
             recent.feedback.extend(scores)
@@ -586,9 +589,9 @@ class Evaluate:
 
     async def consume(self, batch: SpanBatch) -> None:
         if batch.kind is BatchKind.TRACE:
-            traces: dict[str, list[Span]] = {}
+            traces: dict[TraceKey, list[Span]] = {}
             for span in batch.spans:
-                traces.setdefault(trace_key(span), []).append(span)  # within its project
+                traces.setdefault(trace_key(span, self.config.project), []).append(span)  # within its project
             if self._full() and self.config.overload == "backpressure":
                 raise Refused(
                     f"evaluate: {len(self._queue) + self._in_engine} traces wait for evaluation (queue_size); "
@@ -646,9 +649,9 @@ class Evaluate:
         """A worker's completed trace of a session: held until the session is quiet, then evaluated here."""
         if self.sessions is None:
             return
-        session_id = next((s.session_id for s in spans if s.session_id), None)
-        if session_id:
-            self.sessions.add(session_id, spans, time.monotonic())
+        session = session_of(spans)
+        if session is not None:
+            self.sessions.add(session, spans, time.monotonic())
             for session, _why in self.sessions.evict():
                 self._enqueue("session", session.spans)
 
@@ -698,9 +701,9 @@ class Evaluate:
 
     def _enqueue_here(self, spans: list[Span], completed: float) -> None:
         if self.collector is not None:  # its late feedback is matched here, not in a worker
-            for tid in dict.fromkeys(s.trace_id for s in spans):
-                self._evaluated_here[tid] = None
-                self._evaluated_here.move_to_end(tid)
+            for key in dict.fromkeys(trace_key(s, self.config.project) for s in spans):
+                self._evaluated_here[key] = None
+                self._evaluated_here.move_to_end(key)
             while len(self._evaluated_here) > max(self.config.late_signals.max_traces, 1):
                 self._evaluated_here.popitem(last=False)
         self._enqueue("trace", spans, completed)
@@ -740,10 +743,10 @@ class Evaluate:
         await self.next.consume_scores(batch)
         if self.collector is not None:
             feedback = [s for s in batch.scores if self._is_feedback(s)] if self._late else []
-            here = [s for s in feedback if s.trace_id in self._evaluated_here]
+            here = [s for s in feedback if TraceKey(s.project, s.trace_id) in self._evaluated_here]
             if here:
                 self._enqueue_feedback(here)
-            routed = [s for s in feedback if s.trace_id not in self._evaluated_here]
+            routed = [s for s in feedback if TraceKey(s.project, s.trace_id) not in self._evaluated_here]
             if routed:
                 self.collector.route_feedback(self.settings.id, routed)
             return

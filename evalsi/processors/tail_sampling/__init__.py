@@ -305,9 +305,9 @@ class TailSampling:
             if self._decided.size:
                 self._decided.put(trace.key, list(spans))
             if sessions.enabled:
-                session_id = session_of(spans)
-                if session_id:
-                    sessions.add(session_id, spans, now)
+                session = session_of(spans)
+                if session is not None:
+                    sessions.add(session, spans, now)
             self._enqueue(spans, BatchKind.TRACE)
         self._evict_sessions()
 

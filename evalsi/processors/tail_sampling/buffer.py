@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from evalsi.cel import trace_activation
-from evalsi.span import Span, trace_key
+from evalsi.span import DEFAULT_PROJECT, SessionKey, Span, TraceKey, project_of, trace_key
 
 # reasons a trace or session is complete: the label values of the completion metrics
 QUIET = "quiet"
@@ -39,11 +39,11 @@ class Trace:
     has_root: bool = False
     size: int = 0
     _activations: dict[frozenset[str], dict[str, Any]] | None = None
-    key: str = ""  # `span.trace_key`: the trace id within its project (the trace id when it has none)
+    key: TraceKey | None = None  # `span.trace_key`: the trace id within its project (the default when it has none)
 
     def __post_init__(self) -> None:
-        if not self.key:
-            self.key = self.trace_id
+        if self.key is None:
+            self.key = TraceKey(project_of(self.spans[0]) if self.spans else DEFAULT_PROJECT, self.trace_id)
 
     def activation(self, fields: frozenset[str]) -> dict[str, Any]:
         """The CEL activation of this trace with span maps cut to `fields` (built once per field set)."""
@@ -78,7 +78,7 @@ class TraceBuffer:
     def __len__(self) -> int:
         return len(self.traces)
 
-    def get(self, key: str) -> Trace | None:
+    def get(self, key: TraceKey) -> Trace | None:
         return self.traces.get(key)
 
     def add(self, span: Span, now: float, trace: Trace | None = None) -> None:
@@ -156,22 +156,28 @@ class TraceBuffer:
         self.bytes -= trace.size
 
 
-def session_of(spans: Iterable[Span]) -> str | None:
-    """The session a trace belongs to: its root's session id, else the first span's that has one."""
+def session_of(spans: Sequence[Span]) -> SessionKey | None:
+    """The session a trace belongs to, within the trace's project: its root's session id, else the first span's
+    that has one."""
     found = None
     for span in spans:
         if span.session_id:
             if not span.parent_span_id:
-                return span.session_id
+                found = span.session_id
+                break
             found = found or span.session_id
-    return found
+    return SessionKey(project_of(spans[0]), found) if found else None
 
 
 @dataclass(slots=True, eq=False)
 class Session:
-    session_id: str
+    key: SessionKey
     spans: list[Span] = field(default_factory=list)
     last_activity: float = 0.0
+
+    @property
+    def session_id(self) -> str:
+        return self.key.session_id
 
 
 class SessionBuffer:
@@ -185,7 +191,7 @@ class SessionBuffer:
         self.timeout = timeout
         self.max_sessions = max_sessions
         self.max_spans = max_spans
-        self.sessions: dict[str, Session] = {}  # in last-activity order
+        self.sessions: dict[SessionKey, Session] = {}  # in last-activity order
         self.spans = 0
 
     def __len__(self) -> int:
@@ -195,19 +201,21 @@ class SessionBuffer:
     def enabled(self) -> bool:
         return self.max_sessions > 0 and self.max_spans > 0
 
-    def add(self, session_id: str, spans: list[Span], now: float) -> None:
-        session = self.sessions.pop(session_id, None)
+    def add(self, key: SessionKey, spans: list[Span], now: float) -> None:
+        session = self.sessions.pop(key, None)
         if session is None:
-            session = Session(session_id)
-        self.sessions[session_id] = session
+            session = Session(key)
+        self.sessions[key] = session
         session.spans.extend(spans)
         session.last_activity = now
         self.spans += len(spans)
 
     def add_late(self, span: Span, now: float) -> None:
         """A late span joins its session if that is still open."""
-        if span.session_id and span.session_id in self.sessions:
-            self.add(span.session_id, [span], now)
+        if span.session_id:
+            key = SessionKey(project_of(span), span.session_id)
+            if key in self.sessions:
+                self.add(key, [span], now)
 
     def due(self, now: float) -> list[Session]:
         out = []
@@ -232,6 +240,6 @@ class SessionBuffer:
         return out
 
     def _take(self, session: Session) -> Session:
-        del self.sessions[session.session_id]
+        del self.sessions[session.key]
         self.spans -= len(session.spans)
         return session
