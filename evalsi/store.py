@@ -68,7 +68,8 @@ class TraceQueries(Protocol):
         self, run_id: str, name: str, status: str, manifest: dict[str, Any], summary: dict[str, Any],
         *, project: str = "default",
     ) -> None:  # fmt: skip
-        """Record an offline run (the newest record of a run id wins)."""
+        """Record an offline run of `project` (the newest record of its run id in that project wins; another
+        project's run of the same id is another run)."""
         ...
 
     def list_runs(

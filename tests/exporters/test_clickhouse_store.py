@@ -24,7 +24,7 @@ from clickhouse_http import StandInProcess, start_stand_in
 from evalsi.exporters.clickhouse import ClickHouseConfig
 from evalsi.exporters.clickhouse.backend import ServerOptions, error_reason, is_data_error, open_backend
 from evalsi.exporters.clickhouse.rows import logs_to_arrow, to_arrow
-from evalsi.exporters.clickhouse.schema import SCHEMA_VERSION
+from evalsi.exporters.clickhouse.schema import SCHEMA_VERSION, runs_by_project, schema_versions_ddl, table_keys_sql
 from evalsi.exporters.clickhouse.store import TraceStore
 from evalsi.log_record import LogRecord
 from evalsi.score import Score
@@ -237,6 +237,126 @@ def test_runs_keep_their_newest_record(place: Place) -> None:
     runs = store.list_runs(limit=5)
     assert [(r["run_id"], r["status"]) for r in runs] == [("run-1", "finished")]
     assert [(r["task_id"], r["name"]) for r in store.run_scores("run-1")] == [("t1", "task-success")]
+
+
+def test_two_projects_recording_one_run_id_keep_two_runs(place: Place) -> None:
+    """A run is keyed by (project, run id): team b recording team a's run id neither replaces nor shows team a's."""
+    store = place.open()
+    store.create_schema()
+    store.write_run("run-1", "nightly-a", "finished", {"team": "a"}, {"passed": True}, project="team-a")
+    store.write_run("run-1", "nightly-b", "running", {"team": "b"}, {}, project="team-b")
+    store.backend.command("OPTIMIZE TABLE evalsi_runs FINAL")  # a merge keeps one row per key
+    for project, name, status in (("team-a", "nightly-a", "finished"), ("team-b", "nightly-b", "running")):
+        (run,) = store.list_runs(run_id="run-1", project=project)
+        assert (run["project"], run["name"], run["status"]) == (project, name, status)
+        assert [r["name"] for r in store.list_runs(project=project)] == [name]
+    assert sorted(r["project"] for r in store.list_runs()) == ["team-a", "team-b"]  # no project: every project's
+
+
+# As the store was created before version 5: `evalsi_runs` keyed by its run id alone (migration 1), `Project` added
+# by migration 2 with every earlier run in `default`.
+OLD_RUNS_DDL = """CREATE TABLE evalsi_runs (
+    Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),
+    RunId String CODEC(ZSTD(1)),
+    Name LowCardinality(String) CODEC(ZSTD(1)),
+    Status LowCardinality(String) CODEC(ZSTD(1)),
+    Manifest String CODEC(ZSTD(3)),
+    Summary String CODEC(ZSTD(3))
+) ENGINE = ReplacingMergeTree(Timestamp)
+ORDER BY RunId
+SETTINGS index_granularity = 8192"""
+OLD_RUNS_PROJECT = "ALTER TABLE evalsi_runs ADD COLUMN IF NOT EXISTS Project LowCardinality(String) DEFAULT 'default'"
+
+
+def _old_store(place: Place) -> None:
+    """A store as evalsi made it at schema version 4, holding two runs of the time: one recorded before projects
+    (so `default`), one by team a."""
+    store = place.open()
+    store.backend.command(OLD_RUNS_DDL)
+    store.backend.command(
+        "INSERT INTO evalsi_runs (Timestamp, RunId, Name, Status, Manifest, Summary) VALUES "
+        """(now64(9), 'run-early', 'early', 'finished', '{"seed": 1}', '{"passed": true}')"""
+    )
+    store.backend.command(OLD_RUNS_PROJECT)
+    store.backend.command(
+        "INSERT INTO evalsi_runs (Timestamp, RunId, Name, Status, Manifest, Summary, Project) VALUES "
+        """(now64(9), 'run-a', 'nightly', 'finished', '{"seed": 2}', '{"passed": false}', 'team-a')"""
+    )
+    store.backend.command(schema_versions_ddl())
+    for version, description in ((1, "tables"), (2, "runs project"), (3, "alerts"), (4, "watermarks")):
+        store.backend.command(
+            "INSERT INTO evalsi_schema (TracesTable, Version, Description) "
+            f"VALUES ('otel_traces', {version}, '{description}')"
+        )
+    place.close()
+
+
+@pytest.mark.parametrize("interrupted_after", [0, 1, 2, 3, 4], ids=lambda n: f"{n}-statements-done")
+def test_a_store_made_before_runs_were_keyed_by_project_opens_with_its_runs(
+    place: Place, interrupted_after: int
+) -> None:
+    """Migration 5 rebuilds `evalsi_runs` with the new key (a sorting key cannot be altered): whether a first start
+    ran none of its statements or stopped after any of them, the next start finishes it with every run kept."""
+    _old_store(place)
+    store = place.open()
+    keys = {r["name"]: r["sorting_key"] for r in store.backend.query(table_keys_sql())}
+    assert keys["evalsi_runs"] == "RunId"
+    steps = runs_by_project(store.tables, keys)
+    assert len(steps) == 4  # rename, create, copy, drop
+    for statement in steps[:interrupted_after]:
+        store.backend.command(statement)
+    place.close()
+    store = place.open()
+    store.create_schema()
+    assert store.schema_version() == SCHEMA_VERSION
+    (early,) = store.list_runs(run_id="run-early", project="default")
+    assert (early["project"], early["name"], early["manifest"], early["summary"]) == (
+        "default",
+        "early",
+        {"seed": 1},
+        {"passed": True},
+    )
+    (a,) = store.list_runs(run_id="run-a", project="team-a")
+    assert (a["project"], a["name"], a["manifest"], a["summary"]) == (
+        "team-a",
+        "nightly",
+        {"seed": 2},
+        {"passed": False},
+    )
+    assert store.list_runs(run_id="run-a", project="default") == []
+    # the table is keyed by (project, run id) now: another project's run of the same id is a second run
+    store.write_run("run-a", "theirs", "running", {}, {}, project="team-b")
+    store.backend.command("OPTIMIZE TABLE evalsi_runs FINAL")
+    assert [r["name"] for r in store.list_runs(run_id="run-a", project="team-a")] == ["nightly"]
+    assert [r["name"] for r in store.list_runs(run_id="run-a", project="team-b")] == ["theirs"]
+    tables = {
+        r["name"] for r in store.backend.query("SELECT name FROM system.tables WHERE database = currentDatabase()")
+    }
+    assert not {t for t in tables if t.startswith("evalsi_runs_")}, "the old table is dropped once copied"
+    place.close()
+    again = place.open()
+    again.create_schema()  # a restart changes nothing
+    assert sorted(r["run_id"] for r in again.list_runs(limit=10)) == ["run-a", "run-a", "run-early"]
+
+
+def test_a_runs_table_made_again_with_the_old_key_beside_the_renamed_one_is_merged_into_the_new(place: Place) -> None:
+    """An old evalsi writing a run after a first attempt renamed the table (so the table is made again, keyed by
+    run id): both tables' runs end up in the new one."""
+    _old_store(place)
+    store = place.open()
+    store.backend.command("RENAME TABLE evalsi_runs TO evalsi_runs_by_run_id")
+    store.backend.command(OLD_RUNS_DDL)
+    store.backend.command(OLD_RUNS_PROJECT)
+    store.backend.command(
+        "INSERT INTO evalsi_runs (Timestamp, RunId, Name, Status, Manifest, Summary, Project) VALUES "
+        "(now64(9), 'run-late', 'late', 'running', '{}', '{}', 'team-b')"
+    )
+    store.create_schema()
+    assert sorted((r["project"], r["run_id"]) for r in store.list_runs(limit=10)) == [
+        ("default", "run-early"), ("team-a", "run-a"), ("team-b", "run-late")
+    ]  # fmt: skip
+    keys = {r["name"]: r["sorting_key"] for r in store.backend.query(table_keys_sql())}
+    assert keys["evalsi_runs"] == "Project, RunId" and "evalsi_runs_by_run_id" not in keys
 
 
 def test_log_records_are_stored(place: Place) -> None:

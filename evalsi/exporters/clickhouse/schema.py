@@ -181,32 +181,66 @@ class Tables:
     watermarks: str = "evalsi_watermarks"
 
 
+TableKeys = dict[str, str]
+"""The sorting key of each table of the store's database, by name (`system.tables`), as a migration finds them."""
+
+
 @dataclass(frozen=True)
 class Migration:
-    """One step of the schema. Its statements are idempotent (IF NOT EXISTS): two replicas starting at once, or a
-    step interrupted half-way, run them again safely."""
+    """One step of the schema. Its statements are idempotent (IF NOT EXISTS), or chosen from the tables as the step
+    finds them: two replicas starting at once, or a step interrupted half-way, run them again safely."""
 
     version: int
     description: str
-    statements: Callable[[Tables], list[str]]
+    statements: Callable[[Tables, TableKeys], list[str]]
+
+
+RUNS_COLUMNS = "Timestamp, Project, RunId, Name, Status, Manifest, Summary"
+
+
+def runs_by_project(t: Tables, keys: TableKeys) -> list[str]:
+    """Migration 5: `evalsi_runs` keyed by (project, run id) instead of the run id alone, under which a run recorded
+    by one project replaced another project's run of the same id. A sorting key cannot be changed in place: the
+    table keyed by run id is renamed `<runs>_by_run_id`, the table is made again with the new key, the rows are
+    copied (each keeps its `Project`, `default` for runs recorded before projects) and the old table is dropped.
+    Which of these steps are left is read from the tables: a step interrupted half-way, or a second replica, copies
+    again (the same rows, the same key and version: one row each once read with FINAL) and drops the old table."""
+    old = f"{t.runs}_by_run_id"
+    found = keys.get(t.runs)
+    keyed_by_run_id = found is not None and not found.startswith("Project")
+    out = []
+    if keyed_by_run_id and old in keys:  # an earlier attempt's, and the table made again with the old key since
+        out += [f"INSERT INTO {old} ({RUNS_COLUMNS}) SELECT {RUNS_COLUMNS} FROM {t.runs}", f"DROP TABLE {t.runs}"]
+    elif keyed_by_run_id:
+        out.append(f"RENAME TABLE {t.runs} TO {old}")
+    out += runs_ddl(t.runs)
+    if keyed_by_run_id or old in keys:
+        out += [
+            f"INSERT INTO {t.runs} ({RUNS_COLUMNS}) SELECT {RUNS_COLUMNS} FROM {old}",
+            f"DROP TABLE IF EXISTS {old}",
+        ]
+    return out
 
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
         "otel_traces (with <traces>_trace_id_ts and its view), otel_logs, evalsi_scores, evalsi_runs",
-        lambda t: traces_ddl(t.traces, t.extra_settings) + logs_ddl(t.logs, t.extra_settings) + scores_ddl(t.scores)
-        + runs_ddl(t.runs),
+        lambda t, _: traces_ddl(t.traces, t.extra_settings) + logs_ddl(t.logs, t.extra_settings)
+        + scores_ddl(t.scores) + runs_ddl(t.runs),
     ),
     Migration(
         2,
         "evalsi_runs.Project: the project of the credential that recorded the run",
-        lambda t: [f"ALTER TABLE {t.runs} ADD COLUMN IF NOT EXISTS Project LowCardinality(String) DEFAULT 'default'"],
+        lambda t, _: [
+            f"ALTER TABLE {t.runs} ADD COLUMN IF NOT EXISTS Project LowCardinality(String) DEFAULT 'default'"
+        ],
     ),
-    Migration(3, "evalsi_alerts: the policy alerts that fired, and resolved", lambda t: alerts_ddl(t.alerts)),
+    Migration(3, "evalsi_alerts: the policy alerts that fired, and resolved", lambda t, _: alerts_ddl(t.alerts)),
     Migration(
-        4, "evalsi_watermarks: how far each pull receiver read its source", lambda t: watermarks_ddl(t.watermarks)
+        4, "evalsi_watermarks: how far each pull receiver read its source", lambda t, _: watermarks_ddl(t.watermarks)
     ),
+    Migration(5, "evalsi_runs keyed by (Project, RunId): one run per project and run id", runs_by_project),
 )  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
@@ -246,6 +280,11 @@ def ttl_targets(t: Tables) -> list[tuple[str, str]]:
 def ttl_expression(column: str, ttl_s: int) -> str:
     """As ClickHouse writes it back in `create_table_query`, so a table already at this TTL is left alone."""
     return f"toDateTime({column}) + toIntervalSecond({ttl_s})"
+
+
+def table_keys_sql() -> str:
+    """Each table of the database with its sorting key (`TableKeys`)."""
+    return "SELECT name, sorting_key FROM system.tables WHERE database = currentDatabase()"
 
 
 def table_definitions_sql(tables: list[str]) -> str:
@@ -625,18 +664,20 @@ ORDER BY Policy, Evaluator, Name
 
 
 def runs_ddl(table: str) -> list[str]:
-    """Offline runs (`evalsi run`): one row per run id, the newest write kept (ReplacingMergeTree, read with FINAL):
-    its manifest and, once finished, its summary (aggregates, gates, counts), both JSON."""
+    """Offline runs (`evalsi run`): one row per project and run id, the newest write kept (ReplacingMergeTree, read
+    with FINAL): its manifest and, once finished, its summary (aggregates, gates, counts), both JSON. Two projects
+    recording one run id keep two runs."""
     return [
         f"""CREATE TABLE IF NOT EXISTS {table} (
     Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),
+    Project LowCardinality(String) DEFAULT 'default' CODEC(ZSTD(1)),
     RunId String CODEC(ZSTD(1)),
     Name LowCardinality(String) CODEC(ZSTD(1)),
     Status LowCardinality(String) CODEC(ZSTD(1)),
     Manifest String CODEC(ZSTD(3)),
     Summary String CODEC(ZSTD(3))
 ) ENGINE = ReplacingMergeTree(Timestamp)
-ORDER BY RunId
+ORDER BY (Project, RunId)
 SETTINGS index_granularity = 8192"""
     ]
 
@@ -647,11 +688,11 @@ def list_runs_sql(table: str, *, with_id: bool, with_project: bool = False) -> s
     conditions = (["RunId = unhex({run_id_hex:String})"] if with_id else []) + ([SCORE_PROJECT] if with_project else [])
     where = ("WHERE " + " AND ".join(conditions)) if conditions else ""
     return f"""
-SELECT toUnixTimestamp64Nano(Timestamp) AS timestamp_unix_nano, RunId AS run_id, Name AS name, Status AS status,
-    Manifest AS manifest, Summary AS summary
+SELECT toUnixTimestamp64Nano(Timestamp) AS timestamp_unix_nano, Project AS project, RunId AS run_id, Name AS name,
+    Status AS status, Manifest AS manifest, Summary AS summary
 FROM {table} FINAL
 {where}
-ORDER BY Timestamp DESC
+ORDER BY Timestamp DESC, Project
 LIMIT {{limit:UInt32}}
 """
 

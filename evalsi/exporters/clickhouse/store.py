@@ -33,6 +33,7 @@ from evalsi.exporters.clickhouse.schema import (
     span_counts_sql,
     span_keys_sql,
     table_definitions_sql,
+    table_keys_sql,
     trace_page_sql,
     trace_span_count_sql,
     trace_spans_sql,
@@ -186,7 +187,8 @@ class TraceStore:
         version = self._checked_version()
         for migration in MIGRATIONS:
             if migration.version > version:
-                for statement in migration.statements(self.tables):
+                keys = {r["name"]: r["sorting_key"] for r in self.backend.query(table_keys_sql())}
+                for statement in migration.statements(self.tables, keys):
                     self.backend.command(statement)
                 self.backend.command(record_migration_sql(self.table, migration))
         self._apply_ttl()
@@ -414,7 +416,7 @@ class TraceStore:
         self, run_id: str, name: str, status: str, manifest: dict[str, Any], summary: dict[str, Any],
         *, project: str = DEFAULT_PROJECT,
     ) -> None:  # fmt: skip
-        """Record a run (its newest record wins)."""
+        """Record a run of `project` (the newest record of its run id in that project wins)."""
         _project(project)
         table = pa.table(
             {
