@@ -144,6 +144,45 @@ def test_runs_are_per_project(sent: Collector) -> None:
     assert "run-projects-1" not in [x["run_id"] for x in listed]
 
 
+def test_the_same_run_id_recorded_by_two_projects_stays_two_runs(sent: Collector) -> None:
+    """Team b recording a run id team a already used must not take team a's run (a then got 404 on its own run):
+    each reads its own record, its own list and its own run scores."""
+    run_id = "run-shared-id"
+    shared = f"{SHARED_TRACE:032x}"  # each project holds its own trace under this id (see `sent`)
+    for key, team, passed in ((A_KEY, "a", True), (B_KEY, "b", False)):
+        record = {"run_id": run_id, "name": f"nightly-{team}", "status": "finished",
+                  "manifest": {"team": team}, "summary": {"passed": passed, "aggregates": {"team": team}}}  # fmt: skip
+        r = httpx.post(f"{sent.api}/v1/runs", json=record, headers=_bearer(key))
+        assert r.status_code == 200, r.text
+        body = {"name": f"nightly-{team}", "since_unix_nano": 0, "wait_s": 10,
+                "traces": [{"trace_id": shared, "task_id": f"task-{team}", "trial": 0,
+                            "scores": [{"name": "solved", "passed": passed}]}]}  # fmt: skip
+        r = httpx.post(f"{sent.api}/v1/runs/{run_id}/score", json=body, headers=_bearer(key))
+        assert r.status_code == 200, r.text
+        assert r.json()["missing"] == {} and len(r.json()["scores"]) == 1
+
+    for key, team, passed in ((A_KEY, "a", True), (B_KEY, "b", False)):
+        r = httpx.get(f"{sent.api}/api/v1/runs/{run_id}", headers=_bearer(key))
+        assert r.status_code == 200, f"team {team} lost its run: {r.text}"
+        run = r.json()
+        assert (run["name"], run["manifest"], run["summary"]) == (
+            f"nightly-{team}",
+            {"team": team},
+            {"passed": passed, "aggregates": {"team": team}},
+        )
+        listed = httpx.get(f"{sent.api}/api/v1/runs", headers=_bearer(key)).json()["runs"]
+        assert [x["name"] for x in listed if x["run_id"] == run_id] == [f"nightly-{team}"]
+        assert {x["project"] for x in listed} == {f"team-{team}"}
+        assert {x["manifest"].get("team", team) for x in listed} == {team}
+
+        def run_scores(key: str = key) -> list[dict[str, Any]]:
+            return httpx.get(f"{sent.api}/api/v1/runs/{run_id}/scores", headers=_bearer(key)).json()["scores"]
+
+        assert wait_until(lambda: len(run_scores()) == 1, timeout=30), run_scores()
+        (score,) = run_scores()
+        assert (score["project"], score["task_id"], score["passed"]) == (f"team-{team}", f"task-{team}", passed)
+
+
 def test_without_auth_a_resource_may_name_its_project(tmp_path: Path) -> None:
     c = start_collector(tmp_path, serve_config(tmp_path / "store"))
     try:
