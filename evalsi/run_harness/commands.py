@@ -286,13 +286,15 @@ def runs_list(
     from rich.table import Table
 
     table = Table()
-    for h in ("run id", "name", "status", "tasks", "trials", "gates"):
+    # one project's runs with `auth`; every project's without (a run id is one run per project: say whose)
+    projects = len({r.get("project", "default") for r in runs}) > 1
+    for h in ("project",) * projects + ("run id", "name", "status", "tasks", "trials", "gates"):
         table.add_column(h)
     for r in runs:
         s, m = r["summary"], r["manifest"]
         gates = "-" if not s.get("gates") else "pass" if s.get("passed") else "FAIL"
-        table.add_row(r["run_id"], r["name"], r["status"], str(m.get("dataset", {}).get("tasks", "")),
-                      str(m.get("trials", "")), gates)  # fmt: skip
+        table.add_row(*(r.get("project", "default"),) * projects, r["run_id"], r["name"], r["status"],
+                      str(m.get("dataset", {}).get("tasks", "")), str(m.get("trials", "")), gates)  # fmt: skip
     out.print(table)
 
 

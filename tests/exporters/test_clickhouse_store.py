@@ -11,7 +11,9 @@ drops it.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from clickhouse_http import StandInProcess, start_stand_in
+from running_collector import EVALSI, serve_config
 
 from evalsi.exporters.clickhouse import ClickHouseConfig
 from evalsi.exporters.clickhouse.backend import ServerOptions, error_reason, is_data_error, open_backend
@@ -357,6 +361,28 @@ def test_a_runs_table_made_again_with_the_old_key_beside_the_renamed_one_is_merg
     ]  # fmt: skip
     keys = {r["name"]: r["sorting_key"] for r in store.backend.query(table_keys_sql())}
     assert keys["evalsi_runs"] == "Project, RunId" and "evalsi_runs_by_run_id" not in keys
+
+
+def test_the_runs_commands_read_an_old_embedded_store_with_each_runs_project(tmp_path: Path) -> None:
+    """`evalsi runs list|show` with no collector running start one on the embedded store: a store directory made
+    before runs were keyed by project opens (migrated) with its runs, each under its recorded project."""
+    _old_store(Place("chdb", f"chdb://{tmp_path / 'store'}", "default", "default", ""))
+    (tmp_path / "evalsi.yaml").write_text(yaml.safe_dump(serve_config(tmp_path / "store")))
+
+    def evalsi(*args: str) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run([*EVALSI, "runs", *args, "-c", "evalsi.yaml"], capture_output=True, text=True,
+                             cwd=tmp_path, timeout=120)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        return res
+
+    listed = json.loads(evalsi("list", "--json").stdout)
+    assert sorted((r["project"], r["run_id"], r["name"]) for r in listed) == [
+        ("default", "run-early", "early"), ("team-a", "run-a", "nightly")
+    ]  # fmt: skip
+    table = evalsi("list").stdout
+    assert "project" in table and "team-a" in table  # two projects' runs: the table says whose
+    shown = json.loads(evalsi("show", "run-a", "--json").stdout)
+    assert (shown["name"], shown["manifest"], shown["passed"]) == ("nightly", {"seed": 2}, False)
 
 
 def test_log_records_are_stored(place: Place) -> None:
