@@ -25,6 +25,7 @@ from evalsi.wal import (
     WriteAheadLog,
     _encode,
     read_segment,
+    scan_segment,
     span_key,
     without_stored_spans,
 )
@@ -150,10 +151,11 @@ def test_records_read_back_and_a_torn_tail_ends_the_segment(tmp_path: Path) -> N
     ]
     assert "torn" in why
     flipped = bytearray(a)
-    flipped[-1] ^= 0xFF  # a damaged byte fails the checksum
-    path.write_bytes(bytes(flipped) + b)
-    records, why = read_segment(path)
-    assert records == [] and "damaged" in why
+    flipped[-1] ^= 0xFF  # a damaged byte fails the checksum: replay reads past it to the next whole record
+    scan = scan_segment(bytes(flipped) + b)
+    assert [r.seq for r in scan.records] == [2] and scan.skipped_bytes == len(a) and scan.why == ""
+    scan = scan_segment(a + b"\0" * 7 + b + bytes(flipped))  # zeros mid-segment, then a damaged tail
+    assert [r.seq for r in scan.records] == [1, 2] and scan.skipped_bytes == 7 and "damaged" in scan.why
 
 
 def test_append_is_on_disk_before_it_returns_and_retire_follows_the_watermark(tmp_path: Path) -> None:
@@ -161,16 +163,21 @@ def test_append_is_on_disk_before_it_returns_and_retire_follows_the_watermark(tm
         wal = WriteAheadLog(DurabilityConfig(mode="wal", directory=str(tmp_path), max_size_mib=1), SelfMetrics())
         wal.open()
         try:
-            await asyncio.gather(*(wal.append("traces", "protobuf", "otlp", b"x" * 100, 10.0 + i) for i in range(50)))
+            seqs = await asyncio.gather(
+                *(wal.append("traces", "protobuf", "otlp", b"x" * 100, 10.0 + i) for i in range(50))
+            )
             (segment,) = [p for p in tmp_path.glob("wal-*.log") if p.stat().st_size]
             assert len(read_segment(segment)[0]) == 50
             wal._active.opened -= 10  # type: ignore[union-attr]  # as if a second had passed: it closes
+            assert wal.retire(100.0) == 0  # written, not handed on yet: no component reports them
+            for seq in seqs:
+                wal.settled(seq)
             assert wal.retire(5.0) == 0  # something that arrived at 5.0 is still held
             assert segment.exists()
             assert wal.retire(59.0) == 0  # the newest request (59.0) arrived at the watermark
             assert wal.retire(59.5) == 1
             assert not segment.exists()
-            await wal.append("traces", "protobuf", "otlp", b"y" * (1024 * 1024), 100.0)
+            wal.settled(await wal.append("traces", "protobuf", "otlp", b"y" * (1024 * 1024), 100.0))
             with pytest.raises(Refused, match="max_size_mib") as refused:
                 wal.check_room()
             assert refused.value.unavailable and refused.value.retry_after > 0

@@ -84,12 +84,19 @@ class OtlpReceiver:
                     if not len(decoded.batch):
                         return  # every span of it was replayed already: a sender's second copy
                 arrived = time.monotonic()
-                await self._hand_on(decoded, arrived, project)
                 if isinstance(decoded.batch, EncodedBatch):  # JSON already re-encoded: log the protobuf
                     body, json = decoded.batch.body, False
-                # answered once on disk: a crash from here on replays it at the next start
+                # on disk before the pipeline takes it: a write that fails refuses a request nothing took, and a
+                # crash from here on replays it at the next start
                 fmt = "json" if json else "protobuf"
-                await wal.append(codec.signal, fmt, self._settings.id, body, arrived, project or "")
+                seq = await wal.append(codec.signal, fmt, self._settings.id, body, arrived, project or "")
+                try:
+                    await self._hand_on(decoded, arrived, project)
+                except Refused:
+                    await wal.void(seq)  # the sender sends it again: replay leaves this copy out
+                    raise
+                finally:
+                    wal.settled(seq)
         except Refused:
             refused.inc(n)
             raise
