@@ -420,9 +420,9 @@ class WriteAheadLog:
         while True:
             with self._wake:
                 while not self._pending and not self._stopping:
-                    self._wake.wait(0.25)
                     if self._broken and time.monotonic() - self._last_try >= RECOVER_INTERVAL:
                         break
+                    self._wake.wait(min(0.25, RECOVER_INTERVAL) if self._broken else 0.25)
                 batch, self._pending = self._pending, []
                 stopping = self._stopping
             if batch:

@@ -4,22 +4,36 @@ through a real `evalsi serve`, in one process and with pipeline workers; and the
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
+import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
+import grpc
 import httpx
 import pytest
+from budget import examples
+from google.rpc import status_pb2
+from hypothesis import HealthCheck, given, settings, strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from running_collector import Collector, serve_config, start_collector, wait_until
 
 from evalsi.collector.config import ConfigError, parse_config
-from evalsi.component import Refused
+from evalsi.component import Next, Refused, Settings
+from evalsi.receivers.otlp import OtlpReceiver
+from evalsi.receivers.otlp.config import OtlpReceiverConfig
+from evalsi.span import SpanBatch
 from evalsi.telemetry import SelfMetrics
 from evalsi.wal import (
+    Disk,
     DurabilityConfig,
     ReplayedSpans,
     WriteAheadLog,
@@ -248,3 +262,213 @@ def test_durability_config_errors_name_the_key(tmp_path: Path) -> None:
     cfg["service"]["pipelines"]["traces"] = {"receivers": ["otlp"], "exporters": ["debug"]}
     with pytest.raises(ConfigError, match=r"service\.durability\.mode: .*no pipeline writes a store"):
         parse_config(cfg)
+
+
+# --- a failing disk -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What the disk does to one `write` call: `ok`; `short` (takes `at` bytes and returns, as a write may);
+    `enospc` / `eio` (takes `at` bytes, then fails); `sync` (takes it all, then fdatasync fails with EIO). Then,
+    optionally, the cut back fails (`truncate_fails`) and so do the next `open_fails` new segments."""
+
+    kind: str
+    at: int
+    truncate_fails: bool = False
+    open_fails: int = 0
+
+
+class FailingDisk(Disk):
+    """A disk that writes the real file (so replay reads what it took) and fails as the faults say, one per write
+    call, then works."""
+
+    def __init__(self, faults: list[Fault]) -> None:
+        self.faults = list(faults)
+        self.truncate_fails = False
+        self.open_fails = 0
+        self.sync_fails = False
+
+    def _fault(self) -> Fault:
+        return self.faults.pop(0) if self.faults else Fault("ok", 0)
+
+    def write(self, fd: int, data: memoryview) -> int:
+        f = self._fault()
+        self.truncate_fails, self.open_fails = f.truncate_fails, f.open_fails
+        at = f.at % (len(data) + 1)
+        if f.kind == "short" and 0 < at < len(data):
+            return super().write(fd, data[:at])
+        if f.kind in ("enospc", "eio"):
+            if at:
+                super().write(fd, data[:at])
+            raise OSError(errno.ENOSPC if f.kind == "enospc" else errno.EIO, os.strerror(errno.ENOSPC))
+        self.sync_fails = f.kind == "sync"
+        return super().write(fd, data)
+
+    def fdatasync(self, fd: int) -> None:
+        if self.sync_fails:
+            self.sync_fails = False
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        super().fdatasync(fd)
+
+    def ftruncate(self, fd: int, length: int) -> None:
+        if self.truncate_fails:
+            self.truncate_fails = False
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        super().ftruncate(fd, length)
+
+    def open(self, path: Path) -> int:
+        if self.open_fails:
+            self.open_fails -= 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().open(path)
+
+
+faults = st.builds(
+    Fault,
+    kind=st.sampled_from(["ok", "short", "enospc", "eio", "sync"]),
+    at=st.integers(0, 400),
+    truncate_fails=st.booleans(),
+    open_fails=st.integers(0, 2),
+)
+
+
+@settings(max_examples=examples(ci=60, deep=1_000), suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    waves=st.lists(st.lists(st.booleans(), min_size=1, max_size=3), min_size=1, max_size=6),
+    plan=st.lists(faults, max_size=8),
+)
+def test_a_failing_write_never_loses_an_acknowledged_request_nor_replays_a_refused_one(
+    tmp_path_factory: pytest.TempPathFactory, waves: list[list[bool]], plan: list[Fault]
+) -> None:
+    """Requests are appended in waves of concurrent ones (one group commit) while the disk fails as `plan` says, at
+    any byte of a record; a request the pipeline refuses after its append (False) is voided. Then the disk works
+    again, one more request is answered, and the process dies: replay holds every answered request once, and no
+    refused one."""
+    directory = tmp_path_factory.mktemp("wal")
+    answered: list[bytes] = []
+
+    async def request(wal: WriteAheadLog, body: bytes, pipeline_takes: bool) -> bool:
+        try:
+            wal.check_room()  # as the receiver does: refused before anything is written
+            seq = await wal.append("traces", "protobuf", "otlp", body, time.monotonic())
+        except Refused as r:
+            assert r.unavailable and r.retry_after > 0 and str(directory) in str(r)
+            return False
+        if not pipeline_takes:
+            await wal.void(seq)
+            return False
+        wal.settled(seq)
+        answered.append(body)
+        return True
+
+    async def run() -> None:
+        wal = WriteAheadLog(DurabilityConfig(mode="wal", directory=str(directory)), SelfMetrics(), FailingDisk(plan))
+        wal.open()
+        n = 0
+        try:
+            for wave in waves:
+                await asyncio.gather(*(request(wal, f"request {(n := n + 1)}".encode(), t) for t in wave))
+            for _ in range(200):  # the disk has room again: the next request is answered, once the log recovers
+                if await request(wal, b"after", True):
+                    break
+                await asyncio.sleep(0.005)
+            assert answered[-1] == b"after"
+        finally:
+            wal.close()  # kill -9 here: close only stops the writer thread, it writes nothing
+
+    with mock.patch("evalsi.wal.RECOVER_INTERVAL", 0.001):
+        asyncio.run(run())
+    assert sorted(_replay(directory)) == sorted(answered)  # none lost, none refused, each once
+
+
+def _replay(directory: Path) -> list[bytes]:
+    """The request bodies the next start replays from `directory`, as the service reads them."""
+
+    async def run() -> list[bytes]:
+        wal = WriteAheadLog(DurabilityConfig(mode="wal", directory=str(directory)), SelfMetrics())
+        wal.open()
+        try:
+            return [r.body for path in wal.replayable for r in wal.records(path)]
+        finally:
+            wal.close()
+
+    return asyncio.run(run())
+
+
+class Store:
+    """The pipeline: takes every batch (after refusing the first `refuse` ones, as a full queue does)."""
+
+    def __init__(self, refuse: int = 0) -> None:
+        self.refuse = refuse
+        self.spans: list[Any] = []
+
+    async def consume(self, batch: SpanBatch) -> None:
+        if self.refuse:
+            self.refuse -= 1
+            raise Refused("queue full", retry_after=1)
+        self.spans.extend(batch.spans)
+
+
+@pytest.mark.parametrize(
+    ("fault", "refuse"),
+    [
+        (Fault("enospc", 100), 0),  # a full disk mid-record: cut back
+        (Fault("sync", 0, truncate_fails=True), 0),  # fdatasync fails, and so does the cut back: a new segment
+        (Fault("short", 7), 1),  # a short write is no failure; the pipeline refuses after the append: voided
+    ],
+    ids=["enospc", "cut-back-fails", "pipeline-refuses"],
+)
+def test_otlp_refuses_before_the_pipeline_takes_a_request_the_log_could_not_write(
+    tmp_path: Path, fault: Fault, refuse: int
+) -> None:
+    """Through the real OTLP receiver: a request whose append fails is answered 503 (HTTP, with Retry-After and the
+    directory named) or UNAVAILABLE (gRPC), and nothing of it is taken or replayable; the next request, once the
+    disk has room, is taken once and replayed once."""
+    directory = tmp_path / "wal"
+    disk = FailingDisk([fault, fault])
+    store = Store(refuse)
+    config = OtlpReceiverConfig.model_validate(
+        {"protocols": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}}}
+    )
+    refused_http = _request(0, 2)
+    refused_grpc = _request(2, 2)
+    taken = _request(4, 2)
+
+    def client(endpoints: dict[str, str]) -> None:
+        r = httpx.post(f"http://{endpoints['http']}/v1/traces", content=refused_http, headers=PROTOBUF, timeout=10)
+        status = status_pb2.Status.FromString(r.content)
+        if refuse:  # the pipeline's own refusal, after the append
+            assert r.status_code == 429 and status.message == "queue full"
+        else:
+            assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
+            assert str(directory) in status.message and "disk" in status.message
+        assert store.spans == []
+        with grpc.insecure_channel(endpoints["grpc"]) as channel:
+            stub = TraceServiceStub(channel)
+            if not refuse:
+                with pytest.raises(grpc.RpcError) as e:
+                    stub.Export(ExportTraceServiceRequest.FromString(refused_grpc), timeout=10)
+                assert e.value.code() == grpc.StatusCode.UNAVAILABLE and str(directory) in e.value.details()
+                assert store.spans == []
+            stub.Export(ExportTraceServiceRequest.FromString(taken), timeout=10)  # room again: taken
+
+    async def main() -> None:
+        wal = WriteAheadLog(DurabilityConfig(mode="wal", directory=str(directory)), SelfMetrics(), disk)
+        wal.open()
+        wired = Next()
+        wired.traces = store
+        settings = Settings(id="otlp", metrics=SelfMetrics(), logger=logging.getLogger("t"), wal=wal)
+        receiver = OtlpReceiver(config, settings, wired)
+        await receiver.start()
+        try:
+            await asyncio.to_thread(client, dict(receiver.endpoints))
+        finally:
+            await receiver.shutdown()
+            wal.close()
+
+    asyncio.run(main())
+    assert sorted(s.span_id for s in store.spans) == sorted(
+        s.span_id.hex() for s in ExportTraceServiceRequest.FromString(taken).resource_spans[0].scope_spans[0].spans
+    )  # the taken request's 6 spans, once
+    assert _replay(directory) == [taken]  # a crash now replays it once, and nothing of the refused ones
