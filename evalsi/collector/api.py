@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -187,13 +188,30 @@ def build_api(
         where = ".".join(str(p) for p in first.get("loc", ()))
         return JSONResponse({"detail": f"invalid request: {where}: {first.get('msg', 'malformed')}"}, status_code=400)
 
+    running = [0]  # evaluations on their threads, a runaway one included until it returns
+
     @app.post("/v1/evaluate")
     async def evaluate(body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
+        """On threads of its own: a slow or runaway evaluation never holds the ones other routes wait on."""
         try:
             plan = score_api.plan_evaluation(body)
         except score_api.RequestError as e:
             raise HTTPException(e.status, str(e)) from None
-        return await asyncio.to_thread(score_api.evaluate, plan, judges)
+        if running[0] >= score_api.EVALUATE_THREADS:
+            raise HTTPException(
+                429, f"{running[0]} evaluations are running (at most {score_api.EVALUATE_THREADS}); retry later",
+                headers={"Retry-After": "1"},
+            )  # fmt: skip
+        running[0] += 1
+        deadline = time.monotonic() + score_api.EVALUATE_DEADLINE_S
+        done = _on_own_thread(score_api.evaluate, plan, judges, deadline)
+        done.add_done_callback(lambda _: running.__setitem__(0, running[0] - 1))
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), score_api.EVALUATE_DEADLINE_S + 1)
+        except TimeoutError:
+            raise HTTPException(
+                504, f"an evaluator ran past the request's {score_api.EVALUATE_DEADLINE_S:g} s deadline"
+            ) from None
 
     @app.post("/v1/feedback")
     async def feedback(request: Request, body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
@@ -327,6 +345,32 @@ def build_api(
         return {"alerts": found}
 
     return app
+
+
+def _on_own_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+    """`fn(*args)` on a daemon thread of its own: unlike an executor's threads, one that never returns neither
+    holds a pool other requests wait on nor keeps the process from exiting on SIGTERM."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def work() -> None:
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = fn(*args)
+        except BaseException as e:  # handed to the awaiting request
+            error = e
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop closed (shutdown) while it ran: nobody waits for it
+            pass
+
+    threading.Thread(target=work, name="evalsi-evaluate", daemon=True).start()
+    return future
 
 
 MAX_FILTER = 1000

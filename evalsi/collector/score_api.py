@@ -232,14 +232,30 @@ def aggregate(scores: list[Score]) -> list[dict[str, Any]]:
     return out
 
 
-def evaluate(plan: EvaluationPlan, judges: Judges | None) -> dict[str, Any]:
+EVALUATE_DEADLINE_S = 30.0
+"""How long one `POST /v1/evaluate` may run: evaluators not started by then are error scores (`deadline exceeded`),
+and the request is answered 504 if one evaluator alone runs past it (its thread is one of `EVALUATE_THREADS`)."""
+EVALUATE_THREADS = 2
+"""The threads `/v1/evaluate` runs on, apart from the ones serving OTLP, health checks and queries: while this many
+evaluations run (a runaway one included), another request is refused 429 instead of queueing behind them."""
+
+
+def evaluate(plan: EvaluationPlan, judges: Judges | None, deadline: float | None = None) -> dict[str, Any]:
     """Run every evaluator on every record, judge-based ones with the service's `judges`; blocking (the API runs
-    it in a thread)."""
+    it on its own threads). An evaluator not started by `deadline` (monotonic) is an error score instead."""
     results = []
     every: list[Score] = []
     for i, record in enumerate(plan.records):
         target = record_target(record, judges)
-        scores = [s for ev, params in plan.evaluators for s in run(ev, target, params)]
+        scores = []
+        for ev, params in plan.evaluators:
+            if deadline is not None and time.monotonic() > deadline:
+                late = Score.error(ev.name.rsplit("/", 1)[-1], "deadline exceeded",
+                                   f"not run: the request passed its {EVALUATE_DEADLINE_S:g} s deadline")  # fmt: skip
+                late.evaluator, late.evaluator_version = ev.name, ev.version
+                scores.append(late)
+            else:
+                scores += run(ev, target, params)
         every.extend(scores)
         results.append({"index": i, "metadata": record.metadata, "scores": [_score_dict(s) for s in scores]})
     return {"results": results, "aggregates": aggregate(every)}
