@@ -1,5 +1,5 @@
 """The collector's HTTP API: liveness, readiness, the trace queries `evalsi traces` reads through, and the Score
-API (`/v1/evaluate`, `/v1/feedback`, policy stats)."""
+API (`/v1/evaluate`, `/v1/feedback`, policy stats); every route behind the body limits of `body_limit`."""
 
 from __future__ import annotations
 
@@ -8,15 +8,18 @@ import functools
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from fastapi import Body, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.routing import Match
 
 from evalsi.auth import PRINCIPAL_SCOPE_KEY, Authenticator
 from evalsi.collector import query, run_api, score_api
+from evalsi.collector.body_limit import BodyLimit, MemoryGuard, Scope, limit_bodies
+from evalsi.collector.config import ApiConfig
 from evalsi.component import Refused, ScoreConsumer
 from evalsi.duration import parse_duration
 from evalsi.evaluators.judge_client import Judges
@@ -26,6 +29,9 @@ from evalsi.store import TraceQueries
 
 OPEN_PATHS = ("/healthz", "/readyz")
 """What answers without an API key (probes): everything else needs one when `auth` is on."""
+BULK_ROUTES = frozenset({"/v1/evaluate", "/v1/runs/{run_id}/score"})
+"""The routes whose bodies carry many records or traces with their texts: they take
+`service.api.max_bulk_request_body_size`, every other route `service.api.max_request_body_size`."""
 
 
 def build_api(
@@ -35,13 +41,17 @@ def build_api(
     not_ready: Callable[[], list[str]] = list,
     judges: Judges | None = None,
     auth: Authenticator | None = None,
+    config: ApiConfig | None = None,
+    memory: Sequence[MemoryGuard] = (),
 ) -> FastAPI:
-    """`judges` is the service's judge runtime, which `/v1/evaluate` runs judge-based evaluators with (None: they
-    are skipped). `scores` is where the `scores` pipelines begin: feedback enters there, as every score does, so the
-    processors in those pipelines (`evaluate`'s late path) see it; without a scores pipeline it goes to `store`.
-    `not_ready` lists why components cannot take data now (e.g. the store refuses writes): `/readyz` says so.
-    With `auth` checking credentials, each request sees only its credential's project (`project_of`)."""
+    """`config` sets the body limits of every route; `memory` (the memory_limiters) may refuse a request's body before
+    it is read (see `body_limit`). `judges` is the service's judge runtime, which `/v1/evaluate` runs judge-based
+    evaluators with (None: they are skipped). `scores` is where the `scores` pipelines begin: feedback enters there, as
+    every score does, so the processors in those pipelines (`evaluate`'s late path) see it; without a scores pipeline it
+    goes to `store`. `not_ready` lists why components cannot take data now (e.g. the store refuses writes): `/readyz`
+    says so. With `auth` checking credentials, each request sees only its credential's project (`project_of`)."""
     app = FastAPI(title="evalsi", docs_url="/docs", redoc_url=None)
+    app.add_middleware(limit_bodies, limit_of=_body_limits(app, config or ApiConfig()), guards=memory)
     isolated = auth is not None and auth.enabled
 
     def project_of(request: Request) -> str | None:
@@ -380,6 +390,22 @@ MAX_WHERE = 4000
 
 
 MAX_STORED_SPANS_TRACES = 1_000  # trace ids in one POST /api/v1/spans/stored
+
+
+def _body_limits(app: FastAPI, config: ApiConfig) -> Callable[[Scope], BodyLimit]:
+    """The body limit of the route a request goes to: the bulk one on `BULK_ROUTES` (never below the other)."""
+    usual = BodyLimit(config.max_request_body_size, "service.api.max_request_body_size")
+    bulk = BodyLimit(
+        max(config.max_bulk_request_body_size, config.max_request_body_size), "service.api.max_bulk_request_body_size"
+    )
+
+    def limit_of(scope: Scope) -> BodyLimit:
+        for route in app.router.routes:
+            if getattr(route, "path", None) in BULK_ROUTES and route.matches(scope)[0] is Match.FULL:
+                return bulk
+        return usual
+
+    return limit_of
 
 
 def _check_trace_id(name: str, value: str) -> None:

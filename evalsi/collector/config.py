@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from evalsi.auth import AuthConfig, is_loopback
 from evalsi.collector.builtin import load_builtin_components
 from evalsi.component import REGISTRY, SIGNALS, ComponentConfig, Kind
+from evalsi.limits import MIB, at_least_one, not_bool
 from evalsi.wal import DurabilityConfig
 
 
@@ -104,7 +105,20 @@ class PipelineConfig(_Strict):
 
 
 class ApiConfig(_Strict):
+    """The API's listener and how large a request body it reads: larger ones get 413 (from their Content-Length
+    before a byte is read, else once the body streams past the limit), with the same rule as the OTLP/HTTP
+    receiver's `protocols.http.max_request_body_size`."""
+
     endpoint: str = "127.0.0.1:8080"
+    max_request_body_size: int = 4 * MIB
+    """Bytes of a request body on every route but the bulk ones: feedback, run records, trace selections, ..."""
+    max_bulk_request_body_size: int = 20 * MIB
+    """Bytes of a request body on the routes that carry many records or traces with their texts (`BULK_ROUTES`:
+    `POST /v1/evaluate`, `POST /v1/runs/{run_id}/score`); they take `max_request_body_size` when that is larger.
+    The default is the OTLP/HTTP receiver's: the same texts, sent another way."""
+
+    _not_bool = field_validator("max_request_body_size", "max_bulk_request_body_size", mode="before")(not_bool)
+    _check_size = field_validator("max_request_body_size", "max_bulk_request_body_size")(at_least_one)
 
 
 class MetricsConfig(_Strict):

@@ -446,7 +446,10 @@ class Service:
                     metrics_app = gate(metrics_app, self.auth, surface="metrics")
                 self.telemetry = AsgiServer(metrics_app, telemetry.address)
                 await self.telemetry.start()
-            api = build_api(self.store, self.status, self.scores, self.not_ready, judges=self.judges, auth=self.auth)
+            api = build_api(
+                self.store, self.status, self.scores, self.not_ready, judges=self.judges, auth=self.auth,
+                config=self.config.service.api, memory=[p for _, p in self.processors if hasattr(p, "admit_body")],
+            )  # fmt: skip
             self.api = AsgiServer(
                 gate(api, self.auth, surface="api", open_paths=OPEN_PATHS), self.config.service.api.endpoint
             )

@@ -7,28 +7,12 @@ from typing import Any
 from pydantic import field_validator, model_validator
 
 from evalsi.component import ComponentConfig
+from evalsi.limits import MIB, at_least_one, not_bool
 from evalsi.serving import parse_endpoint
-
-MIB = 1024 * 1024
 
 
 def _endpoint(value: str) -> str:
     parse_endpoint(value)
-    return value
-
-
-def _no_bool(value: Any) -> Any:
-    """A size or count limit is a number (YAML's `true` is not 1)."""
-    if isinstance(value, bool):
-        raise ValueError("must be a whole number of at least 1, not true/false")
-    return value
-
-
-def _at_least_one(value: int) -> int:
-    """A size or count limit is at least 1: 0 or a negative number would silently turn it off (gRPC reads -1 as
-    "unlimited") or refuse everything, so either is a config error naming the key."""
-    if value < 1:
-        raise ValueError(f"must be at least 1, got {value} (a limit cannot be switched off; raise it instead)")
     return value
 
 
@@ -37,8 +21,8 @@ class GrpcConfig(ComponentConfig):
     max_recv_msg_size_mib: int = 20
 
     _check_endpoint = field_validator("endpoint")(_endpoint)
-    _not_bool = field_validator("max_recv_msg_size_mib", mode="before")(_no_bool)
-    _check_size = field_validator("max_recv_msg_size_mib")(_at_least_one)
+    _not_bool = field_validator("max_recv_msg_size_mib", mode="before")(not_bool)
+    _check_size = field_validator("max_recv_msg_size_mib")(at_least_one)
 
     @field_validator("max_recv_msg_size_mib")
     @classmethod
@@ -55,8 +39,8 @@ class HttpConfig(ComponentConfig):
     logs_url_path: str = "/v1/logs"
 
     _check_endpoint = field_validator("endpoint")(_endpoint)
-    _not_bool = field_validator("max_request_body_size", mode="before")(_no_bool)
-    _check_size = field_validator("max_request_body_size")(_at_least_one)
+    _not_bool = field_validator("max_request_body_size", mode="before")(not_bool)
+    _check_size = field_validator("max_request_body_size")(at_least_one)
 
 
 class Limits(ComponentConfig):
@@ -72,8 +56,8 @@ class Limits(ComponentConfig):
     max_spans_per_request: int = 100_000
     max_log_records_per_request: int = 100_000
 
-    _not_bool = field_validator("*", mode="before")(_no_bool)
-    _check = field_validator("*")(_at_least_one)
+    _not_bool = field_validator("*", mode="before")(not_bool)
+    _check = field_validator("*")(at_least_one)
 
 
 class Protocols(ComponentConfig):
