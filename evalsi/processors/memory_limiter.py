@@ -1,6 +1,7 @@
 """memory_limiter: refuses data where the receivers hand it on while the collector's memory (the anonymous resident
 memory of its process and of its pipeline workers) is above a soft limit, as the OpenTelemetry Collector's
-memory_limiter does, and collects garbage in every process above the hard limit."""
+memory_limiter does, and collects garbage in every process above the hard limit. The API asks it too before it reads
+a request body (`admit_body`), which it refuses above the soft limit or when the body would pass the hard one."""
 
 from __future__ import annotations
 
