@@ -169,8 +169,10 @@ def run_command(
         finally:
             display.close()
         run = result.to_dict()
-        for path in report or []:
-            _write_report(path, run, result.scores, link.api_url)
+        if report:
+            trajectories = _report_trajectories(link.api_url, result.scores)
+            for path in report:
+                _write_report(path, run, result.scores, trajectories, report_tasks(dataset.tasks))
     except (RunFailed, TargetError, CollectorError) as e:
         raise _fail(str(e)) from None
     finally:
@@ -205,10 +207,17 @@ async def _run(
 
 
 MAX_REPORTED_TRAJECTORIES = 200
+"""Trajectories a report loads: failed and errored attempts first, then passed ones."""
 
 
-def _failing_trajectories(api: str, scores: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The trajectories of the traces with a failed or errored score (at most MAX_REPORTED_TRAJECTORIES)."""
+def report_tasks(tasks: list[Any]) -> dict[str, dict[str, Any]]:
+    """The dataset's tasks as a report shows them (by id, in the dataset's order): input and reference."""
+    return {t.id: {"input": t.input, "reference": t.reference} for t in tasks}
+
+
+def _report_trajectories(api: str, scores: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The trajectories of the run's traces, those with a failed or errored score first (at most
+    MAX_REPORTED_TRAJECTORIES)."""
     import httpx
 
     from evalsi.auth import api_headers
@@ -216,9 +225,10 @@ def _failing_trajectories(api: str, scores: list[dict[str, Any]]) -> dict[str, d
     from evalsi.trajectory import build_trajectory
 
     failing = [s["trace_id"] for s in scores if s.get("passed") is False or s.get("outcome") == "error"]
+    wanted = list(dict.fromkeys([*failing, *(s["trace_id"] for s in scores)]))
     out: dict[str, dict[str, Any]] = {}
     with httpx.Client(base_url=api, timeout=30, headers=api_headers()) as client:
-        for trace_id in list(dict.fromkeys(failing))[:MAX_REPORTED_TRAJECTORIES]:
+        for trace_id in wanted[:MAX_REPORTED_TRAJECTORIES]:
             resp = client.get(f"/api/v1/traces/{trace_id}")
             if resp.status_code == 200:
                 spans = [span_from_canonical(c) for c in resp.json()["spans"]]
@@ -226,14 +236,20 @@ def _failing_trajectories(api: str, scores: list[dict[str, Any]]) -> dict[str, d
     return out
 
 
-def _write_report(path: Path, run: dict[str, Any], scores: list[dict[str, Any]], api: str) -> None:
+def _write_report(
+    path: Path,
+    run: dict[str, Any],
+    scores: list[dict[str, Any]],
+    trajectories: dict[str, dict[str, Any]],
+    tasks: dict[str, dict[str, Any]],
+) -> None:
     from evalsi.run_harness.html import html_report
     from evalsi.run_harness.report import markdown
 
     if path.suffix == ".md":
-        path.write_text(markdown(run))
+        path.write_text(markdown(run, scores, trajectories, tasks))
     else:
-        path.write_text(html_report(run, scores, _failing_trajectories(api, scores)))
+        path.write_text(html_report(run, scores, trajectories, tasks))
     err.print(f"report written to {path}", highlight=False)
 
 

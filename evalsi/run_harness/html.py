@@ -1,5 +1,8 @@
-"""The run as one self-contained HTML page (`--report out.html`): summary, manifest, metrics, gates, comparison, and
-the failing examples with their trajectories; inline CSS only, no scripts, nothing loaded from the network."""
+"""The run as one self-contained HTML page (`--report out.html`): summary, metrics, gates, comparison, a task x trial
+grid of outcomes, every attempt with expected and actual output side by side (the difference marked), its scores and
+trajectory (failed ones open, passed ones folded, identical trials shown once), infrastructure errors and the
+manifest; inline CSS and a small inline script (filter and sort; the page reads the same without it), nothing
+loaded from the network."""
 
 from __future__ import annotations
 
@@ -10,18 +13,28 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from evalsi.run_harness.examples import (
+    FAILING,
+    Attempt,
+    attempts_of,
+    by_task,
+    difference,
+    expected_of,
+    first_difference,
+    grouped,
+    score_outcome,
+    trials_text,
+)
 from evalsi.run_harness.report import HEADERS, _num, faults_text, metric_rows
 
 MAX_EXAMPLES = 200
-"""Failing scores shown; the rest are counted."""
+"""Attempts shown in detail, failed ones first; the rest are counted (the grid shows every attempt)."""
 MAX_INFRA_ERRORS = 500
 MAX_STEPS = 100
 """Steps shown per trajectory."""
 MAX_TEXT = 2000
 """Characters shown of one piece of content (an output, tool arguments, a result)."""
 MAX_DOCUMENTS = 5
-OPEN_BELOW = 20
-"""Trajectories start expanded when fewer failing examples than this are shown."""
 
 CSS = """
 :root { --ok: #1a7f37; --ok-bg: #dafbe1; --bad: #cf222e; --bad-bg: #ffebe9; --muted: #59636e; --line: #d1d9e0;
@@ -71,6 +84,34 @@ ol.steps > li.error { border-left-color: var(--bad); background: #fff8f7; }
 .more { color: var(--muted); font-style: italic; }
 .label { color: var(--muted); font-size: 12px; margin-top: 4px; }
 svg.whisker { vertical-align: middle; }
+[hidden] { display: none !important; }
+.small { font-size: 12px; }
+.toolbar { display: flex; flex-wrap: wrap; align-items: center; gap: 6px 18px; margin: 8px 0; padding: 8px 12px;
+  background: var(--zebra); border: 1px solid var(--line); border-radius: 6px; }
+.toolbar label { color: var(--muted); }
+.toolbar input, .toolbar select { font: inherit; color: #1f2328; padding: 2px 6px; margin-left: 4px; }
+table.grid th, table.grid td { border: 1px solid #fff; }
+table.grid td.cell { padding: 0; min-width: 56px; text-align: center; font-weight: 700; }
+table.grid td.cell a, table.grid td.cell span { display: block; padding: 3px 10px; color: inherit;
+  text-decoration: none; }
+table.grid td.cell a:hover { outline: 2px solid var(--accent); }
+.cell.pass, .cell-key.pass { background: var(--ok-bg); color: var(--ok); }
+.cell.fail, .cell-key.fail { background: var(--bad-bg); color: var(--bad); }
+.cell.error, .cell-key.error { background: #fff1e5; color: #bc4c00; }
+.cell.scored, .cell-key.scored { background: #ddf4ff; color: #0550ae; }
+.cell.infra, .cell-key.infra { background: #eaeef2; color: var(--muted); }
+.cell.none { color: var(--line); }
+.cell.dim { opacity: 0.2; }
+.cell-key { display: inline-block; min-width: 22px; text-align: center; border-radius: 3px; font-weight: 700; }
+details.attempt { border-left: 4px solid var(--line); padding: 0 0 4px 12px; margin: 10px 0; color: #1f2328; }
+details.attempt.fail { border-left-color: var(--bad); }
+details.attempt.error { border-left-color: #bc4c00; }
+details.attempt.pass { border-left-color: var(--ok); }
+details.attempt > summary { color: #1f2328; }
+details.attempt:target, details.attempt:has(:target) { background: #fff8c5; }
+.versus { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 12px; margin: 6px 0 2px; }
+mark.want { background: #aceebb; color: #116329; border-radius: 2px; }
+mark.got { background: #ffcecb; color: #82071e; border-radius: 2px; }
 """
 
 
@@ -399,80 +440,370 @@ def _trajectory(t: dict[str, Any], open_: bool) -> str:
     )
 
 
-def _trial(value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 0
+# --- outcomes: the task x trial grid, the filter and sort -------------------------------------------------------
+
+MARK = {"pass": "✓", "fail": "✗", "error": "!", "scored": "#", "infra": "∅"}
+"""The grid's cell text for each outcome (the cell's colour says it too)."""
+WORD = {"pass": "pass", "fail": "fail", "error": "evaluator error", "scored": "numeric scores only",
+        "infra": "infrastructure error"}  # fmt: skip
 
 
-def _examples(scores: list[dict[str, Any]], trajectories: dict[str, dict[str, Any]] | None) -> str:
-    bad = failing(scores)
-    if not bad:
-        return '<section><h2>Failing examples</h2><p class="muted">No score failed or errored.</p></section>'
-    shown = bad[:MAX_EXAMPLES]
-    tasks: dict[str, dict[tuple[int, str], list[dict[str, Any]]]] = {}
-    for s in shown:
-        key = (_trial(s.get("trial")), str(s.get("trace_id") or ""))
-        tasks.setdefault(str(s.get("task_id") or ""), {}).setdefault(key, []).append(s)
-    open_ = len(shown) < OPEN_BELOW
-    out = [f"<section><h2>Failing examples ({len(bad):,} failed or errored scores)</h2>"]
-    if len(bad) > len(shown):
-        out.append(
-            f'<p class="more">Showing the first {len(shown):,}; {len(bad) - len(shown):,} more failing scores are '
-            "left out (`evalsi runs show` lists them all).</p>"
-        )
-    for task_id in sorted(tasks):
-        out.append(f'<div class="task"><h3>task <code>{_e(task_id)}</code></h3>')
-        for (trial, trace_id), group in sorted(tasks[task_id].items()):
-            rows = []
-            for s in group:
-                outcome = s.get("outcome")
-                mark = (
-                    '<span class="badge error">error</span>' if outcome == "error"
-                    else '<span class="badge fail">fail</span>'
-                )  # fmt: skip
-                why = [_clip(s.get("reason"), 500), _clip(s.get("explanation"))]
-                rows.append([
-                    f"<b>{_e(s.get('name'))}</b>", mark, _e(_num(s.get("value"))),
-                    "<br>".join(w for w in why if w) or "-", _e(s.get("evaluator") or ""),
-                ])  # fmt: skip
-            out.append(
-                f'<div class="trace">trial <b>{_e(trial)}</b> · trace <code class="tid">{_e(trace_id)}</code> '
-                f'<span class="muted">(<code>evalsi traces show {_e(trace_id)}</code>)</span>'
-                f"{_table(['metric', 'result', 'value', 'reason / explanation', 'evaluator'], rows, (2,))}"
+def _anchor(task_index: int, trial: int) -> str:
+    """The id of a task's trial in the page (task ids are untrusted text; the index is not)."""
+    return f"a{task_index}-{trial}"
+
+
+def _json_attr(value: Any) -> str:
+    return _e(json.dumps(value, separators=(",", ":"), default=str))
+
+
+def _means(attempts: list[Attempt]) -> dict[str, float]:
+    """A task's mean per metric (the pass rate for pass/fail scores), and under "" its attempts' pass rate."""
+    values: dict[str, list[float]] = {}
+    for a in attempts:
+        for s in a.scores:
+            v = (1.0 if s["passed"] else 0.0) if isinstance(s.get("passed"), bool) else s.get("value")
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+                values.setdefault(str(s.get("name")), []).append(float(v))
+    out = {name: sum(vs) / len(vs) for name, vs in values.items()}
+    judged = [a for a in attempts if a.outcome in ("pass", "fail", "error")]
+    if judged:
+        out[""] = sum(a.outcome == "pass" for a in judged) / len(judged)
+    return out
+
+
+def _cell_title(a: Attempt) -> str:
+    why = next((s for s in a.scores if score_outcome(s) in FAILING), None)
+    text = f"{a.task_id} · trial {a.trial}: {WORD[a.outcome]}"
+    if why is not None:
+        text += f" ({why.get('name')}: {why.get('explanation') or why.get('reason') or ''})".replace(": )", ")")
+    elif a.infra is not None:
+        text += f" ({a.infra.get('kind')}: {a.infra.get('message')})"
+    return text[:300]
+
+
+def _toolbar(metrics: list[str]) -> str:
+    """Filter and sort; hidden until the script shows it, so a page read without scripts shows everything."""
+    options = '<option value="">any metric</option>' + "".join(
+        f'<option value="{_e(m)}">{_e(m)}</option>' for m in metrics
+    )
+    return (
+        '<div class="toolbar" id="toolbar" hidden>'
+        '<label>task <input id="f-task" type="search" placeholder="id or input text" size="22"></label>'
+        '<label>outcome <select id="f-outcome"><option value="all">all</option>'
+        '<option value="failing">failed or errored</option><option value="fail">failed</option>'
+        '<option value="error">evaluator error</option><option value="pass">passed</option>'
+        '<option value="infra">infrastructure error</option></select></label>'
+        f'<label>metric <select id="f-metric">{options}</select></label>'
+        '<label>sort <select id="f-sort"><option value="order">dataset order</option>'
+        '<option value="failing">most failing trials first</option>'
+        '<option value="mean">lowest mean first</option></select></label>'
+        '<span class="muted" id="f-shown"></span></div>'
+    )
+
+
+def _outcomes(tasks: dict[str, list[Attempt]], inputs: dict[str, str], shown: set[tuple[str, int]], trials: int) -> str:
+    if not tasks:
+        return ""
+    metrics = sorted({str(s.get("name")) for group in tasks.values() for a in group for s in a.scores})
+    head = "".join(f'<th class="num">trial {t}</th>' for t in range(trials))
+    rows = []
+    for i, (task_id, attempts) in enumerate(tasks.items()):
+        by_trial = {a.trial: a for a in attempts}
+        cells = []
+        for t in range(trials):
+            a = by_trial.get(t)
+            if a is None:
+                cells.append('<td class="cell none" title="not run">-</td>')
+                continue
+            mark = MARK[a.outcome]
+            inner = f'<a href="#{_anchor(i, t)}">{mark}</a>' if (task_id, t) in shown else f"<span>{mark}</span>"
+            cells.append(
+                f'<td class="cell {a.outcome}" data-outcome="{a.outcome}" data-by="{_json_attr(a.by_metric())}" '
+                f'title="{_e(_cell_title(a))}">{inner}</td>'
             )
-            if trajectories is not None:
-                t = trajectories.get(trace_id)
-                if t is None:
-                    out.append('<div class="muted">trajectory not loaded (trace not found or over the limit)</div>')
-                else:
-                    out.append(_trajectory(t, open_))
-            out.append("</div>")
-        out.append("</div>")
+        bad = sum(a.failing for a in attempts)
+        search = f"{task_id} {inputs.get(task_id, '')}".lower()[:500]
+        rows.append(
+            f'<tr data-task="{_e(task_id)}" data-order="{i}" data-failing="{bad}" data-search="{_e(search)}" '
+            f'data-means="{_json_attr(_means(attempts))}"><th><code>{_e(task_id)}</code></th>{"".join(cells)}'
+            f'<td class="num">{bad} of {len(attempts)}</td></tr>'
+        )
+    legend = " · ".join(f'<span class="cell-key {k}">{v}</span> {_e(WORD[k])}' for k, v in MARK.items())
+    return (
+        '<section id="outcomes"><h2>Outcomes by task and trial</h2>'
+        f'<p class="muted">{legend}. A cell opens its attempt below; its tooltip says why it failed.</p>'
+        f"{_toolbar(metrics)}"
+        f'<table class="grid" id="grid"><thead><tr><th>task</th>{head}<th class="num">failing</th></tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table></section>"
+    )
+
+
+# --- attempts: expected against actual, scores, trajectories ----------------------------------------------------
+
+
+def _marked(pieces: list[tuple[str, bool]], css: str) -> str:
+    return "".join(f'<mark class="{css}">{_e(text)}</mark>' if differs else _e(text) for text, differs in pieces)
+
+
+def _cut(text: str) -> tuple[str, str]:
+    """The text cut at MAX_TEXT, and the marker of what was left out."""
+    if len(text) <= MAX_TEXT:
+        return text, ""
+    return text[:MAX_TEXT], f'<span class="more">… ({len(text) - MAX_TEXT:,} more characters)</span>'
+
+
+def _versus(expected: str | None, actual: str | None, reference: Any, known: bool) -> str:
+    """Expected and actual output side by side, where they differ marked."""
+    if expected is None and actual is None and not reference:
+        return ""
+    if expected is not None and actual is not None:
+        (want, want_more), (got, got_more) = _cut(expected), _cut(actual)
+        left, right = difference(want, got)
+        at = first_difference(expected, actual)
+        note = (
+            "the same text"
+            if at is None
+            else (
+                f"first difference at character {at:,} (lengths {len(expected):,} and {len(actual):,}); "
+                "marked: the words that differ"
+            )
+        )
+        return (
+            f'<div class="versus"><div class="expected"><div class="label">expected output</div>'
+            f"<pre>{_marked(left, 'want')}{want_more}</pre></div>"
+            f'<div class="actual"><div class="label">actual output</div>'
+            f"<pre>{_marked(right, 'got')}{got_more}</pre></div></div>"
+            f'<div class="muted small">{_e(note)}</div>'
+        )
+    if expected is not None:
+        left_html = f'<div class="label">expected output</div>{_pre(expected)}'
+    elif reference:
+        left_html = f'<div class="label">reference (no expected output)</div>{_pre(reference)}'
+    elif known:
+        left_html = '<div class="label">expected output</div><div class="muted">the task gives none</div>'
+    else:
+        left_html = '<div class="label">expected output</div><div class="muted">not known to this report</div>'
+    right_html = (
+        f'<div class="label">actual output</div>{_pre(actual)}' if actual is not None
+        else '<div class="label">actual output</div><div class="muted">not loaded (trace not found or over the '
+        "limit)</div>"
+    )  # fmt: skip
+    return f'<div class="versus"><div class="expected">{left_html}</div><div class="actual">{right_html}</div></div>'
+
+
+def _score_rows(scores: list[dict[str, Any]]) -> str:
+    rows = []
+    for s in sorted(scores, key=lambda s: (score_outcome(s) not in FAILING, str(s.get("name")))):
+        outcome = score_outcome(s)
+        badge = "error" if outcome == "error" else outcome
+        why = [_clip(s.get("reason"), 500), _clip(s.get("explanation"))]
+        rows.append([
+            f"<b>{_e(s.get('name'))}</b>", f'<span class="badge {badge}">{_e(outcome)}</span>',
+            _e(_num(s.get("value"))), "<br>".join(w for w in why if w) or "-", _e(s.get("evaluator") or ""),
+        ])  # fmt: skip
+    return _table(["metric", "result", "value", "reason / explanation", "evaluator"], rows, (2,))
+
+
+def _group(task_index: int, group: list[Attempt], task: dict[str, Any] | None, loaded: bool) -> str:
+    first = group[0]
+    outcome = first.outcome
+    ids = [_anchor(task_index, a.trial) for a in group]
+    extra = "".join(f'<span id="{i}"></span>' for i in ids[1:])
+    verdict = " ".join(
+        f'<span class="badge {o if o != "scored" else "same"}">{_e(name)} {MARK[o]}</span>'
+        for name, o in first.by_metric().items()
+    )
+    traces = " · ".join(f'trial {a.trial} <code class="tid">{_e(a.trace_id)}</code>' for a in group)
+    reference = (task or {}).get("reference")
+    body = [
+        f'<div class="muted small">{traces} <span class="muted">(<code>evalsi traces show {_e(first.trace_id)}'
+        "</code>)</span></div>",
+        _score_rows(first.scores),
+        _versus(expected_of(reference) if task is not None else None, first.actual, reference, task is not None),
+    ]
+    if loaded:
+        if first.trajectory is None:
+            body.append('<div class="muted">trajectory not loaded (trace not found or over the limit)</div>')
+        else:
+            body.append(_trajectory(first.trajectory, False))
+    open_ = " open" if first.failing else ""
+    return (
+        f'<details class="attempt {outcome}" id="{ids[0]}"{open_} data-outcome="{outcome}" '
+        f'data-by="{_json_attr(first.by_metric())}"><summary>{extra}<b>{_e(trials_text(group))}</b> '
+        f'<span class="badge {outcome if outcome != "scored" else "same"}">{_e(WORD[outcome])}</span> '
+        f"{verdict}</summary>{''.join(body)}</details>"
+    )
+
+
+def _attempts(
+    tasks: dict[str, list[Attempt]],
+    facts: dict[str, dict[str, Any]] | None,
+    shown: set[tuple[str, int]],
+    loaded: bool,
+) -> str:
+    total = sum(len(v) for v in tasks.values())
+    scored = [a for v in tasks.values() for a in v if a.outcome != "infra"]
+    if not scored:
+        return '<section id="attempts"><h2>Attempts</h2><p class="muted">No attempt was scored.</p></section>'
+    bad = sum(a.failing for a in scored)
+    out = [
+        f'<section id="attempts"><h2>Attempts ({len(scored):,} scored, {bad:,} failed or errored)</h2>'
+        '<p class="muted">Failed attempts are open, passed ones folded; a task\'s trials that did the same thing '
+        "and got the same verdicts are shown once.</p>"
+    ]
+    hidden = sum(1 for v in tasks.values() for a in v if a.outcome != "infra" and (a.task_id, a.trial) not in shown)
+    if hidden:
+        out.append(
+            f'<p class="more">Showing {total - hidden:,} attempts, failed ones first; {hidden:,} more are left out '
+            "(`evalsi runs show` lists every score).</p>"
+        )
+    for i, (task_id, attempts) in enumerate(tasks.items()):
+        visible = [a for a in attempts if (task_id, a.trial) in shown]
+        if not visible:
+            continue
+        task = facts.get(task_id) if facts is not None else None
+        failing_n = sum(a.failing for a in attempts)
+        head = (
+            f'<h3>task <code>{_e(task_id)}</code> <span class="badge {"fail" if failing_n else "pass"}">'
+            f"{failing_n} of {len(attempts)} failing</span></h3>"
+        )
+        given = ""
+        if task is not None and task.get("input") is not None:
+            given = f'<div class="label">input</div>{_pre(task["input"], 1000)}'
+        ranked = sorted(grouped(visible), key=lambda g: (not g[0].failing, g[0].trial))  # failed ones first
+        groups = "".join(_group(i, g, task, loaded) for g in ranked)
+        out.append(f'<div class="task" data-task="{_e(task_id)}">{head}{given}{groups}</div>')
     out.append("</section>")
     return "".join(out)
 
 
+def _shown(attempts: list[Attempt]) -> set[tuple[str, int]]:
+    """The attempts shown in detail: failing first, then the rest, MAX_EXAMPLES in all."""
+    ranked = sorted((a for a in attempts if a.outcome != "infra"), key=lambda a: not a.failing)
+    return {(a.task_id, a.trial) for a in ranked[:MAX_EXAMPLES]}
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _input_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
+SCRIPT = """
+(function () {
+  var bar = document.getElementById("toolbar");
+  if (!bar) return;
+  bar.hidden = false;
+  var q = document.getElementById("f-task"), oc = document.getElementById("f-outcome"),
+      me = document.getElementById("f-metric"), so = document.getElementById("f-sort"),
+      shown = document.getElementById("f-shown");
+  var rows = Array.prototype.slice.call(document.querySelectorAll("#grid tbody tr"));
+  var cards = Array.prototype.slice.call(document.querySelectorAll("#attempts .task"));
+  function outcome(el, metric) {
+    if (!metric) return el.getAttribute("data-outcome");
+    var by = JSON.parse(el.getAttribute("data-by") || "{}");
+    return by[metric] || "none";
+  }
+  function matches(o, want) {
+    if (o === "none") return false;
+    if (want === "all") return true;
+    if (want === "failing") return o === "fail" || o === "error";
+    return o === want;
+  }
+  function apply() {
+    var text = q.value.trim().toLowerCase(), want = oc.value, metric = me.value, seen = {}, n = 0;
+    rows.forEach(function (row) {
+      var any = false;
+      row.querySelectorAll("td.cell[data-outcome]").forEach(function (cell) {
+        var ok = matches(outcome(cell, metric), want);
+        cell.classList.toggle("dim", !ok);
+        any = any || ok;
+      });
+      var show = any && row.getAttribute("data-search").indexOf(text) >= 0;
+      row.hidden = !show;
+      seen[row.getAttribute("data-task")] = show;
+      if (show) n++;
+    });
+    cards.forEach(function (card) {
+      card.hidden = seen[card.getAttribute("data-task")] !== true;
+      card.querySelectorAll(".attempt").forEach(function (a) { a.hidden = !matches(outcome(a, metric), want); });
+    });
+    shown.textContent = n + " of " + rows.length + " tasks shown";
+  }
+  function rank(el) {
+    var order = parseInt(el.getAttribute("data-order"), 10);
+    if (so.value === "failing") return [-parseInt(el.getAttribute("data-failing"), 10), order];
+    if (so.value === "mean") {
+      var m = JSON.parse(el.getAttribute("data-means") || "{}")[me.value];
+      return [typeof m === "number" ? m : Infinity, order];
+    }
+    return [order, 0];
+  }
+  function sortAll() {
+    var keys = {};
+    rows.forEach(function (row) { keys[row.getAttribute("data-task")] = rank(row); });
+    function cmp(a, b) {
+      var x = keys[a.getAttribute("data-task")], y = keys[b.getAttribute("data-task")];
+      return x[0] - y[0] || x[1] - y[1];
+    }
+    [rows, cards].forEach(function (list) {
+      list.slice().sort(cmp).forEach(function (el) { el.parentNode.appendChild(el); });
+    });
+  }
+  function reveal() {
+    var el = location.hash && document.getElementById(location.hash.slice(1));
+    var box = el && el.closest("details");
+    if (box) { box.open = true; box.scrollIntoView(); }
+  }
+  q.addEventListener("input", apply);
+  oc.addEventListener("change", apply);
+  me.addEventListener("change", function () { apply(); sortAll(); });
+  so.addEventListener("change", sortAll);
+  window.addEventListener("hashchange", reveal);
+  reveal();
+  apply();
+})();
+"""
+"""Filter and sort of the grid and the attempts, and opening the attempt a cell links to: small, inline, and the
+page reads the same without it."""
+
+
 def html_report(
-    run: dict[str, Any], scores: list[dict[str, Any]], trajectories: dict[str, dict[str, Any]] | None = None
+    run: dict[str, Any],
+    scores: list[dict[str, Any]],
+    trajectories: dict[str, dict[str, Any]] | None = None,
+    tasks: dict[str, dict[str, Any]] | None = None,
 ) -> str:
-    """The run (`RunResult.to_dict()`), its scores and the trajectories of failing traces (by trace id) as one
-    self-contained HTML page. Every value from the run is escaped: task inputs and model outputs are untrusted."""
+    """The run (`RunResult.to_dict()`), its scores, the trajectories of its traces (by trace id; None: not loaded)
+    and its tasks (by id: `input` and `reference`, in the dataset's order; None: not known) as one self-contained
+    HTML page. Every value from the run is escaped: task inputs and model outputs are untrusted."""
     title = f"evalsi run {run.get('run_id', '')}"
+    manifest = run.get("manifest") or {}
+    infra = run.get("infra_errors") or []
+    loaded = trajectories is not None
+    attempts = attempts_of(scores, trajectories, infra)
+    per_task = by_task(attempts, tasks)
+    trials = max([_int(manifest.get("trials")), *(a.trial + 1 for a in attempts)])
+    inputs = {k: _input_text(v.get("input"))[:300] for k, v in (tasks or {}).items()}
+    shown = _shown(attempts)
     body = "".join([
         _header(run, len(failing(scores))),
-        _manifest(run.get("manifest") or {}),
         _metrics(run),
         _gates(run.get("gates") or []),
         _comparison(run.get("comparison")),
-        _examples(scores, trajectories),
-        _infra(run.get("infra_errors") or []),
+        _outcomes(per_task, inputs, shown, trials),
+        _attempts(per_task, tasks, shown, loaded),
+        _infra(infra),
+        _manifest(manifest),
     ])  # fmt: skip
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{_e(title)}</title><style>{CSS}</style></head><body>{body}"
+        f"<script>{SCRIPT}</script>"
         f'<footer class="muted"><p>evalsi {_e((run.get("manifest") or {}).get("evalsi_version"))} · '
         "this page is self-contained and loads nothing from the network.</p></footer></body></html>\n"
     )

@@ -1,7 +1,9 @@
-"""What a finished run shows: the summary table in the terminal, and the same as Markdown (`--report out.md`)."""
+"""What a finished run shows: the summary table in the terminal, and the same as Markdown (`--report out.md`) with
+the task x trial outcomes and the failing examples (expected against actual output, the evaluators' explanations)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rich.console import Console
@@ -88,7 +90,98 @@ def comparison_table(comparison: dict[str, dict[str, Any]], title: str) -> Table
     return table
 
 
-def markdown(run: dict[str, Any]) -> str:
+MAX_MARKDOWN_EXAMPLES = 50
+"""Failing examples (a task's identical trials count once) the Markdown report lists; the rest are counted."""
+WORD = {"pass": "pass", "fail": "**FAIL**", "error": "**error**", "scored": "scored", "infra": "infra error"}
+
+
+def _code(text: str) -> str:
+    """Inline code that holds any text: a fence longer than its longest run of backticks, one line, no pipes."""
+    text = " ".join(str(text).split()).replace("|", "\\|")
+    fence = "`" * (max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _block(text: str, limit: int = 2000) -> list[str]:
+    """A fenced block that holds any text, cut at `limit` characters with a note of what was left out."""
+    more = f"\n… ({len(text) - limit:,} more characters)" if len(text) > limit else ""
+    body = text[:limit] + more
+    fence = "`" * max(3, max((len(r) for r in re.findall(r"`+", body)), default=0) + 1)
+    return [f"{fence}text", body, fence]
+
+
+def outcome_lines(
+    scores: list[dict[str, Any]],
+    infra_errors: list[dict[str, Any]],
+    trials: int,
+    tasks: dict[str, dict[str, Any]] | None = None,
+) -> list[str]:
+    """The task x trial grid of outcomes as a Markdown table."""
+    from evalsi.run_harness.examples import attempts_of, by_task
+
+    per_task = by_task(attempts_of(scores, None, infra_errors), tasks)
+    if not per_task:
+        return []
+    trials = max([trials, *(a.trial + 1 for v in per_task.values() for a in v)])
+    lines = ["", "## Outcomes by task and trial", "",
+             "| task | " + " | ".join(f"trial {t}" for t in range(trials)) + " | failing |",
+             "|---|" + "---|" * (trials + 1)]  # fmt: skip
+    for task_id, attempts in per_task.items():
+        by_trial = {a.trial: a for a in attempts}
+        cells = [WORD[by_trial[t].outcome] if t in by_trial else "-" for t in range(trials)]
+        bad = sum(a.failing for a in attempts)
+        lines.append(f"| {_code(task_id)} | " + " | ".join(cells) + f" | {bad} of {len(attempts)} |")
+    return lines
+
+
+def example_lines(
+    scores: list[dict[str, Any]],
+    trajectories: dict[str, dict[str, Any]] | None = None,
+    tasks: dict[str, dict[str, Any]] | None = None,
+) -> list[str]:
+    """The failing examples: task, trials, each failing evaluator's explanation, expected against actual output."""
+    from evalsi.run_harness.examples import FAILING, attempts_of, by_task, expected_of, grouped, score_outcome
+
+    per_task = by_task([a for a in attempts_of(scores, trajectories) if a.failing], tasks)
+    groups = [(task_id, g) for task_id, attempts in per_task.items() for g in grouped(attempts)]
+    if not groups:
+        return []
+    count = sum(len(g) for _, g in groups)
+    lines = ["", f"## Failing examples ({count} failed or errored attempts)"]
+    for task_id, group in groups[:MAX_MARKDOWN_EXAMPLES]:
+        first = group[0]
+        trials = ", ".join(str(a.trial) for a in group)
+        same = " (same trajectory)" if len(group) > 1 else ""
+        lines += ["", f"### {_code(task_id)} trial{'s' if len(group) > 1 else ''} {trials}{same}", ""]
+        for s in first.scores:
+            outcome = score_outcome(s)
+            if outcome in FAILING:
+                why = "; ".join(str(w) for w in (s.get("reason"), s.get("explanation")) if w) or "no explanation"
+                lines.append(f"- {_code(str(s.get('name')))} {outcome} ({s.get('evaluator') or s.get('name')}): "
+                             + " ".join(why.split()))  # fmt: skip
+        lines.append(f"- trace {', '.join(_code(a.trace_id) for a in group)}")
+        task = (tasks or {}).get(task_id)
+        expected = expected_of(task.get("reference")) if task is not None else None
+        if expected is not None:
+            lines += ["", "expected:", "", *_block(expected)]
+        actual = first.actual
+        lines += ["", "actual:", ""]
+        lines += _block(actual) if actual is not None else ["(not loaded: trace not found or over the limit)"]
+    if len(groups) > MAX_MARKDOWN_EXAMPLES:
+        lines += ["", f"… {len(groups) - MAX_MARKDOWN_EXAMPLES} more failing examples are left out "
+                  "(`evalsi runs show` lists every score)."]  # fmt: skip
+    return lines
+
+
+def markdown(
+    run: dict[str, Any],
+    scores: list[dict[str, Any]] | None = None,
+    trajectories: dict[str, dict[str, Any]] | None = None,
+    tasks: dict[str, dict[str, Any]] | None = None,
+) -> str:
+    """The run as Markdown; with its scores (and the trajectories and tasks, for the outputs) also the outcomes by
+    task and trial and the failing examples."""
     lines = [f"# Run `{run['run_id']}`", ""]
     m = run["manifest"]
     lines += [
@@ -121,4 +214,8 @@ def markdown(run: dict[str, Any]) -> str:
         lines += [
             f"- `{e['kind']}` task {e['task_id']} trial {e['trial']}: {e['message']}" for e in run["infra_errors"]
         ]
+    if scores is not None:
+        trials = m.get("trials") if isinstance(m.get("trials"), int) else 0
+        lines += outcome_lines(scores, run["infra_errors"], trials, tasks)
+        lines += example_lines(scores, trajectories, tasks)
     return "\n".join(lines) + "\n"

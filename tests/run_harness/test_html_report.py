@@ -1,5 +1,7 @@
-"""The HTML run report: its content, the escaping of untrusted values, no network references, and a headless
-Chromium rendering checked for being non-blank (the PNG read with the standard library)."""
+"""The HTML and Markdown run reports: their content, the escaping of untrusted values, no network references; and
+the HTML page in headless Chromium as a person looks at it: the task x trial grid above the fold with one coloured
+cell per attempt, expected beside actual output, the filter hiding rows, a cell opening its attempt (read back from
+the rendered DOM), and a screenshot that is not blank (the PNG read with the standard library)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from evalsi.run_harness.html import MAX_EXAMPLES, MAX_TEXT, html_report
-from evalsi.run_harness.report import metric_rows
+from evalsi.run_harness.html import MAX_EXAMPLES, MAX_TEXT, SCRIPT as PAGE_SCRIPT, html_report
+from evalsi.run_harness.report import markdown, metric_rows
 
 SCRIPT = "<script>alert(1)</script>"
 FAILING_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -300,7 +302,7 @@ def test_header_manifest_gates_comparison_and_infra_errors(page: str) -> None:
 
 
 def test_failing_examples_with_trajectory(page: str) -> None:
-    assert "Failing examples (2 failed or errored scores)" in page
+    assert "Attempts (3 scored, 2 failed or errored)" in page
     assert f"evalsi traces show {FAILING_TRACE}" in page
     assert "mismatch" in page and "judge_timeout" in page
     # the trajectory: tool call with its arguments, the tool's error, the long output cut with a visible marker
@@ -308,13 +310,16 @@ def test_failing_examples_with_trajectory(page: str) -> None:
     assert "ZeroDivisionError: division by zero" in page
     assert "… (1,250 more characters)" in page  # "Let me compute. " is 16 characters more
     assert LONG not in page
-    # the passing trace t1 is no example
-    assert "t10".ljust(32, "0") not in page
+    # the passing trace t1 is shown too, folded
+    passing = re.search(r'<details class="attempt pass" id="a0-0"( open)?', page)
+    assert passing is not None and passing.group(1) is None
+    assert "t10".ljust(32, "0") in page
 
 
 def test_untrusted_values_are_escaped(page: str) -> None:
     assert html.escape(SCRIPT) in page
-    assert "<script" not in page.lower()
+    # the one script is the page's own filter and sort
+    assert page.lower().count("<script") == 1 and f"<script>{PAGE_SCRIPT}</script>" in page
 
 
 def test_no_network_references(page: str) -> None:
@@ -322,7 +327,10 @@ def test_no_network_references(page: str) -> None:
     assert tags
     for tag in tags:
         for name, value in re.findall(r"""([\w:-]+)\s*=\s*("[^"]*"|'[^']*'|[^\s>]+)""", tag):
-            assert name.lower() not in ("src", "href", "srcset", "action", "xlink:href", "poster"), tag
+            if name.lower() == "href":  # links within the page only: a grid cell to its attempt
+                assert value.startswith('"#'), tag
+                continue
+            assert name.lower() not in ("src", "srcset", "action", "xlink:href", "poster"), tag
             assert not re.search(r"(?i)https?:|//|url\(", value), tag
     for tag in ("<link", "<img", "<iframe", "<object", "<embed", "<base", "<meta http-equiv"):
         assert tag not in page.lower()
@@ -332,25 +340,21 @@ def test_no_network_references(page: str) -> None:
     assert "http:http://localhost:8080/agent" in page and "https://judge.example/v1" in page
 
 
-def test_failing_examples_are_capped() -> None:
-    scores = [
-        {
-            "trace_id": f"{i:032x}",
-            "task_id": f"task-{i:04d}",
-            "trial": 0,
-            "name": "correct",
-            "value": 0.0,
-            "passed": False,
-            "outcome": "scored",
-            "reason": None,
-            "explanation": None,
-            "evaluator": "exact_match",
-        }
-        for i in range(MAX_EXAMPLES + 37)
-    ]
+def test_attempts_shown_in_detail_are_capped() -> None:
+    def score(i: int, passed: bool) -> dict[str, Any]:
+        return {"trace_id": f"{i:032x}", "task_id": f"task-{i:04d}", "trial": 0, "name": "correct",
+                "value": float(passed), "passed": passed, "outcome": "scored", "reason": None, "explanation": None,
+                "evaluator": "exact_match"}  # fmt: skip
+
+    scores = [score(i, True) for i in range(20)] + [score(i, False) for i in range(20, 20 + MAX_EXAMPLES + 17)]
     page = html_report(_run(), scores, {})
-    assert "37 more failing scores are left out" in page
-    assert page.count("evalsi traces show ") == MAX_EXAMPLES
+    assert "37 more are left out" in page
+    assert page.count("evalsi traces show ") == MAX_EXAMPLES  # failed ones first: no passed one is shown
+    # every attempt is in the grid (t3's infrastructure error first), those not shown in detail without a link
+    assert 'title="task-0000 · trial 0: pass"><span>✓</span>' in page and 'href="#a1-0"' not in page
+    assert page.count('<td class="cell pass"') == 20 and page.count('<td class="cell fail"') == MAX_EXAMPLES + 17
+    assert page.count('<td class="cell infra"') == 1
+    assert page.count('<td class="cell none" title="not run">') == 20 + MAX_EXAMPLES + 17 + 1  # 2 trials each
     assert "trajectory not loaded" in page
 
 
@@ -371,7 +375,155 @@ def test_minimal_run() -> None:
         "agent_s": 0.0,
     }
     page = html_report(run, [])
-    assert "no gates" in page and "No score failed or errored." in page
+    assert "no gates" in page and "No attempt was scored." in page and 'id="grid"' not in page
+
+
+# --- a run of 4 tasks x 3 trials with failures: the grid, expected against actual, grouping ---------------------
+
+GRID_TASKS = {
+    "fr": {"input": "What is the capital of France?", "reference": {"expected_output": "Paris"}},
+    "es": {"input": "What is the capital of Spain?", "reference": {"expected_output": "Madrid"}},
+    "it": {"input": "Capital of Italy? " + SCRIPT, "reference": {"expected_output": "The capital of Italy is Rome."}},
+    "de": {"input": "What is the capital of Germany?", "reference": {"expected_output": "Berlin"}},
+}
+ANSWERS = {"fr": ["Paris"] * 3, "es": ["Madrid", "Barcelona", "Madrid"], "it": ["The capital of Italy is Milan."] * 3,
+           "de": ["Berlin", "Berlin, the capital of Germany", None]}  # fmt: skip
+GRID = {"fr": ["pass", "pass", "pass"], "es": ["pass", "fail", "pass"], "it": ["fail", "fail", "fail"],
+        "de": ["pass", "error", "infra"]}  # fmt: skip
+"""The outcome of each task's trials: de's trial 1 is an evaluator error, its trial 2 an infrastructure error."""
+
+
+def _trace(task: str, trial: int) -> str:
+    return f"{task}{trial}".ljust(32, "f")
+
+
+def _grid_run() -> dict[str, Any]:
+    run = _run()
+    run["manifest"] = {**run["manifest"], "trials": 3, "dataset": {"path": "caps.jsonl", "hash": "ab", "tasks": 4}}
+    run["comparison"] = None
+    run["infra_errors"] = [{"task_id": "de", "trial": 2, "kind": "timeout", "message": "no answer in 30s",
+                            "trace_id": _trace("de", 2)}]  # fmt: skip
+    return run
+
+
+def _grid_scores() -> list[dict[str, Any]]:
+    scores = []
+    for task, outcomes in GRID.items():
+        for trial, outcome in enumerate(outcomes):
+            if outcome == "infra":
+                continue
+            base = {"trace_id": _trace(task, trial), "task_id": task, "trial": trial, "reason": None}
+            answer, want = ANSWERS[task][trial], GRID_TASKS[task]["reference"]["expected_output"]
+            match = {"name": "exact-match", "evaluator": "builtin/exact-match", "outcome": "scored",
+                     "passed": outcome == "pass", "value": None,
+                     "explanation": "output equals the expected output" if outcome == "pass" else
+                     f"output differs from the expected output (lengths {len(answer)} and {len(want)})"}  # fmt: skip
+            if outcome == "error":
+                match = {**match, "outcome": "error", "passed": None, "reason": "judge_timeout",
+                         "explanation": "the judge did not answer"}  # fmt: skip
+            length = {"name": "length", "evaluator": "builtin/length", "outcome": "scored", "passed": None,
+                      "value": float(len(answer)), "explanation": f"{len(answer)} chars"}  # fmt: skip
+            scores += [{**base, **match}, {**base, **length}]
+    return scores
+
+
+def _grid_trajectories() -> dict[str, dict[str, Any]]:
+    """One agent step and one LLM call per attempt; ids and timings differ between trials, what was done does not."""
+    out = {}
+    for task, answers in ANSWERS.items():
+        for trial, answer in enumerate(answers):
+            if answer is None:
+                continue
+            said = [{"role": "assistant", "parts": [{"type": "text", "content": answer}]}]
+            asked = [{"role": "user", "parts": [{"type": "text", "content": GRID_TASKS[task]["input"]}]}]
+            steps = [
+                {"type": "agent", "span_id": f"{trial}a", "parent_span_id": None, "depth": 0, "name": "invoke_agent",
+                 "start_time_unix_nano": 1000 + trial, "duration_ns": 5_000_000 * (trial + 1), "error": False,
+                 "error_type": None, "status_message": None, "agent_name": "caps", "input": asked, "output": said},
+                {"type": "llm", "span_id": f"{trial}b", "parent_span_id": f"{trial}a", "depth": 1, "name": "chat m1",
+                 "start_time_unix_nano": 2000 + trial, "duration_ns": 3_000_000 * (trial + 1), "error": False,
+                 "error_type": None, "status_message": None, "model": "m1", "input_tokens": 12, "output_tokens": 3,
+                 "cost_usd": None, "input": asked, "output": said, "tool_calls": []},
+            ]  # fmt: skip
+            out[_trace(task, trial)] = {
+                "trace_id": _trace(task, trial), "session_id": None, "start_time_unix_nano": 1000 + trial,
+                "steps": steps, "tool_calls": [], "llm_calls": 1, "input_tokens": 12, "output_tokens": 3, "errors": 0,
+                "final_output": answer,
+            }  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+def grid_page() -> str:
+    return html_report(_grid_run(), _grid_scores(), _grid_trajectories(), GRID_TASKS)
+
+
+def test_the_grid_has_one_cell_per_task_and_trial(grid_page: str) -> None:
+    grid = re.search(r'<table class="grid" id="grid">(.*?)</table>', grid_page, re.S)
+    assert grid is not None, "no task x trial grid"
+    rows = re.findall(r'<tr data-task="([^"]*)".*?</tr>', grid.group(1), re.S)
+    assert rows == ["fr", "es", "it", "de"]  # the dataset's order
+    for task, outcomes in GRID.items():
+        row = re.search(rf'<tr data-task="{task}".*?</tr>', grid.group(1), re.S)
+        assert row is not None
+        cells = re.findall(r'<td class="cell (\w+)"', row.group(0))
+        assert cells == outcomes, task
+    # a cell links to its attempt, and says why it failed
+    assert '<td class="cell fail" data-outcome="fail"' in grid_page and 'href="#a1-1"' in grid_page
+    assert 'id="a1-1"' in grid_page
+    assert "es · trial 1: fail (exact-match: output differs from the expected output" in grid_page
+
+
+def test_expected_beside_actual_with_the_difference_marked(grid_page: str) -> None:
+    assert '<mark class="want">Madrid</mark>' in grid_page and '<mark class="got">Barcelona</mark>' in grid_page
+    assert 'The capital of Italy is <mark class="want">Rome</mark>.' in grid_page
+    assert 'The capital of Italy is <mark class="got">Milan</mark>.' in grid_page
+    assert 'Berlin<mark class="got">, the capital of Germany</mark>' in grid_page
+    assert "first difference at character 0 (lengths 6 and 9)" in grid_page
+
+
+def test_identical_trials_are_shown_once(grid_page: str) -> None:
+    assert "<b>trials 0, 1, 2: same trajectory</b>" in grid_page  # it: the same wrong answer three times
+    assert "<b>trials 0, 2: same trajectory</b>" in grid_page  # es: right twice
+    # fr 1 group, es 2, it 1, de 2 (its trial 2 never ran): 6 trajectories, not 11
+    assert grid_page.count("<summary>trajectory: ") == 6
+    for trial in (1, 2):  # the other trials of a group can still be linked to
+        assert f'<span id="a2-{trial}"></span>' in grid_page
+
+
+def test_failed_attempts_open_and_passed_ones_folded(grid_page: str) -> None:
+    attempts = re.findall(r'<details class="attempt (\w+)" id="(a\d+-\d+)"( open)?', grid_page)
+    assert attempts, "no attempts"
+    assert {(outcome, bool(open_)) for outcome, _, open_ in attempts} == {
+        ("fail", True),
+        ("error", True),
+        ("pass", False),
+    }
+    assert {anchor for _, anchor, _ in attempts} >= {"a0-0", "a1-0", "a1-1", "a2-0", "a3-0", "a3-1"}
+
+
+def test_the_page_reads_without_its_script(grid_page: str) -> None:
+    # the filter and sort appear only when the script runs; nothing else starts hidden
+    assert '<div class="toolbar" id="toolbar" hidden>' in grid_page
+    assert grid_page.count(" hidden") == 1
+    for label in ('id="f-task"', 'id="f-outcome"', 'id="f-metric"', 'id="f-sort"'):
+        assert label in grid_page
+    assert '<option value="exact-match">exact-match</option>' in grid_page
+    assert html.escape(SCRIPT) in grid_page and grid_page.lower().count("<script") == 1
+
+
+def test_markdown_lists_the_failing_examples() -> None:
+    md = markdown(_grid_run(), _grid_scores(), _grid_trajectories(), GRID_TASKS)
+    assert "| `es` | pass | **FAIL** | pass | 1 of 3 |" in md
+    assert "| `de` | pass | **error** | infra error | 1 of 3 |" in md
+    assert "## Failing examples (5 failed or errored attempts)" in md
+    assert "### `it` trials 0, 1, 2 (same trajectory)" in md
+    es = md[md.index("### `es` trial 1") :]
+    assert es.index("`exact-match` fail (builtin/exact-match): output differs") < es.index("expected:")
+    assert "expected:\n\n```text\nMadrid\n```\n\nactual:\n\n```text\nBarcelona\n```" in es
+    assert "`exact-match` error (builtin/exact-match): judge_timeout; the judge did not answer" in md
+    # without scores it is the summary alone, as before
+    assert "Failing examples" not in markdown(_grid_run())
 
 
 # --- rendered in a browser ----------------------------------------------------------------------------------------
