@@ -6,6 +6,7 @@ the rendered DOM), and a screenshot that is not blank (the PNG read with the sta
 from __future__ import annotations
 
 import html
+import json
 import re
 import shutil
 import struct
@@ -626,30 +627,144 @@ def _chromium() -> str | None:
     return "/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else None
 
 
-def test_renders_in_headless_chromium(tmp_path: Path, page: str) -> None:
+PROBE = """
+window.addEventListener("load", function () {
+  var out = {};
+  function seen(el) { return !!el && el.getClientRects().length > 0; }
+  function rows() {
+    return Array.from(document.querySelectorAll("#grid tbody tr")).filter(seen).map(function (tr) {
+      return [tr.querySelector("th").textContent, Array.from(tr.querySelectorAll("td")).filter(function (td) {
+        return td.classList.contains("cell");
+      }).map(function (td) {
+        return [td.className.replace("cell ", "").replace(" dim", ""), td.textContent, td.classList.contains("dim")];
+      })];
+    });
+  }
+  function names(list) { return list.map(function (r) { return r[0]; }); }
+  function cards() {
+    return Array.from(document.querySelectorAll("#attempts .task")).filter(seen).map(function (c) {
+      return c.querySelector("h3 code").textContent;
+    });
+  }
+  function set(id, value, kind) {
+    var el = document.getElementById(id);
+    el.value = value;
+    el.dispatchEvent(new Event(kind));
+  }
+  function done() { document.body.setAttribute("data-probe", JSON.stringify(out)); }
+  try {
+    var grid = document.getElementById("grid");
+    out.gridBottom = grid.getBoundingClientRect().bottom;
+    out.rows = rows();
+    out.toolbar = seen(document.getElementById("toolbar"));
+    var es = document.getElementById("a1-1");
+    var e = es.querySelector(".expected pre"), a = es.querySelector(".actual pre");
+    var re = e.getBoundingClientRect(), ra = a.getBoundingClientRect();
+    out.versus = {expected: e.textContent, actual: a.textContent, sameRow: Math.abs(re.top - ra.top) < 2,
+                  leftOf: re.right <= ra.left, seen: seen(e) && seen(a),
+                  marked: Array.from(es.querySelectorAll("mark")).map(function (m) {
+                    return m.className + ":" + m.textContent; })};
+    set("f-task", "italy", "input");
+    out.typed = {rows: names(rows()), cards: cards()};
+    set("f-task", "", "input");
+    set("f-outcome", "failing", "change");
+    out.failing = {rows: rows(), attempts: Array.from(document.querySelectorAll("#attempts .attempt"))
+      .filter(seen).map(function (d) { return d.id; })};
+    set("f-outcome", "all", "change");
+    set("f-sort", "failing", "change");
+    out.sorted = {rows: names(rows()), cards: cards()};
+    set("f-sort", "order", "change");
+    var folded = document.getElementById("a0-0");
+    out.foldedBefore = !folded.open;
+    document.querySelector('#grid a[href="#a0-0"]').click();
+    setTimeout(function () {
+      out.openedByCell = folded.open;
+      out.inView = folded.getBoundingClientRect().top < window.innerHeight;
+      done();
+    }, 300);
+  } catch (err) {
+    out.error = String(err);
+    done();
+  }
+});
+"""
+"""What a person does on the page, read back from the rendered DOM: the grid's visible rows and cells, where the
+expected and the actual output stand, what typing in the filter, choosing an outcome and a sort order leave
+visible, and whether a grid cell opens its folded attempt."""
+
+
+def _chromium_argv(binary: str, tmp_path: Path, *args: str) -> list[str]:
+    return [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,900", *args]  # fmt: skip
+
+
+def _as_seen(binary: str, tmp_path: Path, page: str) -> dict[str, Any]:
+    """The page with PROBE after it, rendered by Chromium; what the probe found."""
+    probed = tmp_path / "probed.html"
+    probed.write_text(page.replace("</body>", f"<script>{PROBE}</script></body>"), encoding="utf-8")
+    argv = _chromium_argv(binary, tmp_path, "--virtual-time-budget=5000", "--dump-dom", probed.as_uri())
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
+    found = re.search(r'<body data-probe="([^"]*)"', done.stdout)
+    assert found, f"the probe did not finish (exit {done.returncode}): {done.stderr[-2000:]}"
+    return json.loads(html.unescape(found.group(1)))
+
+
+def test_a_person_reads_the_grid_and_the_difference_in_chromium(tmp_path: Path, grid_page: str) -> None:
+    binary = _chromium()
+    if binary is None:
+        pytest.skip("no chromium binary found (looked for chromium, chromium-browser, google-chrome on PATH)")
+    seen = _as_seen(binary, tmp_path, grid_page)
+    assert "error" not in seen, seen.get("error")
+    # the grid: one row per task, one cell per trial with its outcome, above the fold of a 1280 x 900 window
+    marks = {"pass": "✓", "fail": "✗", "error": "!", "infra": "∅"}
+    assert seen["rows"] == [
+        [task, [[o, marks[o], False] for o in outcomes]] for task, outcomes in GRID.items()
+    ]  # fmt: skip
+    assert seen["gridBottom"] < 900, f"the grid ends at {seen['gridBottom']} px, below the fold"
+    assert seen["toolbar"]
+    # expected and actual side by side, the differing words marked
+    versus = seen["versus"]
+    assert versus["seen"] and versus["sameRow"] and versus["leftOf"], versus
+    assert (versus["expected"], versus["actual"]) == ("Madrid", "Barcelona")
+    assert versus["marked"] == ["want:Madrid", "got:Barcelona"]
+    # typing in the filter hides the other tasks, in the grid and below it
+    assert seen["typed"] == {"rows": ["it"], "cards": ["it"]}
+    # failed or errored only: fr goes, the others keep their failing cells, the rest dimmed; passed attempts hide
+    failing = {task: [(o, dim) for o, _, dim in cells] for task, cells in seen["failing"]["rows"]}
+    assert failing == {
+        "es": [("pass", True), ("fail", False), ("pass", True)],
+        "it": [("fail", False)] * 3,
+        "de": [("pass", True), ("error", False), ("infra", True)],
+    }
+    assert sorted(seen["failing"]["attempts"]) == ["a1-1", "a2-0", "a3-1"]
+    # most failing trials first, ties in the dataset's order
+    assert seen["sorted"] == {"rows": ["it", "es", "de", "fr"], "cards": ["it", "es", "de", "fr"]}
+    # a cell opens its folded attempt and brings it into view
+    assert seen["foldedBefore"] and seen["openedByCell"] and seen["inView"]
+
+
+def test_renders_in_headless_chromium(tmp_path: Path, grid_page: str) -> None:
     binary = _chromium()
     if binary is None:
         pytest.skip("no chromium binary found (looked for chromium, chromium-browser, google-chrome on PATH)")
     report = tmp_path / "report.html"
-    report.write_text(page, encoding="utf-8")
+    report.write_text(grid_page, encoding="utf-8")
     shot = tmp_path / "shot.png"
-    argv = [
-        binary,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--hide-scrollbars",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        f"--screenshot={shot}",
-        "--window-size=1280,2000",
-        report.as_uri(),
-    ]
+    argv = _chromium_argv(binary, tmp_path, f"--screenshot={shot}", report.as_uri())
     done = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
     assert shot.exists(), f"chromium wrote no screenshot (exit {done.returncode}): {done.stderr[-2000:]}"
     pixels = _pixels(shot.read_bytes())
     total = sum(pixels.values())
     background, count = pixels.most_common(1)[0]
-    assert total == 1280 * 2000
+    assert total == 1280 * 900
     assert (total - count) / total > 0.01, f"the page looks blank: almost all pixels are #{background.hex()}"
     assert len(pixels) >= 3, f"only {len(pixels)} colors"
+
+    # above the fold, the grid's cells (each some 1,500 px): 7 green, 4 red beside the FAIL banner (some 10,000 px of
+    # the same red), 1 orange; the page without the grid has about 450, 10,100 and 0
+    def colored(hex_: str) -> int:
+        return sum(n for rgb, n in pixels.items() if rgb[:3] == bytes.fromhex(hex_))
+
+    assert colored("dafbe1") > 5_000, "no passed cells above the fold"
+    assert colored("ffebe9") > 14_000, "no failed cells above the fold"
+    assert colored("fff1e5") > 1_000, "no errored cell above the fold"
