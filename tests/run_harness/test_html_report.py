@@ -527,6 +527,17 @@ def test_markdown_lists_the_failing_examples() -> None:
     assert "Failing examples" not in markdown(_grid_run())
 
 
+def test_the_docs_say_what_the_report_shows() -> None:
+    from evalsi.run_harness.commands import MAX_REPORTED_TRAJECTORIES
+    from evalsi.run_harness.report import MAX_MARKDOWN_EXAMPLES
+
+    doc = " ".join((Path(__file__).resolve().parents[2] / "docs" / "harness.md").read_text().split())
+    assert f"At most {MAX_EXAMPLES} attempts are shown in detail" in doc
+    assert f"loads at most {MAX_REPORTED_TRAJECTORIES} trajectories" in doc
+    assert f"at most {MAX_MARKDOWN_EXAMPLES} examples" in doc
+    assert '"trials 0, 2: same trajectory"' in doc and "nothing is loaded from the network" in doc
+
+
 # --- rendered in a browser ----------------------------------------------------------------------------------------
 
 

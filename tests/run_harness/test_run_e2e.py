@@ -278,6 +278,11 @@ def test_reports_carry_the_figures_and_the_failing_trajectories(tmp_path: Path, 
     scores = httpx.get(f"{collector.api}/api/v1/runs/{run['run_id']}/scores").json()["scores"]
     [italy] = [s for s in scores if s["task_id"] == "it"]
     assert italy["passed"] is False and italy["trace_id"] in page and "Milan" in page
+    # beside the expected answer from the dataset, and so in the Markdown; the passed attempts' trajectories too
+    assert '<mark class="want">Rome</mark>' in page and '<mark class="got">Milan</mark>' in page
+    assert page.count("<summary>trajectory: ") == 3 and '<table class="grid" id="grid">' in page
+    assert "| `it` | **FAIL** | 1 of 1 |" in md and "### `it` trial 0" in md
+    assert "expected:\n\n```text\nRome\n```\n\nactual:\n\n```text\nMilan\n```" in md
 
 
 def test_an_http_agent_run_goes_on_past_its_failures(tmp_path: Path, collector: Collector) -> None:
