@@ -66,7 +66,7 @@ from clickhouse_http import StandInProcess, start_stand_in  # noqa: E402
 from hostile_otlp import BIG_SIZES, DOUBLES, MAX_NS, NUMERIC_STRINGS, deep_value  # noqa: E402
 from ingest import cpu_seconds, log, metric_sum  # noqa: E402
 from pipeline import peak_rss_mb  # noqa: E402
-from running_collector import Collector, serve_config, start_collector  # noqa: E402
+from running_collector import Collector, serve_config, start_collector, wait_until  # noqa: E402
 
 from evalsi.processors.memory_limiter import anonymous_resident_bytes  # noqa: E402
 
@@ -88,7 +88,11 @@ SCENARIOS = {
     "b": "store unavailable (SIGKILL of the ClickHouse stand-in), then back",
     "c": "kill -9 of evalsi serve, restart on the same store and write-ahead log",
     "d": "poison spans in a stream of valid load",
+    "e": "pathological regex on /v1/evaluate during load: /healthz, ingest, SIGTERM",
+    "f": "the write-ahead log's disk full during load, freed, then kill -9 and replay",
+    "g": "two projects sending the same trace and span ids, kill -9 and replay midway",
 }
+SENDER_ATTRIBUTE = "chaos.sender"  # (g) a resource attribute naming the sender, so the store tells whose a span is
 
 
 # --- requests ----------------------------------------------------------------------------------------------------
@@ -107,11 +111,17 @@ class Requests:
     """Request bodies stamped from one encoded template: request r's trace ids carry r in bytes 4-8, its response and
     conversation ids carry it in hex. Every `poison_every`-th request (0: none) is the poison template."""
 
-    def __init__(self, args: argparse.Namespace, tag: int, poison_every: int = 0) -> None:
+    def __init__(self, args: argparse.Namespace, tag: int, poison_every: int = 0, sender: str = "") -> None:
+        """`sender` (g): a resource attribute naming it, and content of its own (another seed)."""
         self.spans_per_request = args.spans_per_request
         self.tag = tag
         self.poison_every = poison_every
-        template = ingest.build_template(args.spans_per_request, args.content_bytes, args.seed)
+        self.sender = sender
+        seed = args.seed + (1000 * (ord(sender[0]) - ord("a") + 1) if sender else 0)
+        template = ingest.build_template(args.spans_per_request, args.content_bytes, seed)
+        if sender:
+            kv = template.resource_spans[0].resource.attributes.add()
+            kv.key, kv.value.string_value = SENDER_ATTRIBUTE, sender
         self._stamp(template, args.spans_per_trace)
         self.plain = template.SerializeToString()
         self._check(self.plain, args.spans_per_request)
@@ -252,6 +262,8 @@ class Tally:
     rejection_messages: Counter[str] = field(default_factory=Counter)
     answers: list[tuple[float, bool]] = field(default_factory=list)  # (when, refused) of each 200/429/503
     gave_up: set[int] = field(default_factory=set)  # never acknowledged by the end
+    attempts: dict[int, list[tuple[float, str]]] = field(default_factory=dict)  # request -> (started, outcome) each
+    refusal_messages: Counter[str] = field(default_factory=Counter)
 
     def acked_spans(self, before: float = float("inf")) -> int:
         return sum(a for r, (a, _) in self.acked.items() if self.acked_at[r] < before)
@@ -260,9 +272,12 @@ class Tally:
 class Senders:
     """`threads` OTLP/HTTP senders sharing one queue of request numbers (at most `queue_limit` waiting)."""
 
-    def __init__(self, requests: Requests, url: str, threads: int, queue_limit: int) -> None:
+    def __init__(
+        self, requests: Requests, url: str, threads: int, queue_limit: int, headers: dict[str, str] | None = None
+    ) -> None:
         self.requests = requests
         self.url = url  # where to send; a restarted collector listens elsewhere
+        self.headers = {"Content-Type": PROTOBUF, **(headers or {})}
         self.tally = Tally()
         self._queue: collections.deque[int] = collections.deque()
         self._queue_limit = queue_limit
@@ -344,17 +359,21 @@ class Senders:
         """One attempt; the seconds to wait before the next (RECONNECT: a new connection, after CONNECTION_RETRY_S),
         or None when the request is done with."""
         tally = self.tally
+        started = time.monotonic()
         with self._cv:
             tally.sent.add(r)
         try:
-            conn.request("POST", "/v1/traces", body=body, headers={"Content-Type": PROTOBUF})
+            conn.request("POST", "/v1/traces", body=body, headers=self.headers)
             resp = conn.getresponse()
             content = resp.read()
         except (OSError, http.client.HTTPException):
             with self._cv:
                 tally.connection_errors += 1
+                tally.attempts.setdefault(r, []).append((started, "connection"))
             return RECONNECT
         now = time.monotonic()
+        with self._cv:
+            tally.attempts.setdefault(r, []).append((started, str(resp.status)))
         if resp.status == 200:
             answer = ExportTraceServiceResponse.FromString(content) if content else ExportTraceServiceResponse()
             rejected = answer.partial_success.rejected_spans
@@ -370,6 +389,8 @@ class Senders:
             with self._cv:
                 tally.refusals[resp.status] += 1
                 tally.answers.append((now, True))
+                text = "".join(ch for ch in content[:200].decode("utf-8", "replace") if ch.isprintable())
+                tally.refusal_messages[f"{resp.status} {text}"] += 1
                 if header is None:
                     tally.refusals_without_retry_after += 1
                 else:
@@ -495,16 +516,21 @@ READ_STORE = """
 import json, sys
 from chdb import session
 s = session.Session(sys.argv[1])
-tag = sys.argv[2]
+tag, project, sender = sys.argv[2], sys.argv[3], sys.argv[4]
 def rows(sql):
     out = s.query(sql, "TabSeparated").bytes().decode().strip()
     return [line.split("\\t") for line in out.splitlines() if line]
+where = f"length(TraceId) = 32 AND startsWith(TraceId, '{tag}')"
+if project:
+    where += f" AND ResourceAttributes['evalsi.project'] = '{project}'"
 per_request = rows(
-    "SELECT substring(TraceId, 9, 8), count(), uniqExact(SpanId) FROM default.otel_traces "
-    f"WHERE length(TraceId) = 32 AND startsWith(TraceId, '{tag}') GROUP BY 1")
+    "SELECT req, sum(c), count(), sum(foreign), countIf(c > 1) FROM ("
+    f"  SELECT substring(TraceId, 9, 8) AS req, TraceId, SpanId, count() AS c,"
+    f"    countIf('{sender}' != '' AND ResourceAttributes['chaos.sender'] != '{sender}') AS foreign"
+    f"  FROM default.otel_traces WHERE {where} GROUP BY req, TraceId, SpanId) GROUP BY req")
 poison = rows("SELECT count() FROM default.otel_traces WHERE startsWith(SpanName, 'poison')")
 odd_ids = rows(f"SELECT count() FROM default.otel_traces WHERE length(TraceId) != 32 AND ServiceName = 'poison'")
-print(json.dumps({"requests": {r: [int(n), int(u)] for r, n, u in per_request},
+print(json.dumps({"requests": {r: [int(n), int(u), int(f), int(d)] for r, n, u, f, d in per_request},
                   "poison": int(poison[0][0]), "odd_ids": int(odd_ids[0][0])}))
 """
 
@@ -513,19 +539,25 @@ print(json.dumps({"requests": {r: [int(n), int(u)] for r, n, u in per_request},
 class Stored:
     by_request: dict[int, tuple[int, int]]  # request -> (rows, distinct spans)
     poison_rows: int
+    foreign: dict[int, int] = field(default_factory=dict)  # request -> rows another sender sent (g)
+    duplicated: dict[int, int] = field(default_factory=dict)  # request -> its spans stored more than once
 
 
-def read_store(path: Path, tag: int) -> Stored:
-    """Every span of this run in the store at `path`, by request; the store opened by a separate process (the
-    collector, and the stand-in, have released it)."""
+def read_store(path: Path, tag: int, project: str = "", sender: str = "") -> Stored:
+    """Every span of this run in the store at `path` (of `project` only, if given), by request; the store opened by a
+    separate process (the collector, and the stand-in, have released it). `sender`: rows whose resource names another
+    sender are counted as foreign."""
     res = subprocess.run(
-        [sys.executable, "-c", READ_STORE, str(path), f"{tag:08x}"], capture_output=True, text=True, timeout=600
-    )
+        [sys.executable, "-c", READ_STORE, str(path), f"{tag:08x}", project, sender],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
     if res.returncode != 0:
         raise RuntimeError(f"the store at {path} did not open: {res.stderr.strip()[-800:]}")
     doc = json.loads(res.stdout.strip().splitlines()[-1])
-    by_request = {int(r, 16): (n, u) for r, (n, u) in doc["requests"].items()}
-    return Stored(by_request, doc["poison"] + doc["odd_ids"])
+    by_request = {int(r, 16): (n, u) for r, (n, u, _, _) in doc["requests"].items()}
+    foreign = {int(r, 16): f for r, (_, _, f, _) in doc["requests"].items() if f}
+    duplicated = {int(r, 16): d for r, (_, _, _, d) in doc["requests"].items() if d}
+    return Stored(by_request, doc["poison"] + doc["odd_ids"], foreign, duplicated)
 
 
 # --- one scenario ------------------------------------------------------------------------------------------------
@@ -555,14 +587,18 @@ class Outcome:
 def account(out: Outcome, senders: Senders, stored: Stored) -> None:
     """The sender's side against the store's."""
     t, req = senders.tally, senders.requests
-    out.spans_offered = sum(req.spans(r) for r in range(t.offered))
-    out.spans_sent = sum(req.spans(r) for r in t.sent)
-    out.spans_not_sent = out.spans_offered - out.spans_sent
-    out.spans_acked = sum(a for a, _ in t.acked.values())
-    out.spans_rejected = sum(rej for _, rej in t.acked.values())
-    out.refusals = {str(k): v for k, v in sorted(t.refusals.items())}
-    out.refusals_without_retry_after = t.refusals_without_retry_after
-    out.spans_gave_up = sum(req.spans(r) for r in t.gave_up)
+    offered = sum(req.spans(r) for r in range(t.offered))
+    sent = sum(req.spans(r) for r in t.sent)
+    out.spans_offered += offered
+    out.spans_sent += sent
+    out.spans_not_sent += offered - sent
+    out.spans_acked += sum(a for a, _ in t.acked.values())
+    out.spans_rejected += sum(rej for _, rej in t.acked.values())
+    for k, v in t.refusals.items():
+        out.refusals[str(k)] = out.refusals.get(str(k), 0) + v
+    out.refusals = dict(sorted(out.refusals.items()))
+    out.refusals_without_retry_after += t.refusals_without_retry_after
+    out.spans_gave_up += sum(req.spans(r) for r in t.gave_up)
     for r, (rows, distinct) in stored.by_request.items():
         out.spans_stored += distinct
         out.duplicates += rows - distinct
@@ -603,10 +639,13 @@ def config(args: argparse.Namespace, endpoint: str, *, limit_mib: int | None = N
     return cfg
 
 
-def finish(out: Outcome, senders: Senders, c: Collector, monitor: Monitor, args: argparse.Namespace) -> None:
-    """Let the senders finish, then the collector write what it holds and stop (SIGTERM)."""
+def finish(
+    out: Outcome, senders: Senders, c: Collector, monitor: Monitor, args: argparse.Namespace, during: Any = None
+) -> None:
+    """Let the senders finish, then the collector write what it holds and stop (SIGTERM). `during`: a thread whose
+    `answers` are still coming in (e): how many it had when the collector exited."""
     senders.finish(args.drain_timeout)
-    if out.scenario != "c":  # a restarted collector counts only what it wrote itself
+    if out.scenario not in ("c", "f", "g"):  # a restarted collector counts only what it wrote itself
         written = monitor.wait_sent(senders.tally.acked_spans(), timeout=30)
         last = max(senders.tally.acked_at.values(), default=0.0)
         out.figures["last answer to all written (s)"] = None if written is None else round(written - last, 1)
@@ -614,7 +653,12 @@ def finish(out: Outcome, senders: Senders, c: Collector, monitor: Monitor, args:
     out.figures["tail_sampling spans lost"] = metric_sum(monitor.text, "evalsi_tail_sampling_spans_lost_total")
     monitor.stop()
     out.figures["peak RSS MB (VmHWM)"] = {k: round(v) for k, v in monitor.hwm_mb.items()}
+    answered = len(during.answers) if during is not None else 0
+    t0 = time.monotonic()
     code = c.stop(signal.SIGTERM, timeout=180)
+    out.figures["SIGTERM to exit (s)"] = round(time.monotonic() - t0, 2)
+    if during is not None:
+        out.figures["attack requests answered between SIGTERM and exit"] = len(during.answers) - answered
     out.figures["exit code"] = code
     if code != 0:
         out.failures.append(f"evalsi serve exited {code} on SIGTERM (log: {c.log_path})")
@@ -900,6 +944,434 @@ def poison(args: argparse.Namespace, workdir: Path, tag: int) -> Outcome:
     return out
 
 
+# --- e: a pathological regex during load ---------------------------------------------------------------------------
+
+REGEX_PATTERN = "^(a+)+$"  # backtracks exponentially in Python's `re` over 'a' * n + '!'
+REGEX_LENGTHS = (*range(27, 41), 64, 1_000, 100_000)
+
+
+def percentiles_ms(values: list[float]) -> list[float] | None:
+    """p50, p99 and max of `values` (seconds), in ms."""
+    if not values:
+        return None
+    v = sorted(values)
+    return [round(1000 * v[min(len(v) - 1, int(q * len(v)))], 1) for q in (0.5, 0.99)] + [round(1000 * v[-1], 1)]
+
+
+class HealthPoller(threading.Thread):
+    """GETs `/healthz` every `every` s (a new request once the last is answered): (started, seconds, status or -1)."""
+
+    def __init__(self, api: str, every: float = 0.02) -> None:
+        super().__init__(daemon=True)
+        self.url = api + "/healthz"
+        self.every = every
+        self.samples: list[tuple[float, float, int]] = []
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(timeout=30) as client:
+            while not self._stop_event.is_set():
+                t0 = time.monotonic()
+                try:
+                    status = client.get(self.url).status_code
+                except httpx.HTTPError:
+                    status = -1
+                took = time.monotonic() - t0
+                self.samples.append((t0, took, status))
+                self._stop_event.wait(max(0.0, self.every - took))
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+    def between(self, t0: float, t1: float) -> list[tuple[float, float, int]]:
+        return [s for s in self.samples if t0 <= s[0] < t1]
+
+
+class RegexAttack(threading.Thread):
+    """POSTs `/v1/evaluate` with builtin/regex `REGEX_PATTERN` over 'a' * n + '!', n cycling over `REGEX_LENGTHS`,
+    one request after another: (started, n, seconds, status or -1, the score's `passed` or the error)."""
+
+    def __init__(self, api: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(daemon=True)
+        self.url = api + "/v1/evaluate"
+        self.headers = headers or {}
+        self.answers: list[tuple[float, int, float, int, Any]] = []
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        evaluator = {"ref": "builtin/regex", "params": {"pattern": REGEX_PATTERN}}
+        with httpx.Client(timeout=900) as client:
+            i = 0
+            while not self._stop_event.is_set():
+                n = REGEX_LENGTHS[i % len(REGEX_LENGTHS)]
+                i += 1
+                body = {"records": [{"output": "a" * n + "!"}], "evaluators": [evaluator]}
+                t0 = time.monotonic()
+                try:
+                    resp = client.post(self.url, json=body, headers=self.headers)
+                    status = resp.status_code
+                    verdict: Any = resp.json()["results"][0]["scores"][0]["passed"] if status == 200 else resp.text
+                except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
+                    status, verdict = -1, type(e).__name__
+                self.answers.append((t0, n, time.monotonic() - t0, status, verdict))
+                if status != 200:
+                    self._stop_event.wait(0.1)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=5)
+
+
+def stored_rate(monitor: Monitor, t0: float, t1: float) -> float | None:
+    """Spans/s the exporter wrote between `t0` and `t1` (its counter, as the monitor sampled it)."""
+    s = [x for x in monitor.samples if t0 <= x.at <= t1 and x.sent_spans == x.sent_spans]
+    if len(s) < 2 or s[-1].at <= s[0].at:
+        return None
+    return round((s[-1].sent_spans - s[0].sent_spans) / (s[-1].at - s[0].at))
+
+
+def acked_rate(tally: Tally, t0: float, t1: float) -> float:
+    return round(sum(tally.acked[r][0] for r, at in tally.acked_at.items() if t0 <= at < t1) / max(1e-9, t1 - t0))
+
+
+def regex_attack(args: argparse.Namespace, workdir: Path, tag: int) -> Outcome:
+    out = Outcome("e", SCENARIOS["e"], "0 lost; /healthz p99 < 100 ms")
+    store = workdir / "e" / "store"
+    c = start(workdir / "e", config(args, f"chdb://{store}"))
+    monitor = Monitor(c)
+    monitor.start()
+    health = HealthPoller(c.api)
+    health.start()
+    senders = Senders(Requests(args, tag), c.http, args.senders, args.sender_queue)
+    offer = Offer(senders, args.steady_rate, args.senders)
+    log(f"[e] {args.steady_rate:,.0f} spans/s; after {args.warmup:g}s, {args.duration:g}s of /v1/evaluate with "
+        f"builtin/regex {REGEX_PATTERN!r} over 'a' * n + '!' (n: 27..40, 64, 1,000, 100,000), /healthz polled; "
+        "SIGTERM while the attack goes on")  # fmt: skip
+    began = time.monotonic()
+    offer.start()
+    time.sleep(args.warmup)
+    attack = RegexAttack(c.api)
+    attacked = time.monotonic()
+    attack.start()
+    time.sleep(args.duration)
+    calm = time.monotonic()
+    offer.stop()
+    before, during = health.between(began + 2, attacked), health.between(attacked, calm)
+    out.figures.update({
+        "/healthz before the attack: answers, p50/p99/max ms": [len(before), percentiles_ms([x[1] for x in before])],
+        "/healthz during the attack: answers, p50/p99/max ms": [len(during), percentiles_ms([x[1] for x in during])],
+        "/healthz answers not 200 during the attack": sum(1 for s in during if s[2] != 200),
+        "stored spans/s before / during the attack": [stored_rate(monitor, began + 3, attacked),
+                                                      stored_rate(monitor, attacked, calm)],
+        "acknowledged spans/s before / during the attack": [acked_rate(senders.tally, began + 3, attacked),
+                                                            acked_rate(senders.tally, attacked, calm)],
+    })  # fmt: skip
+    finish(out, senders, c, monitor, args, during=attack)  # SIGTERM while the attack goes on
+    attack.stop()
+    health.stop()
+    answers = [a for a in attack.answers if a[0] < calm]
+    by_n: dict[str, list[float]] = {}
+    for _, n, took, _, _ in answers:
+        by_n.setdefault("27..40" if n <= 40 else f"{n:,}", []).append(took)
+    statuses = Counter(a[3] for a in answers)
+    wrong = [a for a in answers if a[3] == 200 and a[4] is not False]
+    out.figures.update({
+        "/v1/evaluate answers during the attack (by status)": dict(statuses),
+        "/v1/evaluate ms by n: answers, p50 / p99 / max": {k: [len(v), percentiles_ms(v)] for k, v in by_n.items()},
+        "/v1/evaluate verdicts not 'fails' ('a...a!' does not match)": len(wrong),
+    })  # fmt: skip
+    read_and_account(out, senders, store)
+    p99 = (percentiles_ms([s[1] for s in during]) or [0, float("inf")])[1]
+    if p99 >= 100:
+        out.failures.append(f"/healthz p99 {p99} ms during the attack (target < 100 ms)")
+    if set(statuses) != {200}:
+        out.failures.append(f"/v1/evaluate answered {dict(statuses)} during the attack")
+    if wrong:
+        out.failures.append(f"{len(wrong)} /v1/evaluate verdicts were not 'fails': {wrong[0][4]!r:.200}")
+    if out.lost:
+        out.failures.append(f"{out.lost:,} acknowledged spans lost")
+    return out
+
+
+# --- f: the write-ahead log's disk full ----------------------------------------------------------------------------
+
+
+class Filler(threading.Thread):
+    """Keeps a filesystem full, as another tenant of the disk would: appends to `path` until the disk is full (ENOSPC),
+    and again every 20 ms (the log frees space as it retires segments), until stopped; then deletes the file."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.bytes = 0
+        self.full_at: float | None = None
+        self.freed_at: float | None = None
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            while not self._stop_event.is_set():
+                for size in (1 << 20, 4096, 1):
+                    chunk = bytes(size)
+                    while True:
+                        try:
+                            self.bytes += os.write(fd, chunk)
+                        except OSError:
+                            break
+                if self.full_at is None:
+                    self.full_at = time.monotonic()
+                self._stop_event.wait(0.02)
+        finally:
+            os.close(fd)
+            self.path.unlink()
+            self.freed_at = time.monotonic()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+
+def mount_tmpfs(where: Path, mib: int) -> str | None:
+    """Mount a tmpfs of `mib` MiB at `where`; None, or why not (mounting needs root)."""
+    where.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(where)], capture_output=True,
+                         text=True)  # fmt: skip
+    return None if res.returncode == 0 else (res.stderr.strip() or f"mount exited {res.returncode}")
+
+
+def first_answer(tally: Tally, status: str, after: float) -> float | None:
+    """When (monotonic) the first attempt started after `after` that was answered `status`."""
+    return min(
+        (at for tries in tally.attempts.values() for at, o in tries if o == status and at >= after), default=None
+    )
+
+
+def wal_disk_full(args: argparse.Namespace, workdir: Path, tag: int) -> Outcome:
+    out = Outcome("f", SCENARIOS["f"], "0 lost; stored twice only if answered 200")
+    disk = workdir / "f" / "disk"
+    why = mount_tmpfs(disk, args.wal_disk_mib)
+    if why is not None:
+        out.failures.append(f"could not mount a {args.wal_disk_mib} MiB tmpfs for the log ({why}): run as root")
+        return out
+    try:
+        return _wal_disk_full(out, args, workdir, disk, tag)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def _wal_disk_full(out: Outcome, args: argparse.Namespace, workdir: Path, disk: Path, tag: int) -> Outcome:
+    store = workdir / "f" / "store"
+    cfg = config(args, f"chdb://{store}")
+    cfg["service"]["durability"] = {"mode": "wal", "directory": str(disk / "wal")}
+    c = start(workdir / "f" / "first", cfg)
+    monitor = Monitor(c)
+    monitor.start()
+    senders = Senders(Requests(args, tag), c.http, args.senders, args.sender_queue)
+    offer = Offer(senders, args.steady_rate, args.senders)
+    log(f"[f] {args.steady_rate:,.0f} spans/s; the log on a {args.wal_disk_mib} MiB tmpfs, kept full from "
+        f"{args.warmup:g}s for {args.duration:g}s, then freed; kill -9 {args.after:g}s later, a restart (replay), "
+        f"{args.after:g}s more")  # fmt: skip
+    offer.start()
+    time.sleep(args.warmup)
+    filler = Filler(disk / "filler")
+    filling = time.monotonic()
+    filler.start()
+    time.sleep(args.duration)
+    filled_mib = filler.bytes / 2**20
+    filler.stop()
+    freed = filler.freed_at or time.monotonic()
+    time.sleep(args.after)
+    t = senders.tally
+    first_metrics = monitor.text
+    c.proc.kill()
+    killed = time.monotonic()
+    c.proc.wait()
+    acked_by_first = {r for r, at in t.acked_at.items() if at < killed}
+    full_from = filler.full_at or filling
+    refused_full = sum(1 for tries in t.attempts.values() for at, o in tries if o == "503" and full_from <= at < freed)
+    first_503, ok_again = first_answer(t, "503", filling), first_answer(t, "200", freed)
+    logs = c.logs()
+    out.figures.update({
+        "log's filesystem": f"tmpfs of {args.wal_disk_mib} MiB; filler {filled_mib:.1f} MiB at the end",
+        "disk full for (s)": round(freed - full_from, 1),
+        "first 503 after the filler started (s)": None if first_503 is None else round(first_503 - filling, 2),
+        "answers 503 while full, acknowledged spans/s while full": [refused_full, acked_rate(t, full_from, freed)],
+        "first 200 after the disk was freed (s)": None if ok_again is None else round(ok_again - freed, 2),
+        "acknowledged spans/s before / while full / after freeing": [
+            acked_rate(t, full_from - args.warmup + 3, full_from), acked_rate(t, full_from, freed),
+            acked_rate(t, freed, killed)],
+        "refusal messages": dict(t.refusal_messages.most_common(2)),
+        "WAL write failures, voided records, records (first collector)": [
+            metric_sum(first_metrics, "evalsi_wal_write_failures_total"),
+            metric_sum(first_metrics, "evalsi_wal_voided_records_total"),
+            metric_sum(first_metrics, "evalsi_wal_records_total")],
+        "log lines: failed writes cut back, not cut back": [
+            sum(1 for e in logs if str(e.get("msg", "")).startswith("cannot write the write-ahead log; the failed")),
+            sum(1 for e in logs if str(e.get("msg", "")).startswith("cannot write the write-ahead log, nor"))],
+    })  # fmt: skip
+    try:
+        c2 = start(workdir / "f" / "second", cfg)
+    except AssertionError as e:
+        out.failures.append(f"the collector did not start again on the same store and log: {e}")
+        offer.stop()
+        senders.finish(1)
+        monitor.stop()
+        return out
+    out.figures["kill to ready again (s)"] = round(time.monotonic() - killed, 1)
+    senders.url = c2.http
+    monitor.watch(c2)
+    time.sleep(args.after)
+    offer.stop()
+    finish(out, senders, c2, monitor, args)
+    replayed = next((e for e in c2.logs() if e.get("msg") == "write-ahead log replayed"), None)
+    if replayed is not None:
+        out.figures["replayed requests, stored spans left out"] = [
+            replayed["requests"],
+            replayed["stored_spans_left_out"],
+        ]
+    out.figures["resent spans dropped after the restart (evalsi_wal_duplicate_spans)"] = metric_sum(
+        monitor.text, "evalsi_wal_duplicate_spans_total"
+    )
+    found = read_and_account(out, senders, store)
+    if found is None:
+        return out
+    # each span stored twice: whose request, and what its sender saw
+    kinds: Counter[str] = Counter()
+    for r, spans in found.duplicated.items():
+        tries = t.attempts.get(r, [])
+        if any(o == "connection" and at < killed for at, o in tries):
+            kinds["in flight at the kill (its answer lost), sent again"] += spans
+        elif any(o == "503" for _, o in tries):
+            kinds["answered 503 (its write refused), sent again"] += spans
+        elif r in acked_by_first:
+            kinds["answered 200 by the killed collector, never sent again"] += spans
+        else:
+            kinds["other"] += spans
+    out.figures["spans stored more than once, by what their request saw"] = dict(kinds)
+    out.figures["lost of those acknowledged by the killed collector"] = sum(
+        max(0, t.acked[r][0] - found.by_request.get(r, (0, 0))[1]) for r in acked_by_first
+    )
+    bad = {k: v for k, v in kinds.items() if not k.startswith("in flight")}
+    if bad:
+        out.failures.append(f"spans stored twice that no answer 200 explains: {bad}")
+    if not refused_full:
+        out.failures.append("no request was answered 503 while the disk was full")
+    if out.lost:
+        out.failures.append(f"{out.lost:,} acknowledged spans lost")
+    return out
+
+
+# --- g: two projects, the same ids -----------------------------------------------------------------------------------
+
+PROJECTS = {"a": "chaos-a", "b": "chaos-b"}
+
+
+def api_check(c: Collector, keys: dict[str, str], tag: int, requests: list[int], spans: int) -> dict[str, int]:
+    """Read the first trace of each of `requests` through the API with each project's key: spans read, spans missing
+    (fewer than `spans`), spans another sender sent, traces not found."""
+    got: Counter[str] = Counter()
+    with httpx.Client(timeout=30) as client:
+        for r in requests:
+            trace = (tag.to_bytes(4, "big") + r.to_bytes(4, "big") + (1).to_bytes(8, "big")).hex()
+            for x, key in keys.items():
+                resp = client.get(f"{c.api}/api/v1/traces/{trace}", headers={"Authorization": f"Bearer {key}"})
+                if resp.status_code != 200:
+                    got["traces not found"] += 1
+                    got["spans missing"] += spans
+                    continue
+                read = resp.json()["spans"]
+                got["spans read"] += len(read)
+                got["spans missing"] += max(0, spans - len(read))
+                got["spans of the other project"] += sum(
+                    1 for s in read
+                    if s["resource_attributes"].get(SENDER_ATTRIBUTE) != x
+                    or s["resource_attributes"].get("evalsi.project") != PROJECTS[x])  # fmt: skip
+    return dict(got)
+
+
+def two_projects(args: argparse.Namespace, workdir: Path, tag: int) -> Outcome:
+    from evalsi.auth import new_key
+
+    out = Outcome("g", SCENARIOS["g"], "0 lost; 0 of the other project")
+    keys = {x: new_key() for x in PROJECTS}
+    store = workdir / "g" / "store"
+    cfg = config(args, f"chdb://{store}")
+    cfg["service"]["durability"] = {"mode": "wal", "directory": str(workdir / "g" / "wal")}
+    cfg["auth"] = {"mode": "strict", "api_keys": [
+        {"hash": keys[x][1], "name": f"chaos sender {x}", "project": p} for x, p in PROJECTS.items()]}  # fmt: skip
+    c = start(workdir / "g" / "first", cfg)
+    monitor = Monitor(c)
+    monitor.start()
+    threads = max(1, args.senders // 2)
+    senders = {x: Senders(Requests(args, tag, sender=x), c.http, threads, args.sender_queue,
+                          headers={"Authorization": f"Bearer {keys[x][0]}"}) for x in PROJECTS}  # fmt: skip
+    offers = {x: Offer(s, args.steady_rate / 2, threads) for x, s in senders.items()}
+    log(f"[g] {args.steady_rate / 2:,.0f} spans/s from each of two projects, the same trace and span ids; kill -9 "
+        f"after {args.warmup:g}s, a restart (replay), {args.after:g}s more")  # fmt: skip
+    for o in offers.values():
+        o.start()
+    time.sleep(args.warmup)
+    c.proc.kill()
+    killed = time.monotonic()
+    c.proc.wait()
+    try:
+        c2 = start(workdir / "g" / "second", cfg)
+    except AssertionError as e:
+        out.failures.append(f"the collector did not start again on the same store and log: {e}")
+        for x in PROJECTS:
+            offers[x].stop()
+            senders[x].finish(1)
+        monitor.stop()
+        return out
+    out.figures["kill to ready again (s)"] = round(time.monotonic() - killed, 1)
+    for s in senders.values():
+        s.url = c2.http
+    monitor.watch(c2)
+    time.sleep(args.after)
+    for x in PROJECTS:
+        offers[x].stop()
+        senders[x].finish(args.drain_timeout)
+    replayed = next((e for e in c2.logs() if e.get("msg") == "write-ahead log replayed"), None)
+    if replayed is not None:
+        out.figures["replayed requests, stored spans left out"] = [
+            replayed["requests"],
+            replayed["stored_spans_left_out"],
+        ]
+    both = sorted(set(senders["a"].tally.acked) & set(senders["b"].tally.acked))
+    sample = both[:: max(1, len(both) // 20)]
+    checked: dict[str, int] = {}
+
+    def complete() -> bool:
+        nonlocal checked
+        checked = api_check(c2, {x: k for x, (k, _) in keys.items()}, tag, sample, args.spans_per_trace)
+        return not checked.get("spans missing") and not checked.get("spans of the other project")
+
+    wait_until(complete, timeout=30, interval=1)
+    out.figures[f"API: first trace of {len(sample)} requests both sent, read with each key"] = checked
+    finish(out, senders["a"], c2, monitor, args)
+    for x, p in PROJECTS.items():
+        try:
+            found = read_store(store, tag, project=p, sender=x)
+        except RuntimeError as e:
+            out.failures.append(str(e))
+            continue
+        lost_before = out.lost
+        account(out, senders[x], found)
+        t = senders[x].tally
+        out.figures[f"project {p}: acknowledged, stored, lost, rows of the other project, spans stored twice"] = [
+            sum(a for a, _ in t.acked.values()), sum(u for _, u in found.by_request.values()), out.lost - lost_before,
+            sum(found.foreign.values()), sum(found.duplicated.values())]  # fmt: skip
+        if found.foreign:
+            out.failures.append(f"project {p} holds {sum(found.foreign.values())} rows the other project sent")
+    if checked.get("spans missing") or checked.get("spans of the other project") or checked.get("traces not found"):
+        out.failures.append(f"the API read back wrong: {checked}")
+    if out.lost:
+        out.failures.append(f"{out.lost:,} acknowledged spans lost")
+    return out
+
+
 # --- main --------------------------------------------------------------------------------------------------------
 
 
@@ -931,7 +1403,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
     p.add_argument("--scenarios", nargs="+", choices=sorted(SCENARIOS), default=sorted(SCENARIOS))
-    p.add_argument("--duration", type=float, default=60, help="seconds of overload (a), of outage (b), of load (d)")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=60,
+        help="seconds of overload (a), of outage (b), of load (d), of attack (e), of a full disk (f)",
+    )
     p.add_argument("--spans-per-request", type=int, default=500)
     p.add_argument("--spans-per-trace", type=int, default=5)
     p.add_argument("--content-bytes", type=int, default=1024, help="size of each span's gen_ai.input.messages")
@@ -945,18 +1422,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit-mib", type=int, help="(a) memory_limiter limit_mib; default: idle + --headroom-mib")
     p.add_argument("--headroom-mib", type=int, default=400, help="(a) hard limit above the idle memory")
     p.add_argument("--durability", choices=["wal", "memory"], default="wal", help="(c) service.durability.mode")
-    p.add_argument("--steady-rate", type=float, default=2000, help="(b, c, d) spans/s offered")
+    p.add_argument("--steady-rate", type=float, default=2000, help="(b-g) spans/s offered (g: half each project)")
     p.add_argument("--queue-size", type=int, default=50_000, help="(b) the exporter's queue_size, spans")
-    p.add_argument("--warmup", type=float, default=15, help="(b, c) seconds of load before the kill")
-    p.add_argument("--after", type=float, default=15, help="(b, c) seconds of load after the restart")
+    p.add_argument("--warmup", type=float, default=15, help="(b, c, e, f, g) seconds of load before the event")
+    p.add_argument("--after", type=float, default=15, help="(b, c, f, g) seconds of load after the restart")
     p.add_argument("--poison-every", type=int, default=10, help="(d) every n-th request carries poison")
+    p.add_argument("--wal-disk-mib", type=int, default=32, help="(f) size of the tmpfs the log is put on")
     p.add_argument("--drain-timeout", type=float, default=120, help="how long the senders keep retrying at the end")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="evalsi-chaos-"))
-    runs = {"a": overload, "b": store_outage, "c": crash, "d": poison}
+    runs = {
+        "a": overload,
+        "b": store_outage,
+        "c": crash,
+        "d": poison,
+        "e": regex_attack,
+        "f": wal_disk_full,
+        "g": two_projects,
+    }
     outcomes: list[Outcome] = []
     try:
         for k, name in enumerate(args.scenarios):
