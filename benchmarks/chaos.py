@@ -23,6 +23,20 @@ came from.
   memory is lost, and this scenario measures how much. The restarted collector must open the store and exit cleanly.
 - d, poison: invalid spans (bad ids, a start past 2**63-1) and valid spans with hostile values (tests/hostile_otlp.py)
   inside a stream of valid load: exactly the invalid spans are rejected (partial_success), every valid span stored.
+- e, regex attack: during `--warmup` + `--duration` s of load, a client POSTs `/v1/evaluate` with builtin/regex
+  `^(a+)+$` over 'a' * n + '!' (n 27..40, 64, 1,000, 100,000; exponential in a backtracking engine) one request after
+  another, another GETs `/healthz` every 20 ms: /healthz p50/p99/max before and during the attack (target p99 <
+  100 ms), the /v1/evaluate answer times by n, stored spans/s before and during, and the seconds SIGTERM takes to
+  stop the collector while the attack goes on.
+- f, the log's disk full: `durability: wal` on a tmpfs of `--wal-disk-mib` (mounted: needs root); after `--warmup` s
+  a filler file keeps it full for `--duration` s (it takes back what the log frees), is deleted, `--after` s more
+  load, kill -9, a restart on the same store and log (replay), `--after` s more. Writes that fail must be answered
+  503 with Retry-After and cut back; no acknowledged span lost; every span stored twice is accounted by what its
+  request's sender saw (only a request in flight at the kill, whose 200 may have been lost, may be).
+- g, two projects: strict auth with two project-bound keys; both send the same trace and span ids (b `--project-lag`
+  s after a, its own content and a `chaos.sender` resource attribute), kill -9 after `--warmup` s, a restart (WAL
+  replay), `--after` s more. Each project's spans read back through the API with each key (a sample of traces) and
+  from the store by `evalsi.project`: none missing, none of the other project's.
 
 At the end of each scenario the collector is stopped (SIGTERM), the store opened from another process, and every
 acknowledged request's spans looked up by id: `lost` is spans acknowledged and not stored. Exit status 1 on any
@@ -1190,14 +1204,15 @@ def _wal_disk_full(out: Outcome, args: argparse.Namespace, workdir: Path, disk: 
     c.proc.wait()
     acked_by_first = {r for r, at in t.acked_at.items() if at < killed}
     full_from = filler.full_at or filling
-    refused_full = sum(1 for tries in t.attempts.values() for at, o in tries if o == "503" and full_from <= at < freed)
+    refused_full = sum(1 for tries in t.attempts.values() for at, o in tries if o == "503" and filling <= at < freed)
     first_503, ok_again = first_answer(t, "503", filling), first_answer(t, "200", freed)
     logs = c.logs()
     out.figures.update({
         "log's filesystem": f"tmpfs of {args.wal_disk_mib} MiB; filler {filled_mib:.1f} MiB at the end",
         "disk full for (s)": round(freed - full_from, 1),
         "first 503 after the filler started (s)": None if first_503 is None else round(first_503 - filling, 2),
-        "answers 503 while full, acknowledged spans/s while full": [refused_full, acked_rate(t, full_from, freed)],
+        "answers 503 from the filler's start to the freeing, acknowledged spans/s while full": [
+            refused_full, acked_rate(t, full_from, freed)],
         "first 200 after the disk was freed (s)": None if ok_again is None else round(ok_again - freed, 2),
         "acknowledged spans/s before / while full / after freeing": [
             acked_rate(t, full_from - args.warmup + 3, full_from), acked_rate(t, full_from, freed),
@@ -1308,14 +1323,20 @@ def two_projects(args: argparse.Namespace, workdir: Path, tag: int) -> Outcome:
     senders = {x: Senders(Requests(args, tag, sender=x), c.http, threads, args.sender_queue,
                           headers={"Authorization": f"Bearer {keys[x][0]}"}) for x in PROJECTS}  # fmt: skip
     offers = {x: Offer(s, args.steady_rate / 2, threads) for x, s in senders.items()}
-    log(f"[g] {args.steady_rate / 2:,.0f} spans/s from each of two projects, the same trace and span ids; kill -9 "
-        f"after {args.warmup:g}s, a restart (replay), {args.after:g}s more")  # fmt: skip
-    for o in offers.values():
-        o.start()
+    log(f"[g] {args.steady_rate / 2:,.0f} spans/s from each of two projects, the same trace and span ids (b "
+        f"{args.project_lag:g}s behind a); kill -9 after {args.warmup:g}s more, a restart (replay), {args.after:g}s "
+        "more")  # fmt: skip
+    offers["a"].start()  # b sends each of a's ids `--project-lag` s later: at the kill, b's twin of a stored span
+    time.sleep(args.project_lag)  # is in the log only, and the replay must not take a's span for b's
+    offers["b"].start()
     time.sleep(args.warmup)
     c.proc.kill()
     killed = time.monotonic()
     c.proc.wait()
+    ta, tb = senders["a"].tally, senders["b"].tally
+    out.figures[
+        "b's requests acknowledged in the 5 s before the kill, their twin from a acknowledged >= 4 s before"
+    ] = sum(1 for r, at in tb.acked_at.items() if killed - 5 <= at and ta.acked_at.get(r, killed) <= killed - 4)
     try:
         c2 = start(workdir / "g" / "second", cfg)
     except AssertionError as e:
@@ -1427,6 +1448,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=15, help="(b, c, e, f, g) seconds of load before the event")
     p.add_argument("--after", type=float, default=15, help="(b, c, f, g) seconds of load after the restart")
     p.add_argument("--poison-every", type=int, default=10, help="(d) every n-th request carries poison")
+    p.add_argument("--project-lag", type=float, default=5, help="(g) seconds project b sends each id after a")
     p.add_argument("--wal-disk-mib", type=int, default=32, help="(f) size of the tmpfs the log is put on")
     p.add_argument("--drain-timeout", type=float, default=120, help="how long the senders keep retrying at the end")
     p.add_argument("--seed", type=int, default=1)
