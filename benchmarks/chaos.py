@@ -1006,15 +1006,16 @@ class RegexAttack(threading.Thread):
     """POSTs `/v1/evaluate` with builtin/regex `REGEX_PATTERN` over 'a' * n + '!', n cycling over `REGEX_LENGTHS`,
     one request after another: (started, n, seconds, status or -1, the score's `passed` or the error)."""
 
-    def __init__(self, api: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, api: str, pattern: str = REGEX_PATTERN, headers: dict[str, str] | None = None) -> None:
         super().__init__(daemon=True)
         self.url = api + "/v1/evaluate"
+        self.pattern = pattern
         self.headers = headers or {}
         self.answers: list[tuple[float, int, float, int, Any]] = []
         self._stop_event = threading.Event()
 
     def run(self) -> None:
-        evaluator = {"ref": "builtin/regex", "params": {"pattern": REGEX_PATTERN}}
+        evaluator = {"ref": "builtin/regex", "params": {"pattern": self.pattern}}
         with httpx.Client(timeout=900) as client:
             i = 0
             while not self._stop_event.is_set():
@@ -1060,12 +1061,12 @@ def regex_attack(args: argparse.Namespace, workdir: Path, tag: int) -> Outcome:
     senders = Senders(Requests(args, tag), c.http, args.senders, args.sender_queue)
     offer = Offer(senders, args.steady_rate, args.senders)
     log(f"[e] {args.steady_rate:,.0f} spans/s; after {args.warmup:g}s, {args.duration:g}s of /v1/evaluate with "
-        f"builtin/regex {REGEX_PATTERN!r} over 'a' * n + '!' (n: 27..40, 64, 1,000, 100,000), /healthz polled; "
+        f"builtin/regex {args.regex!r} over 'a' * n + '!' (n: 27..40, 64, 1,000, 100,000), /healthz polled; "
         "SIGTERM while the attack goes on")  # fmt: skip
     began = time.monotonic()
     offer.start()
     time.sleep(args.warmup)
-    attack = RegexAttack(c.api)
+    attack = RegexAttack(c.api, args.regex)
     attacked = time.monotonic()
     attack.start()
     time.sleep(args.duration)
@@ -1448,6 +1449,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=15, help="(b, c, e, f, g) seconds of load before the event")
     p.add_argument("--after", type=float, default=15, help="(b, c, f, g) seconds of load after the restart")
     p.add_argument("--poison-every", type=int, default=10, help="(d) every n-th request carries poison")
+    p.add_argument("--regex", default=REGEX_PATTERN, help="(e) the pattern; '^a+$' for a control run")
     p.add_argument("--project-lag", type=float, default=5, help="(g) seconds project b sends each id after a")
     p.add_argument("--wal-disk-mib", type=int, default=32, help="(f) size of the tmpfs the log is put on")
     p.add_argument("--drain-timeout", type=float, default=120, help="how long the senders keep retrying at the end")
