@@ -203,8 +203,8 @@ def build_api(
     @app.post("/v1/evaluate")
     async def evaluate(body: Any = Body(...)) -> dict[str, Any]:  # noqa: B008
         """On threads of its own: a slow or runaway evaluation never holds the ones other routes wait on."""
-        try:
-            plan = score_api.plan_evaluation(body)
+        try:  # in a thread too: the first request imports every evaluator pack (~0.6 s), which must not hold the loop
+            plan = await asyncio.to_thread(score_api.plan_evaluation, body)
         except score_api.RequestError as e:
             raise HTTPException(e.status, str(e)) from None
         if running[0] >= score_api.EVALUATE_THREADS:

@@ -222,3 +222,39 @@ def test_policies_stats_refuses_a_bad_window(served: Collector) -> None:
     assert "--window" in res.stderr
     resp = httpx.get(served.api + "/api/v1/policies/stats", params={"window": "0s"})
     assert resp.status_code == 400 and "window" in resp.json()["detail"]
+
+
+def test_evaluate_plans_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first /v1/evaluate imports every evaluator pack (0.6-0.8 s measured in `evalsi serve`, chaos.py e): planning
+    runs in a thread, so /healthz (and OTLP over HTTP) is answered meanwhile."""
+    import asyncio
+    import time
+
+    from evalsi.collector import score_api
+    from evalsi.collector.api import build_api
+
+    plan = score_api.plan_evaluation
+
+    def slow_plan(body: object) -> score_api.EvaluationPlan:
+        time.sleep(0.5)  # as an import of the packs does, holding whatever thread runs it
+        return plan(body)
+
+    monkeypatch.setattr(score_api, "plan_evaluation", slow_plan)
+    app = build_api(None, lambda: {})
+
+    async def race() -> tuple[float, float, int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://evalsi") as client:
+            t0 = time.monotonic()
+            evaluating = asyncio.create_task(
+                client.post("/v1/evaluate", json={"records": RECORDS[:1], "evaluators": EVALUATORS[:1]})
+            )
+            await asyncio.sleep(0.05)  # the evaluate request is being planned
+            health = await client.get("/healthz")
+            healthy_after = time.monotonic() - t0
+            resp = await evaluating
+            return healthy_after, time.monotonic() - t0, resp.status_code + 1000 * (health.status_code != 200)
+
+    healthy_after, evaluated_after, status = asyncio.run(race())
+    assert status == 200
+    assert healthy_after < 0.3 < evaluated_after
