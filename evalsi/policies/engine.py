@@ -40,8 +40,8 @@ from evalsi.span import Span, project_of
 from evalsi.trajectory import build_trajectory, counted_once
 
 __all__ = [
-    "ALWAYS_VARIABLES", "TRACE_VARIABLES", "WHEN_VARIABLES", "Condition", "LatencyAbove", "Policy",
-    "PolicyDecision", "PolicySet", "PolicyStats", "Stage", "TraceView", "sampling_hash",
+    "ALWAYS_VARIABLES", "SCHEMA", "SCORE_SHAPE", "TRACE_VARIABLES", "WHEN_VARIABLES", "Condition", "LatencyAbove",
+    "Policy", "PolicyDecision", "PolicySet", "PolicyStats", "Stage", "TraceView", "sampling_hash",
 ]  # fmt: skip
 
 TRACE_VARIABLES = ("trace", "span", "resource", "session")
@@ -69,14 +69,15 @@ def _uses(source: str, variables: Iterable[str]) -> tuple[str, ...]:
 
 
 class Condition:
-    """A compiled CEL condition; only the variables it names are built and handed to CEL."""
+    """A compiled CEL condition; only the variables it names are built and handed to CEL. A field its variables do
+    not have (`SCHEMA`) is refused here, at load, with a did-you-mean (`cel.FieldError`)."""
 
     __slots__ = ("program", "source", "uses")
 
     def __init__(self, source: str, variables: Iterable[str]) -> None:
         variables = tuple(variables)
         self.source = source
-        self.program = cel.compile(source, variables)  # ValueError with CEL's message
+        self.program = cel.compile(source, variables, SCHEMA)  # ValueError with CEL's message, or FieldError
         self.uses = _uses(source, variables)
 
     @property
@@ -351,6 +352,28 @@ def _summary(scores: list[Score]) -> dict[str, Any]:
         "reason": None,
         "n": len(scores),
     }
+
+
+def _schema() -> dict[str, cel.Shape]:
+    """The shapes of what conditions see, from the views and summaries built over a one-span trace (so they are
+    what the code builds): `trace` (with `error` and `steps`), `session` (a trace's and a session's keys), `feedback`
+    and each `scores` entry are closed; `resource`, attribute maps, `trace.steps` and `feedback.scores` are open."""
+    span = Span("", "", "", "", "", 0, 0)
+    trace, session = TraceView([span]), SessionView([span])
+    return {
+        "trace": cel.closed("trace", trace.variable("trace"), cel.TRACE_SHAPE.fields),
+        "span": cel.SPAN_SHAPE,
+        "resource": None,
+        "session": cel.closed("session", {**trace.variable("session"), **session.variable("session")}),
+        "feedback": cel.closed("feedback", trace.variable("feedback")),
+        "scores": cel.Entries(SCORE_SHAPE),
+    }
+
+
+SCORE_SHAPE = cel.closed("a score", _summary([Score("", 0.0)]))
+"""What `scores[name]` holds in a `when` (`_summary`)."""
+SCHEMA = _schema()
+"""The shapes of the variables policy conditions (and `--where`) see, checked when a condition compiles."""
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Loading OnlineEvalPolicy files: YAML (several documents per file), checked in full before anything runs.
 
 Every problem is reported at once, each as `<file>: <key.path>: message` (`<file>[n]` for the n-th document of a
-file holding several): unknown keys, bad values, CEL that does not compile, unknown evaluator refs, params an
-evaluator refuses, duplicate policy names.
+file holding several): unknown keys, bad values, CEL that does not compile or reads a field its variables do not
+have (with a did-you-mean), unknown evaluator refs, params an evaluator refuses, duplicate policy names.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from evalsi.cel import ITEM, FieldError
 from evalsi.evaluators import Evaluator, load_evaluators
 from evalsi.evaluators.judge_client import Judges
 from evalsi.policies.engine import (
@@ -40,15 +41,6 @@ __all__ = ["PolicyError", "load_policies", "parse_policy"]
 _LATENCY = re.compile(r"\s*latency\s*>\s*p(\d{1,2}(?:\.\d+)?)\s*")
 _ENV = re.compile(r"env:([A-Za-z_][A-Za-z0-9_]*)")
 _DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-SCORE_FIELDS = ("passed", "value", "label", "outcome", "reason", "n")
-"""What `scores[key]` holds in a `when` (see `engine._summary`)."""
-# `scores['name']`, `scores["name"]` or `scores.name` (not a macro call), then maybe `.field` (not a method call)
-_SCORE_REF = re.compile(
-    r"(?<![\w.])scores\s*(?:\[\s*(?P<q>['\"])(?P<key>(?:(?!(?P=q))[^\\\n])*)(?P=q)\s*\]"
-    r"|\.\s*(?P<ident>[A-Za-z_]\w*)\b(?!\s*\())"
-    r"(?:\s*\.\s*(?P<field>[A-Za-z_]\w*)\b(?!\s*\())?"
-)
-_STRING = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
 
 
 class PolicyError(ValueError):
@@ -103,24 +95,25 @@ def _condition(source: Any, variables: tuple[str, ...], where: str, errors: list
         return None
     try:
         return Condition(source, variables)
+    except FieldError as e:  # fields the variables do not have (`engine.SCHEMA`), scores' fields included
+        errors.extend(f"{where}: {problem}" for problem in e.problems)
+        return None
     except ValueError as e:
         errors.append(f"{where}: {_cel_error(str(e), source, variables)}")
         return None
 
 
-def _score_ref_errors(source: Any, where: str, earlier: list[str], known: bool) -> list[str]:
-    """What a condition reads of `scores` that is certainly wrong: a field no score entry has, or (when `known`:
-    every name the earlier stages can produce is in `earlier`) a name none of them produces."""
-    if not isinstance(source, str):
+def _score_ref_errors(condition: Condition, where: str, earlier: list[str], known: bool) -> list[str]:
+    """What a condition reads of `scores` that is certainly wrong, beyond the fields no score has (refused as it
+    compiles): when `known` (every name the earlier stages can produce is in `earlier`), a name none of them
+    produces."""
+    if not known:
         return []
-    strings = [m.span() for m in _STRING.finditer(source)]
+    names = [r.path[1] for r in condition.program.reads if r.path[0] == "scores" and r.path[1:2] != (ITEM,)]
     out: list[str] = []
-    for m in _SCORE_REF.finditer(source):
-        if any(a <= m.start() < b for a, b in strings):
-            continue  # inside a string literal
-        name = m.group("key") if m.group("q") else m.group("ident")
+    for name in dict.fromkeys(names):
         shown = f"scores[{name!r}]"
-        if known and name not in earlier:
+        if name not in earlier:
             if not earlier:
                 out.append(
                     f"{where}: reads {shown}, but no stage before it produces scores, so it never holds: move the "
@@ -133,11 +126,6 @@ def _score_ref_errors(source: Any, where: str, earlier: list[str], known: bool) 
                     f"{where}: reads {shown}, and no earlier stage of the cascade produces a score by that name "
                     f"(they produce {', '.join(map(repr, earlier))}): {hint}"
                 )
-        field = m.group("field")
-        if field is not None and field not in SCORE_FIELDS:
-            close = difflib.get_close_matches(field, SCORE_FIELDS, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"a score has {', '.join(SCORE_FIELDS)}"
-            out.append(f"{where}: {shown}.{field}: a score has no field {field!r}: {hint}")
     return out
 
 
@@ -202,7 +190,7 @@ def _stage(
     keys.setdefault(key, i)
     when = _condition(raw.get("when"), WHEN_VARIABLES, f"{where}.when", problems)
     if when is not None:
-        problems += _score_ref_errors(raw.get("when"), f"{where}.when", earlier or [], earlier is not None)
+        problems += _score_ref_errors(when, f"{where}.when", earlier or [], earlier is not None)
     spans = None
     if isinstance(raw.get("spans"), str):
         if ev is not None and ev.scope != "span":
@@ -297,9 +285,7 @@ def parse_policy(
     if isinstance(raw_promote, dict):
         when = _condition(raw_promote.get("when"), WHEN_VARIABLES, f"{label}: spec.promote.when", problems)
         if when is not None:
-            problems += _score_ref_errors(
-                raw_promote.get("when"), f"{label}: spec.promote.when", earlier or [], earlier is not None
-            )
+            problems += _score_ref_errors(when, f"{label}: spec.promote.when", earlier or [], earlier is not None)
         dataset = raw_promote.get("dataset")
         if isinstance(dataset, str) and dataset.strip():
             if not dataset.endswith(".jsonl") and not _DATASET_NAME.fullmatch(dataset):
