@@ -123,6 +123,10 @@ def test_where_is_a_cel_condition_and_a_bad_one_is_an_error_naming_it(served: Co
     bad = served.cli("traces", "list", "--where", "trace.tool_calls >", check=False)
     assert bad.returncode == 1 and "trace.tool_calls >" in bad.stderr and "invalid CEL expression" in bad.stderr
     assert "Traceback" not in bad.stderr
+    typo = served.cli("traces", "list", "--where", "trace.toolcalls > 0", check=False)
+    assert typo.returncode == 1, typo.stdout + typo.stderr
+    assert "trace.toolcalls: trace has no field 'toolcalls': did you mean 'tool_calls'?" in typo.stderr
+    assert "no traces" not in typo.stdout and "Traceback" not in typo.stderr
     when = served.cli("traces", "list", "--since", "last tuesday", check=False)
     assert when.returncode == 1 and "since: 'last tuesday'" in when.stderr
 

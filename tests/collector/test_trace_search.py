@@ -200,13 +200,26 @@ def test_where_is_a_cel_condition_over_what_policy_selectors_see(api: TestClient
         CLEAN
     ]
     assert ids(api, where="trace.span_count > 1", limit=1) == [BIG], "the newest match"
-    assert ids(api, where="trace.no_such_key > 1") == [], "an evaluation error is no match"
+    assert ids(api, where="trace.steps['retriever'] > 0") == [], "an evaluation error (a missing key) is no match"
     got = api.get("/api/v1/traces", params={"where": "trace.tool_calls in [3, 4]", "scan": 2}).json()
     assert got["traces"] == [] and got["scanned"] == 2, "only the newest `scan` candidates are evaluated"
     detail = refused(api, where="trace.tool_calls >")
     assert detail.startswith("where 'trace.tool_calls >': invalid CEL expression"), detail
     assert refused(api, where="nope.x == 1").startswith("where 'nope.x == 1': ")
     assert refused(api, where="1 + 1").startswith("where '1 + 1': ")
+
+
+def test_a_field_the_variables_do_not_have_is_refused_with_the_closest_one(api: TestClient, store: TraceStore) -> None:
+    detail = refused(api, where="trace.toolcalls > 0")
+    assert detail == (
+        "where 'trace.toolcalls > 0': trace.toolcalls: trace has no field 'toolcalls': did you mean 'tool_calls'?"
+    )
+    assert "did you mean 'model'?" in refused(api, where="trace.spans.exists(s, s.modle == 'gpt-4o')")
+    assert "did you mean 'trace_count'?" in refused(api, where="session.trace_cnt > 1")
+    with pytest.raises(query.SearchError, match="did you mean 'tool_calls'"):  # the store reader (the CLI without API)
+        query.search_traces(store, {"where": "trace.toolcalls > 0"})
+    open_maps = "span.attributes['tenant'] == 'acme' && resource['service.name'] == 'travel'"
+    assert ids(api, where=open_maps) == [ELSEWHERE, ERRORED]
 
 
 def test_a_trace_is_read_a_page_at_a_time_and_says_when_it_is_cut(api: TestClient) -> None:
