@@ -87,3 +87,43 @@ def test_data_the_runtime_cannot_take_is_no_match() -> None:
     program = cel.compile("trace.span_count > 0")
     assert program.matches({"trace": {"span_count": object()}}) is False
     assert program.matches({}) is False
+
+
+# --- what an expression reads, checked against the variables' shapes (cel.SCHEMA) --------------------------------
+
+
+def test_reads_are_the_chains_of_fields_from_the_variables_strings_and_computed_keys_left_out() -> None:
+    program = cel.compile(
+        'trace.root.attributes["k"] == "trace.nope" && trace.spans.exists(s, s.model == "x") && trace[string(1)] == 1'
+    )
+    assert [r.shown[-1] for r in program.reads] == [
+        "trace.root", "trace.root.attributes", 'trace.root.attributes[\'k\']', "trace.spans", "s.model",
+    ]  # fmt: skip
+    assert program.reads[-1].path == ("trace", "spans", cel.ITEM, "model")
+
+
+@pytest.mark.parametrize(
+    ("expr", "problem"),
+    [
+        ("trace.llm_cals > 0", "trace.llm_cals: trace has no field 'llm_cals': did you mean 'llm_calls'?"),
+        ("trace.error", "trace.error: trace has no field 'error': did you mean 'error_count'?"),  # policies' only
+        ("trace.spans.all(x, x.sesion_id != '')", "x.sesion_id: a span has no field 'sesion_id': did you mean "
+                                                   "'session_id'?"),
+        ("trace.root.attributes.x == 1 && has(trace.root.modle)",
+         "trace.root.modle: a span has no field 'modle': did you mean 'model'?"),
+    ],
+)  # fmt: skip
+def test_a_field_the_schema_lacks_is_a_field_error_naming_the_closest(expr: str, problem: str) -> None:
+    with pytest.raises(cel.FieldError) as refused:
+        cel.compile(expr, schema=cel.SCHEMA)
+    assert refused.value.problems == [problem]
+    cel.compile(expr)  # without a schema, only CEL's own checks
+
+
+def test_rescores_trace_selection_refuses_a_field_typo_with_400() -> None:
+    from evalsi.collector.run_api import RunRequestError, select_traces
+
+    with pytest.raises(RunRequestError) as refused:
+        select_traces(None, {"where": "trace.toolcalls > 0"})  # type: ignore[arg-type]  # refused before any read
+    assert refused.value.status == 400
+    assert str(refused.value) == "where: trace.toolcalls: trace has no field 'toolcalls': did you mean 'tool_calls'?"

@@ -227,7 +227,7 @@ def select_traces(store: TraceQueries, body: Any, project: str | None = None) ->
     """Stored traces matching a CEL condition over `trace`, newest first (for `evalsi rescore --traces`)."""
     request: SelectRequest = _parse(SelectRequest, body)
     try:
-        program = cel.compile(request.where, variables=("trace",))
+        program = cel.compile(request.where, variables=("trace",), schema=cel.SCHEMA)
     except ValueError as e:
         raise RunRequestError(400, f"where: {e}") from None
     recent = [t["trace_id"] for t in store.list_traces(limit=request.scan, project=project)

@@ -428,6 +428,14 @@ def test_composite_allocates_spans_per_second_to_its_sub_policies_in_order() -> 
         ({"policies": [policy("cel", {"condition": "trace.spans.exists(s, "})]}, "invalid CEL expression"),
         ({"policies": [policy("cel", {"condition": "spans.size() > 1"})]}, "undeclared reference to 'spans'"),
         ({"policies": [policy("cel", {"condition": "trace.span_count + 1"})]}, "must be a condition"),
+        (
+            {"policies": [policy("cel", {"condition": "trace.tool_cals > 1"})]},
+            "trace.tool_cals: trace has no field 'tool_cals': did you mean 'tool_calls'?",
+        ),
+        (
+            {"policies": [policy("cel", {"condition": "trace.spans.exists(s, s.modle == 'x')"})]},
+            "s.modle: a span has no field 'modle': did you mean 'model'?",
+        ),
         ({"policies": [policy("always_sample"), policy("always_sample")]}, "repeated: ['p']"),
         ({"decision_wait": "5x"}, "decision_wait"),
         ({"decision_wait": "10s", "max_trace_duration": "5s"}, "max_trace_duration"),

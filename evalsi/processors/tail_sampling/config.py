@@ -122,7 +122,7 @@ class CelConfig(ComponentConfig):
     @field_validator("condition")
     @classmethod
     def _compiles(cls, condition: str) -> str:
-        cel.compile(condition, variables=("trace",))
+        cel.compile(condition, variables=("trace",), schema=cel.SCHEMA)
         return condition
 
 
