@@ -9,6 +9,9 @@ the earlier stages' `scores`. A stage whose `when` does not hold emits no score;
 Late feedback (human and external scores that arrive after a trace was evaluated) goes through `evaluate_late`: the
 policies whose conditions name `feedback` get a second look at the trace, with what they decided the first time
 (`PolicyDecision`) so that nothing runs or counts twice.
+
+`SCHEMA` is what the conditions' variables hold, made from the views that build them; a condition that reads a field
+they do not have is refused as it compiles (`Condition`), never at evaluation.
 """
 
 from __future__ import annotations
