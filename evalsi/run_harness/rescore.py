@@ -1,5 +1,6 @@
 """Re-scoring stored traces (a run's, or production traces chosen by CEL) with new evaluators, without running the
-agent again: the scores land in the store as a new run, with its aggregates and gates."""
+agent again: the scores land in the store as a new run, with its aggregates (the run-added metrics rebuilt from the
+traces: `run_metrics`) and gates."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from evalsi.auth import api_headers
 from evalsi.run_harness.collector import CollectorLink
 from evalsi.run_harness.dataset import load_dataset
 from evalsi.run_harness.gates import check_gates, compile_gate
+from evalsi.run_harness.run_metrics import measured_observations
 from evalsi.run_harness.runner import (
     SCORE_BATCH,
     SCORE_WAIT_S,
@@ -22,9 +24,11 @@ from evalsi.run_harness.runner import (
     answer_of,
     new_run_id,
     observations,
+    read_stored_measures,
     summarize,
 )
 from evalsi.run_harness.spec import EvaluatorSpec, RunSpec
+from evalsi.run_harness.stats import Observation
 
 
 class Rescore:
@@ -100,7 +104,8 @@ class Rescore:
             for at in range(0, len(traces), SCORE_BATCH)
         )  # fmt: skip
         try:
-            return scored_run(self._api, manifest, requests, seed=self.seed, gates=self.gates)
+            added = measured_observations(read_stored_measures(self.link, traces))
+            return scored_run(self._api, manifest, requests, seed=self.seed, gates=self.gates, added=added)
         finally:
             self._client.close()
 
@@ -114,10 +119,11 @@ def scored_run(
     gates: list[Any] | None = None,
     attempts: int = 0,
     infra: list[dict[str, Any]] | None = None,
+    added: dict[str, list[Observation]] | None = None,
 ) -> RunResult:
     """Record a run (`running`), send each scoring request of its traces, aggregate, check `gates`, and record it
     `finished` with its summary: what `rescore` and the importers share. `api(method, path, json=...)` answers
-    the collector's JSON."""
+    the collector's JSON; `added` are metrics besides the scores (the run-added ones), unless a score has the name."""
     started = time.monotonic()
     run_id, name = manifest["run_id"], manifest["name"]
     api("POST", "/v1/runs", json={"run_id": run_id, "name": name, "status": "running", "manifest": manifest,
@@ -128,7 +134,10 @@ def scored_run(
         answer = api("POST", f"/v1/runs/{run_id}/score", json=body)
         scores += answer["scores"]
         missing.update(answer.get("missing", {}))
-    metrics = summarize(observations(scores), seed=seed, trials=manifest["trials"])
+    by_name = observations(scores)
+    for metric, obs in (added or {}).items():
+        by_name.setdefault(metric, obs)
+    metrics = summarize(by_name, seed=seed, trials=manifest["trials"])
     checked = check_gates(gates or [], {k: v.to_dict() for k, v in metrics.items()}, None)
     infra = list(infra or []) + [
         {"task_id": "", "trial": 0, "kind": "not_stored", "message": why, "trace_id": t} for t, why in missing.items()

@@ -1,5 +1,6 @@
 """A run from start to summary: every task and trial attempted with bounded concurrency and budgets, each attempt sent
-to the collector as a trace and scored there by the run's evaluators, then aggregates, gates and the run record."""
+to the collector as a trace and scored there by the run's evaluators, then aggregates (the evaluators' scores and the
+run-added metrics of every attempt, earlier ones' included on --resume), gates and the run record."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 
 from evalsi import __version__
+from evalsi.auth import api_headers
 from evalsi.run_harness.cassette import Cassette
 from evalsi.run_harness.collector import CollectorLink
 from evalsi.run_harness.compare import compare_scores
@@ -22,6 +24,13 @@ from evalsi.run_harness.environment import TaskEnvironment, check_trust, has_scr
 from evalsi.run_harness.faults import FaultPlan
 from evalsi.run_harness.gates import GateResult, check_gates, compile_gate
 from evalsi.run_harness.model import Attempt, InfraError, Task, UserTurn, faults_of
+from evalsi.run_harness.run_metrics import (
+    Measured,
+    attempt_measures,
+    measured_observations,
+    stored_measures,
+    with_measures,
+)
 from evalsi.run_harness.spec import RunSpec
 from evalsi.run_harness.stats import MetricSummary, Observation, aggregate
 from evalsi.run_harness.targets.base import (
@@ -107,6 +116,20 @@ def run_problems(spec: RunSpec, tasks: list[Task]) -> list[str]:
     if talks and body.target.kind in ("command", "http"):
         problems.append(_cannot_converse(talks, body.target.kind))
     return problems
+
+
+def read_stored_measures(link: CollectorLink, scores: list[dict[str, Any]]) -> list[Measured]:
+    """The run-added measures of the attempts behind stored scores, rebuilt from their traces in the store."""
+    with httpx.Client(base_url=link.api_url, timeout=60, headers=api_headers()) as client:
+
+        def get(path: str) -> Any:
+            try:
+                resp = client.get(path)
+            except httpx.HTTPError as e:
+                raise RunFailed(f"the {link.where} did not answer GET {path}: {e}") from None
+            return None if resp.status_code == 404 else answer_of(resp, link.where)
+
+        return stored_measures(get, scores)
 
 
 def new_run_id(name: str) -> str:
@@ -358,7 +381,7 @@ class Runner:
             await self.target.close()
             if self._user is not None:
                 await self._user.close()
-        result = await self._result(manifest, len(done), not_run, time.monotonic() - started)
+        result = await self._result(manifest, done, not_run, time.monotonic() - started)
         await self._record("finished", manifest, result.summary())
         await self._client.aclose()
         return result
@@ -404,15 +427,24 @@ class Runner:
 
     # --- the summary -------------------------------------------------------------------------------------------
 
-    async def _result(self, manifest: dict[str, Any], resumed: int, not_run: int, wall_s: float) -> RunResult:
-        if self.resume:  # the scores of the attempts before the interruption count too
+    async def _result(
+        self, manifest: dict[str, Any], done: set[tuple[str, int]], not_run: int, wall_s: float
+    ) -> RunResult:
+        measured = [(a.task.id, a.trial, attempt_measures(a)) for a in self._attempts if a.error is None]
+        if self.resume:  # the scores and measures of the attempts before the interruption count too
             scores = await self.stored_scores(self.run_id)
+            earlier = [s for s in scores if (s["task_id"], int(s["trial"])) in done]
+            measured = await asyncio.to_thread(read_stored_measures, self.link, earlier) + measured
         else:
             scores = self._scores
-        metrics = self._metrics(scores)
+        metrics = self._metrics(scores, measured)
         comparison = None
         if self.baseline:
-            comparison = compare_scores(await self.stored_scores(self.baseline), scores, seed=self.spec.body.seed)
+            base = await self.stored_scores(self.baseline)
+            base_measured = await asyncio.to_thread(read_stored_measures, self.link, base)
+            comparison = compare_scores(
+                with_measures(base, base_measured), with_measures(scores, measured), seed=self.spec.body.seed
+            )
         gates = check_gates(self.gates, {k: v.to_dict() for k, v in metrics.items()}, comparison)
         infra = [
             {"task_id": a.task.id, "trial": a.trial, "kind": a.error.kind, "message": a.error.message,
@@ -426,7 +458,7 @@ class Runner:
                           "message": why, "trace_id": trace_id})  # fmt: skip
         return RunResult(
             run_id=self.run_id, name=self.spec.name, manifest=manifest, metrics=metrics, gates=gates,
-            infra_errors=infra, attempts=len(self._attempts), skipped_resumed=resumed, not_run=not_run,
+            infra_errors=infra, attempts=len(self._attempts), skipped_resumed=len(done), not_run=not_run,
             scores=scores, comparison=comparison, wall_s=wall_s, agent_s=self._agent_ns / 1e9,
             faults=self._fault_counts(), workdirs=[str(p) for p in self.environment.kept],
         )  # fmt: skip
@@ -438,19 +470,11 @@ class Runner:
                 counts[fault.kind] = counts.get(fault.kind, 0) + 1
         return counts
 
-    def _metrics(self, scores: list[dict[str, Any]]) -> dict[str, MetricSummary]:
+    def _metrics(self, scores: list[dict[str, Any]], measured: list[Measured]) -> dict[str, MetricSummary]:
+        """The evaluators' metrics and the run-added ones (unless an evaluator gives a score of the same name)."""
         by_name = observations(scores)
-        good = [a for a in self._attempts if a.error is None]
-        if not self.resume and good:
-            by_name.setdefault("duration_ms", [
-                Observation(a.task.id, a.trial, (a.end_ns - a.start_ns) / 1e6, None, "scored") for a in good
-            ])  # fmt: skip
-            if any(a.llm_calls() for a in good):
-                by_name.setdefault("tokens", [Observation(a.task.id, a.trial, a.tokens, None, "scored") for a in good])
-            if any(c.cost_usd is not None for a in good for c in a.llm_calls()):
-                by_name.setdefault(
-                    "cost_usd", [Observation(a.task.id, a.trial, a.cost_usd, None, "scored") for a in good]
-                )
+        for name, obs in measured_observations(measured).items():
+            by_name.setdefault(name, obs)
         return summarize(by_name, seed=self.spec.body.seed, trials=self.spec.body.trials)
 
 

@@ -1,7 +1,8 @@
 """Each attempt as one OpenTelemetry trace, sent with the OpenTelemetry SDK's OTLP exporter to the collector: a root
 `invoke_agent` span, `chat` and `execute_tool` children (subagents as nested `invoke_agent`, a simulated user's turns
 as `user_turn` spans) following the GenAI semantic conventions, content included, injected faults as `evalsi.fault`
-events on their tool spans, tagged `evalsi.run_id`, `evalsi.trial` and `evalsi.task_id`."""
+events on their tool spans, tagged `evalsi.run_id`, `evalsi.trial` and `evalsi.task_id`; the root carries the
+attempt's run-added measures (`evalsi.attempt.duration_ms`, `.tokens`, `.cost_usd`: `run_metrics`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from evalsi import __version__
 from evalsi.auth import api_headers
 from evalsi.run_harness.model import Attempt, LlmCall, Step, SubAgent, ToolCall, UserTurn, text_message
+from evalsi.run_harness.run_metrics import attempt_measures, root_attributes
 
 SERVICE_NAME = "evalsi-run"
 FAULT_EVENT = "evalsi.fault"
@@ -72,7 +74,8 @@ class RunTracer:
         return root, carrier.get("traceparent", "")
 
     def finish(self, root: OtelSpan, attempt: Attempt) -> int:
-        """Add the attempt's steps under `root`, close it at the attempt's end; returns the spans sent."""
+        """Add the attempt's steps under `root`, with its measures, close it at the attempt's end; returns the spans
+        sent."""
         if attempt.agent_name:
             root.update_name(f"invoke_agent {attempt.agent_name}")
             root.set_attribute("gen_ai.agent.name", attempt.agent_name)
@@ -84,6 +87,7 @@ class RunTracer:
         if attempt.error is not None:
             root.set_attribute("error.type", attempt.error.kind)
             root.set_status(Status(StatusCode.ERROR, str(attempt.error)))
+        root.set_attributes(root_attributes(attempt_measures(attempt)))
         context = trace.set_span_in_context(root)
         sent = 1 + self._steps(attempt.steps, context)
         root.end(end_time=max(attempt.end_ns, _last_end(attempt.steps)))

@@ -32,6 +32,25 @@ def test_the_quickstart_runs_pass_their_gates(tmp_path: Path, run_file: str) -> 
     assert run["metrics"]["tool-selection"]["mean"] == 1.0
 
 
+def test_the_quickstart_run_resumed_or_rescored_keeps_its_verdict(tmp_path: Path) -> None:
+    """`--resume` of the finished run, and `rescore -f run.yaml`, read the same attempts: the `duration_ms` gate holds
+    again (the run-added metrics are rebuilt from the stored traces)."""
+    work = tmp_path / "quickstart"
+    shutil.copytree(QUICKSTART, work, ignore=shutil.ignore_patterns(".evalsi", "__pycache__"))
+
+    def evalsi(*args: str) -> dict:
+        res = subprocess.run([*EVALSI, *args, "--json"], capture_output=True, text=True, cwd=work, timeout=300)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr
+        return json.loads(res.stdout)
+
+    first = evalsi("run", "-f", "run.yaml")
+    resumed = evalsi("run", "-f", "run.yaml", "--resume", first["run_id"])
+    assert resumed["attempts"] == 0 and resumed["metrics"]["duration_ms"] == first["metrics"]["duration_ms"]
+    rescored = evalsi("rescore", "--run", first["run_id"], "-f", "run.yaml")
+    assert rescored["metrics"]["duration_ms"] == first["metrics"]["duration_ms"]
+    assert [g["passed"] for g in rescored["gates"]] == [True, True]
+
+
 def _run_documents() -> list[tuple[str, dict]]:
     found = []
     for path in [*ROOT.glob("docs/**/*.md"), ROOT / "README.md"]:

@@ -1,0 +1,102 @@
+"""The run-added metrics (`duration_ms`, `tokens`, `cost_usd`) however a run is read: kept by `--resume` and
+`rescore`, paired by `compare` and `--baseline` with lower as better; and gates that show the value they saw. The
+real CLI against a real collector, with the deterministic agents of test_run_e2e."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from running_collector import Collector
+
+from .test_run_e2e import evalsi, run_file, run_json
+
+RUN_ADDED = ("duration_ms", "tokens", "cost_usd")
+
+
+def steps_run(tmp: Path, gates: list[str], **extra: object) -> Path:
+    """Three tasks, two trials, an agent whose every attempt makes two priced model calls (36 tokens, 0.003 USD)."""
+    return run_file(tmp, function="agent:with_steps", trials=2, gates=gates, **extra)
+
+
+def test_resume_keeps_the_run_added_metrics_of_the_earlier_attempts(tmp_path: Path, collector: Collector) -> None:
+    gates = ["metric('duration_ms').p95 < 60000", "metric('tokens').mean == 36.0", "metric('cost_usd').n == 6"]
+    path = steps_run(tmp_path, gates)
+    first = run_json(evalsi("run", "-f", str(path), "--collector", collector.api, "--json", "--limit", "2",
+                            cwd=tmp_path))  # fmt: skip
+    assert [m for m in RUN_ADDED if first["metrics"][m]["n"] == 4] == list(RUN_ADDED)
+    # the interrupted run goes on: 2 attempts now, 4 before; the metrics count all 6
+    res = evalsi("run", "-f", str(path), "--collector", collector.api, "--json", "--resume", first["run_id"],
+                 cwd=tmp_path)  # fmt: skip
+    resumed = run_json(res)
+    assert res.returncode == 0, resumed["gates"]
+    assert (resumed["skipped_resumed"], resumed["attempts"]) == (4, 2)
+    assert {m: resumed["metrics"][m]["n"] for m in RUN_ADDED} == dict.fromkeys(RUN_ADDED, 6)
+    assert resumed["metrics"]["tokens"]["mean"] == 36 and resumed["metrics"]["cost_usd"]["mean"] == pytest.approx(0.003)
+
+    # resuming the finished run runs nothing and reads the same data: the same metrics, the same verdicts
+    res = evalsi("run", "-f", str(path), "--collector", collector.api, "--json", "--resume", first["run_id"],
+                 cwd=tmp_path)  # fmt: skip
+    again = run_json(res)
+    assert res.returncode == 0, again["gates"]
+    assert (again["skipped_resumed"], again["attempts"]) == (6, 0)
+    assert again["metrics"] == resumed["metrics"] and again["gates"] == resumed["gates"]
+    # and the stored record keeps them
+    shown = run_json(evalsi("runs", "show", first["run_id"], "--json", "--collector", collector.api, cwd=tmp_path))
+    assert shown["metrics"] == resumed["metrics"]
+
+
+def test_rescore_with_the_run_file_keeps_the_run_added_metrics(tmp_path: Path, collector: Collector) -> None:
+    gates = ["metric('exact-match').mean >= 0.3", "metric('duration_ms').p95 < 60000", "metric('cost_usd').mean < 1"]
+    path = steps_run(tmp_path, gates)
+    first = run_json(evalsi("run", "-f", str(path), "--collector", collector.api, "--json", cwd=tmp_path))
+    res = evalsi("rescore", "--run", first["run_id"], "-f", str(path), "--json", "--collector", collector.api,
+                 cwd=tmp_path)  # fmt: skip
+    again = run_json(res)
+    assert res.returncode == 0, again["gates"]
+    # the same traces: the same figures, to the last digit
+    for m in RUN_ADDED:
+        assert again["metrics"][m] == first["metrics"][m], m
+    assert [g["passed"] for g in again["gates"]] == [True, True, True]
+    stored = httpx.get(f"{collector.api}/api/v1/runs/{again['run_id']}").json()["summary"]["metrics"]
+    assert set(RUN_ADDED) <= set(stored)
+
+
+def test_a_trace_without_the_measures_is_measured_from_its_spans(collector: Collector, tmp_path: Path) -> None:
+    """A trace a run did not send (or sent before its root carried `evalsi.attempt.*`): rescore measures its spans,
+    the root's duration and the model calls' tokens."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.trace import set_span_in_context
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "chat-app"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector.http + "/v1/traces")))
+    tracer = provider.get_tracer("test")
+    t0 = time.time_ns()
+    trace_ids = []
+    for i in range(2):
+        root = tracer.start_span("invoke_agent", start_time=t0, attributes={"gen_ai.operation.name": "invoke_agent",
+                                                                             "mark": tmp_path.name})  # fmt: skip
+        usage = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m1", "gen_ai.usage.input_tokens": 10 + i,
+                 "gen_ai.usage.output_tokens": 5}  # fmt: skip
+        chat = tracer.start_span("chat m1", context=set_span_in_context(root), start_time=t0 + 1_000_000,
+                                 attributes=usage)  # fmt: skip
+        chat.end(end_time=t0 + 200_000_000)
+        root.end(end_time=t0 + (250 + 50 * i) * 1_000_000)
+        trace_ids.append(format(root.get_span_context().trace_id, "032x"))
+    provider.shutdown()
+    for trace_id in trace_ids:  # stored once the pipeline has them
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{collector.api}/api/v1/traces/{trace_id}").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    where = f"trace.root.attributes['mark'] == '{tmp_path.name}'"
+    res = evalsi("rescore", "--traces", where, "-e", "builtin/length", "--json", "--collector", collector.api,
+                 cwd=tmp_path)  # fmt: skip
+    chosen = run_json(res)
+    assert (chosen["metrics"]["duration_ms"]["n"], chosen["metrics"]["duration_ms"]["mean"]) == (2, 275.0)
+    assert chosen["metrics"]["tokens"]["mean"] == 15.5
