@@ -342,10 +342,13 @@ def compare_command(
     collector: CollectorOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Compare run B with run A, record by record (task and trial): McNemar for pass/fail, a paired bootstrap for
-    numeric scores. Exit 1 when a metric regressed significantly."""
+    """Compare run B with run A, record by record (task and trial): every metric of either run (the run-added
+    `duration_ms`, `tokens`, `cost_usd` too, lower being better for them), McNemar for pass/fail, a paired bootstrap
+    for numeric scores. Exit 1 when a metric regressed significantly."""
     from evalsi.run_harness.compare import compare_scores
     from evalsi.run_harness.report import comparison_table
+    from evalsi.run_harness.run_metrics import with_measures
+    from evalsi.run_harness.runner import RunFailed, read_stored_measures
 
     with _api(collector, config) as api:
         scores = [
@@ -353,9 +356,13 @@ def compare_command(
             for r in (run_a, run_b)
         ]
         seed = _get(api, f"/api/v1/runs/{run_b}")["manifest"].get("seed", 0)
-    for r, found in zip((run_a, run_b), scores, strict=True):
-        if not found:
-            raise _fail(f"run {r} has no scores", 1)
+        for r, found in zip((run_a, run_b), scores, strict=True):
+            if not found:
+                raise _fail(f"run {r} has no scores", 1)
+        try:
+            scores = [with_measures(found, read_stored_measures(api, f"API at {api}", found)) for found in scores]
+        except RunFailed as e:
+            raise _fail(str(e)) from None
     result = compare_scores(scores[0], scores[1], seed=seed)
     if as_json:
         out.print_json(json.dumps(result))

@@ -113,6 +113,16 @@ def check_gates(
         if gate.compares and compare is None:
             results.append(GateResult(gate.source, False, "reads compare(...) but the run has no --baseline"))
             continue
+        not_compared = next((m for m in gate.compares if m not in (compare or {})), None)
+        if not_compared is not None:
+            known = ", ".join(sorted(compare or {})) or "none"
+            results.append(GateResult(gate.source, False, f"no comparison of {not_compared!r} (compared: {known})"))
+            continue
+        unpaired = next((m for m in gate.compares if (compare or {})[m].get("unpaired")), None)
+        if unpaired is not None:
+            why = f"{unpaired!r} has nothing to compare: {(compare or {})[unpaired]['unpaired']}"
+            results.append(GateResult(gate.source, False, why))
+            continue
         try:
             results.append(GateResult(gate.source, gate.program.holds(activation)))
         except ValueError as e:

@@ -77,16 +77,33 @@ def print_summary(console: Console, run: dict[str, Any]) -> None:
         console.print(f"{mark} {g['gate']}" + (f"  ({g['detail']})" if g["detail"] else ""), highlight=False)
 
 
+COMPARISON_HEADERS = ["metric", "better", "n", "delta", "95% interval", "p", "test", "lost / gained", "verdict"]
+
+
+def comparison_rows(comparison: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """Each metric compared: which way is better, the pairs, the difference with its interval and p, the test, the
+    records lost and gained, and the verdict (or why the metric could not be compared)."""
+    rows = []
+    for name, c in comparison.items():
+        if c.get("unpaired"):
+            rows.append([name, c.get("better", ""), "0", "-", "-", "-", "-", "-", c["unpaired"]])
+            continue
+        verdict = "regressed" if c["regressed"] else "improved" if c["improved"] else "no change"
+        lost_gained = "-" if c.get("regressions") is None else f"{c['regressions']} / {c['fixes']}"
+        rows.append([
+            name, c.get("better", ""), _num(c["n"]), f"{c['delta']:+.3f}", f"[{c['low']:+.3f}, {c['high']:+.3f}]",
+            f"{c['pValue']:.3g}", str(c["test"]), lost_gained, verdict,
+        ])  # fmt: skip
+    return rows
+
+
 def comparison_table(comparison: dict[str, dict[str, Any]], title: str) -> Table:
     table = Table(title=title, title_justify="left")
-    for h in ("metric", "n", "delta", "95% interval", "p", "test", "verdict"):
-        table.add_column(h, justify="left" if h in ("metric", "test", "verdict") else "right")
-    for name, c in comparison.items():
-        verdict = "[red]regressed[/]" if c["regressed"] else "[green]improved[/]" if c["improved"] else "no change"
-        table.add_row(
-            name, _num(c["n"]), f"{c['delta']:+.3f}", f"[{c['low']:+.3f}, {c['high']:+.3f}]", f"{c['pValue']:.3g}",
-            c["test"], verdict,
-        )  # fmt: skip
+    for h in COMPARISON_HEADERS:
+        table.add_column(h, justify="left" if h in ("metric", "better", "test", "verdict") else "right")
+    colors = {"regressed": "[red]regressed[/]", "improved": "[green]improved[/]"}
+    for row in comparison_rows(comparison):
+        table.add_row(*row[:-1], colors.get(row[-1], row[-1]))
     return table
 
 
@@ -199,14 +216,9 @@ def markdown(
     lines += ["", "## Gates", ""]
     lines += [f"- {'PASS' if g['passed'] else 'FAIL'} `{g['gate']}` {g['detail']}".rstrip() for g in run["gates"]]
     if run.get("comparison"):
-        lines += ["", "## Compared with the baseline", "", "| metric | n | delta | 95% interval | p | verdict |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
-        for name, c in run["comparison"].items():
-            verdict = "regressed" if c["regressed"] else "improved" if c["improved"] else "no change"
-            lines.append(
-                f"| {name} | {c['n']} | {c['delta']:+.3f} | [{c['low']:+.3f}, {c['high']:+.3f}] | {c['pValue']:.3g} "
-                f"| {verdict} |"
-            )
+        lines += ["", "## Compared with the baseline", "", "| " + " | ".join(COMPARISON_HEADERS) + " |",
+                  "|" + "---|" * len(COMPARISON_HEADERS)]  # fmt: skip
+        lines += ["| " + " | ".join(r) + " |" for r in comparison_rows(run["comparison"])]
     if run.get("faults"):
         lines += ["", f"Injected faults: {faults_text(run['faults'])}"]
     if run["infra_errors"]:

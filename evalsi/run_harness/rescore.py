@@ -104,7 +104,7 @@ class Rescore:
             for at in range(0, len(traces), SCORE_BATCH)
         )  # fmt: skip
         try:
-            added = measured_observations(read_stored_measures(self.link, traces))
+            added = measured_observations(read_stored_measures(self.link.api_url, self.link.where, traces))
             return scored_run(self._api, manifest, requests, seed=self.seed, gates=self.gates, added=added)
         finally:
             self._client.close()

@@ -118,16 +118,17 @@ def run_problems(spec: RunSpec, tasks: list[Task]) -> list[str]:
     return problems
 
 
-def read_stored_measures(link: CollectorLink, scores: list[dict[str, Any]]) -> list[Measured]:
-    """The run-added measures of the attempts behind stored scores, rebuilt from their traces in the store."""
-    with httpx.Client(base_url=link.api_url, timeout=60, headers=api_headers()) as client:
+def read_stored_measures(api_url: str, where: str, scores: list[dict[str, Any]]) -> list[Measured]:
+    """The run-added measures of the attempts behind stored scores, rebuilt from their traces in the store (read
+    through the API at `api_url`, `where` naming it in errors)."""
+    with httpx.Client(base_url=api_url, timeout=60, headers=api_headers()) as client:
 
         def get(path: str) -> Any:
             try:
                 resp = client.get(path)
             except httpx.HTTPError as e:
-                raise RunFailed(f"the {link.where} did not answer GET {path}: {e}") from None
-            return None if resp.status_code == 404 else answer_of(resp, link.where)
+                raise RunFailed(f"the {where} did not answer GET {path}: {e}") from None
+            return None if resp.status_code == 404 else answer_of(resp, where)
 
         return stored_measures(get, scores)
 
@@ -434,14 +435,16 @@ class Runner:
         if self.resume:  # the scores and measures of the attempts before the interruption count too
             scores = await self.stored_scores(self.run_id)
             earlier = [s for s in scores if (s["task_id"], int(s["trial"])) in done]
-            measured = await asyncio.to_thread(read_stored_measures, self.link, earlier) + measured
+            measured = (
+                await asyncio.to_thread(read_stored_measures, self.link.api_url, self.link.where, earlier) + measured
+            )
         else:
             scores = self._scores
         metrics = self._metrics(scores, measured)
         comparison = None
         if self.baseline:
             base = await self.stored_scores(self.baseline)
-            base_measured = await asyncio.to_thread(read_stored_measures, self.link, base)
+            base_measured = await asyncio.to_thread(read_stored_measures, self.link.api_url, self.link.where, base)
             comparison = compare_scores(
                 with_measures(base, base_measured), with_measures(scores, measured), seed=self.spec.body.seed
             )

@@ -4,11 +4,13 @@ real CLI against a real collector, with the deterministic agents of test_run_e2e
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from running_collector import Collector
 
 from .test_run_e2e import evalsi, run_file, run_json
@@ -100,3 +102,40 @@ def test_a_trace_without_the_measures_is_measured_from_its_spans(collector: Coll
     chosen = run_json(res)
     assert (chosen["metrics"]["duration_ms"]["n"], chosen["metrics"]["duration_ms"]["mean"]) == (2, 275.0)
     assert chosen["metrics"]["tokens"]["mean"] == 15.5
+
+
+def test_compare_and_baseline_cover_every_metric_of_both_runs(tmp_path: Path, collector: Collector) -> None:
+    path = steps_run(tmp_path, [])
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["evaluators"] = [{"ref": "builtin/exact-match"}, {"ref": "builtin/length"}]
+    path.write_text(yaml.safe_dump(doc))
+    a = run_json(evalsi("run", "-f", str(path), "--collector", collector.api, "--json", cwd=tmp_path))
+    # run B: the same agent without the `length` evaluator, against A, with gates on the comparison
+    doc["spec"]["evaluators"] = [{"ref": "builtin/exact-match"}]
+    doc["spec"]["gates"] = ["compare('tokens').delta == 0.0", "compare('cost_usd').n == 6", "compare('length').n > 0"]
+    path.write_text(yaml.safe_dump(doc))
+    res = evalsi("run", "-f", str(path), "--collector", collector.api, "--json", "--baseline", a["run_id"],
+                 cwd=tmp_path)  # fmt: skip
+    b = run_json(res)
+    c = b["comparison"]
+    assert set(c) == {"exact-match", "length", *RUN_ADDED}
+    for m in RUN_ADDED:  # the run-added metrics, paired record by record, lower being better
+        assert (c[m]["better"], c[m]["test"], c[m]["n"]) == ("lower", "paired_bootstrap", 6), m
+        assert c[m]["regressions"] + c[m]["fixes"] <= 6 and c[m]["low"] <= c[m]["delta"] <= c[m]["high"]
+    assert (c["tokens"]["delta"], c["tokens"]["regressions"], c["tokens"]["fixes"]) == (0.0, 0, 0)
+    assert (c["exact-match"]["better"], c["exact-match"]["test"], c["exact-match"]["n"]) == ("higher", "mcnemar", 6)
+    # a metric of one run only is listed as such, and a gate on it says why it cannot hold
+    assert (c["length"]["n"], c["length"]["test"], c["length"]["unpaired"]) == (0, None, "scored in the baseline only")
+    assert [g["passed"] for g in b["gates"]] == [True, True, False] and res.returncode == 1
+    assert "'length' has nothing to compare: scored in the baseline only" in b["gates"][2]["detail"]
+
+    # `evalsi compare` reads the same from the store
+    res = evalsi("compare", a["run_id"], b["run_id"], "--json", "--collector", collector.api, cwd=tmp_path)
+    compared = json.loads(res.stdout)
+    assert compared == c
+    assert res.returncode == (1 if any(x["regressed"] for x in compared.values()) else 0)
+    res = evalsi("compare", b["run_id"], a["run_id"], "--collector", collector.api, cwd=tmp_path)
+    table = res.stdout
+    for m in RUN_ADDED:
+        assert next(line for line in table.splitlines() if f" {m} " in line).split("│")[2].strip() == "lower", table
+    assert "scored in the new run only" in table
