@@ -278,17 +278,20 @@ def _metrics(run: dict[str, Any]) -> str:
 
 
 def _gates(gates: list[dict[str, Any]]) -> str:
+    from evalsi.run_harness.gates import gate_reading
+
     if not gates:
         return '<section><h2>Gates</h2><p class="muted">The spec defines no gates.</p></section>'
     rows = [
         [
             '<span class="badge pass">PASS</span>' if g.get("passed") else '<span class="badge fail">FAIL</span>',
             f"<code>{_e(g.get('gate'))}</code>",
+            *(_e(text or "-") for text in gate_reading(g)),
             _e(g.get("detail") or ""),
         ]
         for g in gates
     ]
-    return f"<section><h2>Gates</h2>{_table(['result', 'gate', 'detail'], rows)}</section>"
+    return f"<section><h2>Gates</h2>{_table(['result', 'gate', 'value seen', 'threshold', 'detail'], rows)}</section>"
 
 
 def _comparison(comparison: dict[str, dict[str, Any]] | None) -> str:

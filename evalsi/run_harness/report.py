@@ -9,6 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from evalsi.run_harness.gates import gate_reading
+
 
 def _num(v: Any, digits: int = 3) -> str:
     if v is None:
@@ -46,6 +48,13 @@ def metric_rows(run: dict[str, Any]) -> list[list[str]]:
 HEADERS = ["metric", "kind", "n", "mean", "95% interval", "p50", "p95", "pass@k", "pass^k", "errors", "skipped"]
 
 
+def gate_line(g: dict[str, Any]) -> str:
+    """A gate's value and threshold, then why it could not be answered: `saw 0.3333, needs >= 0.9`."""
+    saw, needs = gate_reading(g)
+    parts = [f"saw {saw}" if saw else "", f"needs {needs}" if needs else "", g.get("detail") or ""]
+    return "; ".join(p for p in parts if p)
+
+
 def faults_text(faults: dict[str, int]) -> str:
     """Injected faults by kind: `12 (error 9, latency 3)`."""
     return f"{sum(faults.values())} (" + ", ".join(f"{k} {n}" for k, n in sorted(faults.items())) + ")"
@@ -74,7 +83,8 @@ def print_summary(console: Console, run: dict[str, Any]) -> None:
         console.print(comparison_table(run["comparison"], "compared with the baseline"))
     for g in run["gates"]:
         mark = "[green]PASS[/]" if g["passed"] else "[red]FAIL[/]"
-        console.print(f"{mark} {g['gate']}" + (f"  ({g['detail']})" if g["detail"] else ""), highlight=False)
+        line = gate_line(g)
+        console.print(f"{mark} {g['gate']}" + (f"  ({line})" if line else ""), highlight=False)
 
 
 COMPARISON_HEADERS = ["metric", "better", "n", "delta", "95% interval", "p", "test", "lost / gained", "verdict"]
@@ -214,7 +224,7 @@ def markdown(
     ]
     lines += ["| " + " | ".join(r) + " |" for r in metric_rows(run)]
     lines += ["", "## Gates", ""]
-    lines += [f"- {'PASS' if g['passed'] else 'FAIL'} `{g['gate']}` {g['detail']}".rstrip() for g in run["gates"]]
+    lines += [f"- {'PASS' if g['passed'] else 'FAIL'} `{g['gate']}` {gate_line(g)}".rstrip() for g in run["gates"]]
     if run.get("comparison"):
         lines += ["", "## Compared with the baseline", "", "| " + " | ".join(COMPARISON_HEADERS) + " |",
                   "|" + "---|" * len(COMPARISON_HEADERS)]  # fmt: skip

@@ -139,3 +139,34 @@ def test_compare_and_baseline_cover_every_metric_of_both_runs(tmp_path: Path, co
     for m in RUN_ADDED:
         assert next(line for line in table.splitlines() if f" {m} " in line).split("│")[2].strip() == "lower", table
     assert "scored in the new run only" in table
+
+
+def test_a_gate_shows_and_stores_the_value_it_saw_and_its_threshold(tmp_path: Path, collector: Collector) -> None:
+    # France 3/3, Spain 1/3, Italy 0/3: pass^3 is 1/3
+    gates = ["metric('exact-match').passHatK(3) >= 0.9", "0.1 < metric('exact-match').mean",
+             "metric('nope').mean > 0"]  # fmt: skip
+    path = run_file(tmp_path, gates=gates)
+    res = evalsi("run", "-f", str(path), "--collector", collector.api, "-q", "--report", "out.md", "--report",
+                 "out.html", cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    assert "FAIL metric('exact-match').passHatK(3) >= 0.9  (saw 0.3333; needs >= 0.9)" in res.stdout
+    assert "PASS 0.1 < metric('exact-match').mean  (saw 0.4444; needs > 0.1)" in res.stdout
+    assert "FAIL metric('nope').mean > 0  (saw none; needs > 0; no scores named 'nope'" in res.stdout
+    # the stored record keeps them
+    [run] = [r for r in httpx.get(f"{collector.api}/api/v1/runs?limit=100").json()["runs"] if r["name"] == "capitals"
+             and r["summary"].get("gates") and r["summary"]["gates"][0]["gate"] == gates[0]]  # fmt: skip
+    stored = run["summary"]["gates"]
+    assert (stored[0]["value"], stored[0]["op"], stored[0]["threshold"]) == (pytest.approx(1 / 3), ">=", 0.9)
+    assert stored[0]["seen"] == {"metric('exact-match').passHatK(3)": pytest.approx(1 / 3)}
+    assert (stored[1]["value"], stored[1]["op"], stored[1]["threshold"]) == (pytest.approx(4 / 9), ">", 0.1)
+    assert (stored[2]["value"], stored[2]["passed"]) == (None, False)
+    shown = run_json(evalsi("runs", "show", run["run_id"], "--json", "--collector", collector.api, cwd=tmp_path))
+    assert shown["gates"] == stored
+    # the reports' gate rows
+    md = (tmp_path / "out.md").read_text()
+    assert "- FAIL `metric('exact-match').passHatK(3) >= 0.9` saw 0.3333; needs >= 0.9" in md
+    page = (tmp_path / "out.html").read_text()
+    assert (
+        "<code>metric(&#x27;exact-match&#x27;).passHatK(3) &gt;= 0.9</code></td><td>0.3333</td><td>&gt;= 0.9</td>"
+        in (page)
+    )

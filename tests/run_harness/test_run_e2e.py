@@ -123,7 +123,9 @@ def test_a_three_trial_run_reports_pass_at_k_and_pass_hat_k_and_stores_everythin
         assert m["pass_at_k"][str(k)] == pytest.approx(float(hand_pass_at_k(per_task, k)), abs=1e-12)
         assert m["pass_hat_k"][str(k)] == pytest.approx(float(hand_pass_hat_k(per_task, k)), abs=1e-12)
     assert m["pass_at_k"]["3"] == pytest.approx(2 / 3) and m["pass_hat_k"]["3"] == pytest.approx(1 / 3)
-    assert run["gates"] == [{"gate": "metric('exact-match').passAtK(3) >= 0.6", "passed": True, "detail": ""}]
+    assert run["gates"] == [{"gate": "metric('exact-match').passAtK(3) >= 0.6", "passed": True, "detail": "",
+                             "value": pytest.approx(2 / 3), "op": ">=", "threshold": 0.6,
+                             "seen": {"metric('exact-match').passAtK(3)": pytest.approx(2 / 3)}}]  # fmt: skip
     assert run["manifest"]["dataset"]["tasks"] == 3 and len(run["manifest"]["dataset"]["hash"]) == 64
     assert run["infra_errors"] == [] and run["attempts"] == 9
 
