@@ -4,19 +4,31 @@ a restart (clean or kill -9) in the middle neither skips nor duplicates a trace 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import http.server
 import json
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import yaml
+from captures import texts
 from running_collector import Collector, serve_config, start_collector, wait_until
+
+import evalsi.processors.normalize.mlflow  # noqa: F401  (registers the mapper)
+from evalsi.processors.normalize import normalize_span
+from evalsi.receivers.otlp.decode import decode_traces_protobuf
+from evalsi.span import Span
 
 POLICY = """apiVersion: evals.si/v1alpha1
 kind: OnlineEvalPolicy
@@ -227,3 +239,130 @@ def test_evalsi_import_counts_on_a_dry_run_and_lands_the_same_counts_once(tmp_pa
     assert (again["traces"], again["sent"], again["stored_already"]) == (2, 0, 6)
     assert stored_traces() == {t.removeprefix("tr-"): 3 for t in ids}
     assert all(sorted(n for n, _ in assessments(mlflow_uri, t)) == ["latency", "tokens"] for t in ids)
+
+
+# --- the REST form read as the OTLP form ---------------------------------------------------------------------
+
+BOTH_FORMS = """
+import sys, mlflow
+mlflow.set_tracking_uri(sys.argv[1])
+mlflow.set_experiment(sys.argv[2])
+
+@mlflow.trace(span_type="TOOL")
+def lookup(city: str) -> str:
+    return f"{city} is the capital of France"
+
+@mlflow.trace(span_type="AGENT")
+def agent(question: str) -> str:
+    mlflow.update_current_trace(metadata={"mlflow.trace.session": "sess-" + sys.argv[3], "mlflow.trace.user": "alice"})
+    with mlflow.start_span(name="plain", span_type="CHAT_MODEL") as s:
+        s.set_inputs("what is the capital of France?")
+        s.set_outputs("Paris is the capital.")
+        s.set_attribute("mlflow.chat.tokenUsage", {"input_tokens": 7, "output_tokens": 4, "total_tokens": 11})
+    with mlflow.start_span(name="object", span_type="CHAT_MODEL") as s:
+        s.set_inputs({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": question}]})
+        s.set_outputs({"choices": [{"message": {"role": "assistant", "content": "Paris"}, "finish_reason": "stop"}]})
+    lookup("Paris")
+    return '{"answer": "Paris"}'  # a JSON string: the answer is this text, not the object it encodes
+
+with mlflow.start_span(name="plain root", span_type="CHAIN") as root:
+    root.set_inputs("capital of France?")
+    root.set_outputs("Paris.")
+agent("capital of France?")
+mlflow.flush_trace_async_logging()
+"""
+
+
+@contextlib.contextmanager
+def otlp_sink() -> Iterator[tuple[str, list[bytes]]]:
+    """An OTLP/HTTP endpoint keeping every request body it is sent: yields its traces URL and the bodies."""
+    bodies: list[bytes] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            bodies.append(self.rfile.read(int(self.headers["content-length"])))
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces", bodies
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def write_both_ways(uri: str, experiment: str, otlp_traces_url: str, tag: str) -> None:
+    """The traces of BOTH_FORMS, written by MLflow's own client to the tracking server and, the same spans, exported
+    by it over OTLP/HTTP (protobuf) to `otlp_traces_url`."""
+    env = {
+        **os.environ,
+        "MLFLOW_TRACE_ENABLE_OTLP_DUAL_EXPORT": "true",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": otlp_traces_url,
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+    }
+    script = textwrap.dedent(BOTH_FORMS)
+    subprocess.run([sys.executable, "-c", script, uri, experiment, tag], check=True, timeout=120, env=env)
+
+
+def pulled(uri: str, experiment: str) -> bytes:
+    """The experiment's traces as the `mlflow` receiver reads them (its source: search, then batchGet)."""
+    from evalsi.receivers.pull.mlflow import MlflowSource
+
+    async def read() -> bytes:
+        async with httpx.AsyncClient(base_url=uri, timeout=30) as client:
+            source = MlflowSource(client, uri, experiment)
+            page = await source.list_since(0, 100, None)
+            return await source.fetch(page.traces)
+
+    return asyncio.run(read())
+
+
+def read_spans(*bodies: bytes) -> dict[str, Span]:
+    """OTLP/protobuf request bodies decoded and normalized: spans by span id."""
+    out: dict[str, Span] = {}
+    for body in bodies:
+        decoded = decode_traces_protobuf(body)
+        assert decoded.rejected == 0, decoded.message
+        for span in decoded.batch:
+            normalize_span(span)
+            out[span.span_id] = span
+    return out
+
+
+def test_content_pulled_over_rest_reads_as_the_same_spans_exported_over_otlp(mlflow_uri: str) -> None:
+    """MLflow's REST API hands attribute values decoded (a string as itself, an object as a key-value list) where
+    its OTLP export sends their JSON text: read from either, every span's content is the same."""
+    experiment = f"both-forms-{uuid.uuid4().hex[:8]}"
+    with otlp_sink() as (url, bodies):
+        write_both_ways(mlflow_uri, experiment, url, "1")
+    exported = read_spans(*bodies)
+    imported = read_spans(pulled(mlflow_uri, experiment))
+    assert set(imported) == set(exported) and len(imported) == 5
+    for span_id, want in exported.items():
+        got = imported[span_id]
+        assert got.convention == want.convention == "mlflow"
+        for field in ("step_type", "input", "output", "model", "tool_name", "input_tokens", "output_tokens"):
+            assert getattr(got, field) == getattr(want, field), (want.name, field)
+        assert got.unparsed == want.unparsed == [], want.name
+    by_name = {s.name: s for s in imported.values()}
+    assert texts(by_name["plain"].input) == ["what is the capital of France?"]  # text, not unparsed
+    assert texts(by_name["plain root"].output) == ["Paris."]
+    assert texts(by_name["agent"].output) == ['{"answer": "Paris"}']  # the JSON string as written, 19 characters
+
+
+def test_session_and_user_come_from_the_trace_metadata(mlflow_uri: str) -> None:
+    experiment = f"both-forms-{uuid.uuid4().hex[:8]}"
+    with otlp_sink() as (url, _):
+        write_both_ways(mlflow_uri, experiment, url, "2")
+    spans = read_spans(pulled(mlflow_uri, experiment))
+    agent = next(s for s in spans.values() if s.name == "agent")
+    assert (agent.session_id, agent.user_id) == ("sess-2", "alice")
+    plain_root = next(s for s in spans.values() if s.name == "plain root")  # a trace with no session
+    assert (plain_root.session_id, plain_root.user_id) == (None, None)

@@ -1,9 +1,16 @@
 """The `mlflow` pull receiver: reads new traces from an MLflow tracking server (REST API 3.0), experiment by
-experiment, and hands their spans to the traces pipeline with MLflow's own attributes, under MLflow's trace ids."""
+experiment, and hands their spans to the traces pipeline with MLflow's own attributes, under MLflow's trace ids.
+
+It hands them in the form MLflow's OTLP export sends: MLflow's REST API decodes each `mlflow.*` attribute (a string
+as the string, an object as a key-value list) where the export sends the JSON text MLflow holds, so those values are
+JSON-encoded again here and the `mlflow` mapper reads one form. The trace's metadata gives back what the REST form
+lost: the root span's inputs and outputs as written (`mlflow.traceInputs`, `mlflow.traceOutputs`) and its session
+and user (`mlflow.trace.session`, `mlflow.trace.user`, set on the root span as `session.id` and `user.id`)."""
 
 from __future__ import annotations
 
 import base64
+import json
 from datetime import datetime
 from typing import Any
 
@@ -16,7 +23,7 @@ from pydantic import Field, field_validator
 
 from evalsi.component import Next, Settings, receiver, server_url
 from evalsi.duration import Duration
-from evalsi.receivers.otlp.decode import decode_encoded
+from evalsi.receivers.otlp.decode import any_value, decode_encoded
 from evalsi.receivers.pull.poll import (
     Listed,
     Page,
@@ -29,6 +36,14 @@ from evalsi.receivers.pull.poll import (
 
 SCOPE = "evalsi.receivers.mlflow"
 """The instrumentation scope of the imported spans (their attributes are MLflow's, as its tracer wrote them)."""
+
+ENCODED_PREFIX = "mlflow."
+"""The attributes MLflow JSON-encodes whoever sets them; others are handed as their writer sent them."""
+
+# trace metadata -> the root span's attribute it gives back (inputs and outputs as written, up to 250 characters)
+ROOT_CONTENT = {"mlflow.traceInputs": "mlflow.spanInputs", "mlflow.traceOutputs": "mlflow.spanOutputs"}
+# trace metadata -> the root span's attribute it is set as (what MLflow's own exporters set for them)
+ROOT_IDENTITY = {"mlflow.trace.session": "session.id", "mlflow.trace.user": "user.id"}
 
 
 class MlflowReceiverConfig(PullConfig):
@@ -119,8 +134,9 @@ class MlflowSource:
             resp = await self.client.get("/api/3.0/mlflow/traces/batchGet", params={"trace_ids": ids})
             data = check_response(resp, "get traces")
             for trace in data.get("traces", []):
+                metadata = (trace.get("trace_info") or {}).get("trace_metadata") or {}
                 for span in trace.get("spans", []):
-                    scope.spans.append(_span(span))
+                    scope.spans.append(as_exported(_span(span), metadata))
         return ExportTraceServiceRequest(resource_spans=[resource]).SerializeToString()
 
 
@@ -132,6 +148,51 @@ def _span(data: dict[str, Any]) -> Span:
         raise SourceError(f"a span is not an OTLP span: {e}") from None
     if len(span.trace_id) != 16 and data.get("trace_id"):
         span.trace_id = base64.b64decode(data["trace_id"])[:16]
+    return span
+
+
+def _encoded(value: AnyValue) -> str | None:
+    """An attribute value as MLflow holds it (and exports it over OTLP): the JSON text of the value."""
+    if value.WhichOneof("value") is None:
+        return None
+    return json.dumps(any_value(value), ensure_ascii=False)
+
+
+def _written(held: str, written: str) -> bool:
+    """Whether `written` (a root span's inputs or outputs from the trace's metadata, as the tracer wrote them) is
+    what MLflow holds as `held`: the same, or a JSON text inside a string that MLflow holds as the value it encodes
+    (MLflow's store does that to every such string). A metadata value cut at 250 characters is not JSON: never."""
+    try:
+        value, kept = json.loads(written), json.loads(held)
+    except ValueError:
+        return False
+    if value == kept:
+        return True
+    if not isinstance(value, str):
+        return False
+    try:
+        return bool(json.loads(value) == kept)
+    except ValueError:
+        return False
+
+
+def as_exported(span: Span, metadata: dict[str, str]) -> Span:
+    """A span of MLflow's REST form in the form MLflow's OTLP export sends it (see the module's docstring)."""
+    for kv in span.attributes:
+        if kv.key.startswith(ENCODED_PREFIX):
+            encoded = _encoded(kv.value)
+            if encoded is not None:
+                kv.value.CopyFrom(AnyValue(string_value=encoded))
+    if span.parent_span_id:
+        return span
+    present = {kv.key: kv for kv in span.attributes}
+    for meta_key, key in ROOT_CONTENT.items():
+        written, kv = metadata.get(meta_key), present.get(key)
+        if written and kv is not None and kv.value.string_value != written and _written(kv.value.string_value, written):
+            kv.value.CopyFrom(AnyValue(string_value=written))
+    for meta_key, key in ROOT_IDENTITY.items():
+        if metadata.get(meta_key) and key not in present:
+            span.attributes.append(_kv(key, metadata[meta_key]))
     return span
 
 
