@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -366,3 +367,70 @@ def test_session_and_user_come_from_the_trace_metadata(mlflow_uri: str) -> None:
     assert (agent.session_id, agent.user_id) == ("sess-2", "alice")
     plain_root = next(s for s in spans.values() if s.name == "plain root")  # a trace with no session
     assert (plain_root.session_id, plain_root.user_id) == (None, None)
+
+
+SAME_SCORES_POLICY = """apiVersion: evals.si/v1alpha1
+kind: OnlineEvalPolicy
+metadata: {name: both-ways}
+spec:
+  selector: 'true'
+  sampling: {rate: 1.0}
+  cascade:
+    - ref: builtin/length
+    - ref: builtin/json-valid
+    - ref: builtin/contains
+      params: {any: [Paris]}
+    - ref: builtin/regex
+      params: {pattern: '^Paris'}
+    - ref: builtin/tokens
+      params: {max_total: 20000}
+    - ref: builtin/latency
+      params: {max_ms: 60000}
+    - ref: builtin/refusal
+    - ref: builtin/prompt-injection
+    - ref: builtin/pii-leak
+    - ref: builtin/tool-call-error-rate
+"""
+
+
+def scores_of(c: Collector) -> dict[tuple[str, str, str], tuple[Any, ...]]:
+    """Every stored score: (trace, span, name) -> what it says."""
+    scores = httpx.get(c.api + "/api/v1/scores?limit=1000").json()["scores"]
+    return {
+        (s["trace_id"], s["span_id"], s["name"]): (s["value"], s["passed"], s["label"], s["outcome"], s["reason"])
+        for s in scores
+    }
+
+
+def test_one_trace_pulled_and_pushed_gets_the_same_scores(tmp_path: Path, mlflow_uri: str) -> None:
+    """MLflow's client writes the traces to the tracking server and exports them over OTLP to one collector; another
+    collector pulls them from the tracking server. Both run the same policy: every score is the same."""
+    experiment = f"both-ways-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "policy.yaml").write_text(SAME_SCORES_POLICY)
+    evaluate = {"policies": [str(tmp_path / "policy.yaml")]}
+    pushed_dir, pulled_dir = tmp_path / "pushed", tmp_path / "pulled"
+    pushed_dir.mkdir()
+    pulled_dir.mkdir()
+    pushed_cfg = serve_config(pushed_dir / "store")
+    pushed_cfg["processors"] = {"normalize": {}, "tail_sampling": {"decision_wait": "300ms"}, "evaluate": evaluate}
+    pushed_cfg["service"]["pipelines"]["traces"]["processors"] = ["normalize", "tail_sampling", "evaluate"]
+    pushed_cfg["service"]["pipelines"]["scores"] = {"exporters": ["clickhouse"]}
+    pulled_cfg = config(pulled_dir, mlflow_uri, experiment, 1)
+    pulled_cfg["processors"]["evaluate"] = evaluate
+    pulled_cfg["service"]["pipelines"]["scores"] = {"exporters": ["clickhouse"]}
+    del pulled_cfg["exporters"]["mlflow"]
+    pushed = start_collector(pushed_dir, pushed_cfg)
+    try:
+        write_both_ways(mlflow_uri, experiment, pushed.http + "/v1/traces", "3")
+        pulled_c = start_collector(pulled_dir, pulled_cfg)
+        try:
+            n = 2 * 10  # two traces, ten trace-scope evaluators
+            assert wait_until(lambda: len(scores_of(pushed)) >= n and len(scores_of(pulled_c)) >= n, 60)
+            time.sleep(1)  # nothing more comes
+            want, got = scores_of(pushed), scores_of(pulled_c)
+        finally:
+            pulled_c.stop()
+    finally:
+        pushed.stop()
+    assert len(want) == n
+    assert got == want, {k: (want.get(k), got.get(k)) for k in want.keys() | got.keys() if want.get(k) != got.get(k)}
