@@ -869,39 +869,40 @@ if __name__ == "__main__":
     app()
 
 
-def import_mlflow(
-    tracking_uri: Annotated[str, typer.Option("--tracking-uri", help="The MLflow tracking server (http://host:port).")],
-    experiment: Annotated[
-        list[str], typer.Option("--experiment", "-e", help="An experiment to read, by name or id (repeatable).")
-    ],
-    since: Annotated[str, typer.Option("--since", help="From: a duration back from now (2h, 7d) or ISO-8601 time.")],
-    until: Annotated[
-        str | None, typer.Option("--until", help="Up to (not including): a duration back or a time; default: now.")
-    ] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would be imported; send nothing.")] = False,
-    page_size: Annotated[int, typer.Option("--page-size", min=1, max=500, help="Traces a search lists.")] = 100,
-    collector: commands.CollectorOpt = None,
-    config: commands.ConfigOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
+SinceOpt = Annotated[str, typer.Option("--since", help="From: a duration back from now (2h, 7d) or ISO-8601 time.")]
+UntilOpt = Annotated[
+    str | None, typer.Option("--until", help="Up to (not including): a duration back or a time; default: now.")
+]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Count what would be imported; send nothing.")]
+PageSizeOpt = Annotated[int, typer.Option("--page-size", min=1, max=500, help="Traces a listing request returns.")]
+ImportJsonOpt = Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")]
+
+
+def _import_traces(
+    tool: str,
+    address: str,
+    make_sources: Any,
+    *,
+    since: str,
+    until: str | None,
+    dry_run: bool,
+    page_size: int,
+    collector: str | None,
+    config: Path | None,
+    as_json: bool,
 ) -> None:
-    """Import the traces of MLflow experiments started in a time range through the pipeline (normalize, evaluate,
-    the store, the scores' exporters: those of the config or of the running collector), as the `mlflow` receiver
-    does online. Spans the store holds already are left out: a trace is stored and scored once."""
+    """What every `evalsi import <tool>` of traces does: the range, the pull receiver's sources
+    (`make_sources()` -> (sources, their HTTP client)), the backfill into a collector (or a count on a dry run),
+    a progress bar, and what it did."""
     import dataclasses
+    import time
 
     import httpx
 
     from evalsi.collector.query import SearchError, parse_time
     from evalsi.receivers.pull.backfill import CollectorTarget, backfill
-    from evalsi.receivers.pull.mlflow import MlflowReceiverConfig, MlflowSource
     from evalsi.receivers.pull.poll import SourceError
     from evalsi.run_harness.collector import CollectorError
-
-    try:
-        cfg = MlflowReceiverConfig(tracking_uri=tracking_uri, experiments=experiment, page_size=page_size)
-    except ValueError as e:
-        raise _fail(f"--tracking-uri / --experiment: {e}", 2) from None
-    import time
 
     now = time.time_ns()
     try:
@@ -911,8 +912,7 @@ def import_mlflow(
         raise _fail(str(e), 2) from None
     if until_ms <= since_ms:
         raise _fail(f"--until ({until}) is not after --since ({since})", 2)
-    client = httpx.AsyncClient(base_url=cfg.tracking_uri, headers=cfg.headers, timeout=cfg.timeout)
-    sources = [MlflowSource(client, cfg.tracking_uri, e) for e in cfg.experiments]
+    sources, client = make_sources()
     local = None
     target = None
     if not dry_run:
@@ -943,7 +943,7 @@ def import_mlflow(
     except SourceError as e:
         raise _fail(str(e)) from None
     except httpx.HTTPError as e:
-        raise _fail(f"cannot reach MLflow at {cfg.tracking_uri}: {e}; is the tracking server running?") from None
+        raise _fail(f"cannot reach {tool} at {address}: {e}; is the server running?") from None
     finally:
         if bar is not None:
             bar.stop()
@@ -965,4 +965,145 @@ def import_mlflow(
     )
 
 
+def import_mlflow(
+    tracking_uri: Annotated[str, typer.Option("--tracking-uri", help="The MLflow tracking server (http://host:port).")],
+    experiment: Annotated[
+        list[str], typer.Option("--experiment", "-e", help="An experiment to read, by name or id (repeatable).")
+    ],
+    since: SinceOpt,
+    until: UntilOpt = None,
+    dry_run: DryRunOpt = False,
+    page_size: PageSizeOpt = 100,
+    collector: commands.CollectorOpt = None,
+    config: commands.ConfigOpt = None,
+    as_json: ImportJsonOpt = False,
+) -> None:
+    """Import the traces of MLflow experiments started in a time range through the pipeline (normalize, evaluate,
+    the store, the scores' exporters: those of the config or of the running collector), as the `mlflow` receiver
+    does online. Spans the store holds already are left out: a trace is stored and scored once."""
+    import httpx
+
+    from evalsi.receivers.pull.mlflow import MlflowReceiverConfig, MlflowSource
+
+    try:
+        cfg = MlflowReceiverConfig(tracking_uri=tracking_uri, experiments=experiment, page_size=page_size)
+    except ValueError as e:
+        raise _fail(f"--tracking-uri / --experiment: {e}", 2) from None
+
+    def sources() -> tuple[list[Any], httpx.AsyncClient]:
+        client = httpx.AsyncClient(base_url=cfg.tracking_uri, headers=cfg.headers, timeout=cfg.timeout)
+        return [MlflowSource(client, cfg.tracking_uri, e) for e in cfg.experiments], client
+
+    _import_traces(
+        "MLflow", cfg.tracking_uri, sources, since=since, until=until, dry_run=dry_run, page_size=page_size,
+        collector=collector, config=config, as_json=as_json,
+    )  # fmt: skip
+
+
+def import_phoenix(
+    endpoint: Annotated[str, typer.Option("--endpoint", help="The Phoenix server (http://host:port).")],
+    project: Annotated[
+        list[str], typer.Option("--project", "-p", help="A project to read, by name or id (repeatable).")
+    ],
+    since: SinceOpt,
+    until: UntilOpt = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key", envvar="PHOENIX_API_KEY", help="Phoenix's API key, when it has auth on.", show_default=False
+        ),
+    ] = None,
+    settle: Annotated[
+        str,
+        typer.Option("--settle", help="Leave out traces that started this recently (Phoenix may still lack spans)."),
+    ] = "30s",
+    dry_run: DryRunOpt = False,
+    page_size: PageSizeOpt = 100,
+    collector: commands.CollectorOpt = None,
+    config: commands.ConfigOpt = None,
+    as_json: ImportJsonOpt = False,
+) -> None:
+    """Import the traces of Phoenix projects started in a time range through the pipeline (normalize, evaluate,
+    the store, the scores' exporters: those of the config or of the running collector), as the `phoenix` receiver
+    does online. Spans the store holds already are left out: a trace is stored and scored once."""
+    import httpx
+
+    from evalsi.receivers.pull.phoenix import PhoenixReceiverConfig, PhoenixSource
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        cfg = PhoenixReceiverConfig(
+            endpoint=endpoint, projects=project, headers=headers, settle=settle, page_size=page_size
+        )
+    except ValueError as e:
+        raise _fail(f"--endpoint / --project / --settle: {e}", 2) from None
+
+    def sources() -> tuple[list[Any], httpx.AsyncClient]:
+        client = httpx.AsyncClient(
+            base_url=cfg.endpoint, headers={**cfg.headers, "Accept": "application/json"}, timeout=cfg.timeout
+        )
+        return [PhoenixSource(client, cfg.endpoint, p, cfg.settle) for p in cfg.projects], client
+
+    _import_traces(
+        "Phoenix", cfg.endpoint, sources, since=since, until=until, dry_run=dry_run, page_size=page_size,
+        collector=collector, config=config, as_json=as_json,
+    )  # fmt: skip
+
+
+def import_langfuse(
+    host: Annotated[str, typer.Option("--host", help="The Langfuse server (https://cloud.langfuse.com).")],
+    since: SinceOpt,
+    until: UntilOpt = None,
+    public_key: Annotated[
+        str, typer.Option("--public-key", envvar="LANGFUSE_PUBLIC_KEY", help="The project's public key.")
+    ] = "",
+    secret_key: Annotated[
+        str,
+        typer.Option(
+            "--secret-key", envvar="LANGFUSE_SECRET_KEY", help="The project's secret key.", show_default=False
+        ),
+    ] = "",
+    service_name: Annotated[
+        str, typer.Option("--service-name", help="The imported spans' service.name (trace.service_name).")
+    ] = "langfuse",
+    settle: Annotated[
+        str, typer.Option("--settle", help="Leave out traces that started this recently (Langfuse may lag).")
+    ] = "30s",
+    dry_run: DryRunOpt = False,
+    page_size: PageSizeOpt = 100,
+    collector: commands.CollectorOpt = None,
+    config: commands.ConfigOpt = None,
+    as_json: ImportJsonOpt = False,
+) -> None:
+    """Import the traces of a Langfuse project (the one its keys choose) started in a time range through the
+    pipeline (normalize, evaluate, the store, the scores' exporters: those of the config or of the running
+    collector), as the `langfuse` receiver does online. Spans the store holds already are left out: a trace is
+    stored and scored once."""
+    import base64
+
+    import httpx
+
+    from evalsi.receivers.pull.langfuse import LangfuseReceiverConfig, LangfuseSource
+
+    try:
+        cfg = LangfuseReceiverConfig(
+            host=host, public_key=public_key, secret_key=secret_key, service_name=service_name, settle=settle,
+            page_size=page_size,
+        )  # fmt: skip
+    except ValueError as e:
+        raise _fail(f"--host / --public-key / --secret-key / --settle: {e}", 2) from None
+
+    def sources() -> tuple[list[Any], httpx.AsyncClient]:
+        auth = base64.b64encode(f"{cfg.public_key}:{cfg.secret_key}".encode()).decode()
+        client = httpx.AsyncClient(base_url=cfg.host, headers={"Authorization": f"Basic {auth}"}, timeout=cfg.timeout)
+        return [LangfuseSource(client, cfg.host, cfg.settle, cfg.service_name)], client
+
+    _import_traces(
+        "Langfuse", cfg.host, sources, since=since, until=until, dry_run=dry_run, page_size=page_size,
+        collector=collector, config=config, as_json=as_json,
+    )  # fmt: skip
+
+
 commands.import_app.command("mlflow")(_discovering(import_mlflow))
+commands.import_app.command("phoenix")(_discovering(import_phoenix))
+commands.import_app.command("langfuse")(_discovering(import_langfuse))

@@ -453,8 +453,10 @@ def rescore_command(
 
 # --- importing other harnesses' results ---------------------------------------------------------------------------
 
-import_app = typer.Typer(help="Import other harnesses' results as runs, and traces from other tools (MLflow).",
-                         no_args_is_help=True)  # fmt: skip
+import_app = typer.Typer(
+    help="Import other harnesses' results as runs, and traces from other tools (MLflow, Phoenix, Langfuse).",
+    no_args_is_help=True,
+)
 
 EvaluatorOpt = Annotated[
     list[str] | None,

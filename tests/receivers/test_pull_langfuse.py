@@ -6,7 +6,10 @@ public API documents it (query parameters, field groups, cursor pages newest fir
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -15,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from fake_langfuse import PK, SK, FakeLangfuse
 from pydantic import ValidationError
 from running_collector import Collector, serve_config, start_collector, wait_until
@@ -197,3 +201,54 @@ def test_config_errors_name_the_key() -> None:
         LangfuseReceiverConfig(host="langfuse:3000", public_key="pk", secret_key="sk")
     with pytest.raises(ValidationError, match="public_key"):
         LangfuseReceiverConfig(host="http://langfuse:3000", public_key=" ", secret_key="sk")
+
+
+def test_evalsi_import_langfuse_counts_on_a_dry_run_and_lands_the_same_counts_once(
+    tmp_path: Path, langfuse: Any
+) -> None:
+    """`evalsi import langfuse`: a one-off backfill through the config's pipeline (an in-process collector here),
+    read with the receiver's source from the local stand-in (no live Langfuse here)."""
+    otel, otel_obs = otel_ids()
+    legacy, legacy_obs = legacy_ids()
+    running, running_obs = otel_ids()
+    langfuse.observations += agent_trace(otel, otel_obs, 30) + agent_trace(legacy, legacy_obs, 20)
+    langfuse.observations += agent_trace(running, running_obs, 10, running=True)
+    cfg = config(tmp_path, langfuse)
+    cfg["receivers"] = serve_config(tmp_path / "store")["receivers"]  # the import hands its spans to the otlp one
+    cfg["service"]["pipelines"]["traces"]["receivers"] = ["otlp"]
+    config_path = tmp_path / "import.yaml"
+    config_path.write_text(yaml.safe_dump(cfg))
+    evalsi = [str(Path(sys.executable).parent / "evalsi")]
+    env = {**os.environ, "LANGFUSE_PUBLIC_KEY": PK, "LANGFUSE_SECRET_KEY": SK}
+
+    def run_import(*extra: str) -> dict[str, Any]:
+        args = ["import", "langfuse", "--host", langfuse.host, "--since", "1h", "--settle", "0s", "--json"]
+        res = subprocess.run(
+            [*evalsi, *args, "-c", str(config_path), *extra],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)
+
+    def stored_traces() -> dict[str, int]:
+        res = subprocess.run(
+            [*evalsi, "traces", "list", "--json", "-c", str(config_path)], capture_output=True, text=True, timeout=120
+        )
+        assert res.returncode == 0, res.stderr
+        return {t["trace_id"]: t["span_count"] for t in json.loads(res.stdout)}
+
+    want = {otel: 3, legacy.replace("-", ""): 3}
+    dry = run_import("--dry-run")
+    assert (dry["traces"], dry["spans"], dry["sent"], dry["running"], dry["dry_run"]) == (2, 6, 0, 1, True)
+    assert not (tmp_path / "store").exists() or stored_traces() == {}
+    assert langfuse.stored == {}
+
+    done = run_import()
+    assert (done["traces"], done["spans"], done["sent"], done["stored_already"]) == (2, 6, 6, 0)
+    assert stored_traces() == want
+    assert scores_on(langfuse, otel)[("tokens", otel_obs[0])] == 15  # scored, and written back by the exporter
+
+    again = run_import()
+    assert (again["traces"], again["sent"], again["stored_already"]) == (2, 0, 6)
+    assert stored_traces() == want
+    assert not langfuse.violations

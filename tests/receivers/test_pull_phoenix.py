@@ -6,10 +6,12 @@ neither skips nor duplicates a trace or an annotation."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
 import subprocess
+import sys
 import textwrap
 import time
 import uuid
@@ -19,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
 from phoenix_server import MISSING, PYTHON, installed, phoenix_server
@@ -417,3 +420,47 @@ def test_a_score_for_a_trace_phoenix_does_not_have_yet_is_written_once_it_arrive
     asyncio.run(send())
     assert annotations(phoenix_url, project, trace_id.hex()) == [("latency", 1.5, "CODE")]
     assert metrics.registry.get_sample_value("otelcol_exporter_sent_scores_total", {"exporter": "phoenix"}) == 1
+
+
+def test_evalsi_import_phoenix_counts_on_a_dry_run_and_lands_the_same_counts_once(
+    tmp_path: Path, phoenix_url: str
+) -> None:
+    """`evalsi import phoenix`: a one-off backfill through the config's pipeline (an in-process collector here)."""
+    project = f"support-bot-{uuid.uuid4().hex[:8]}"
+    ids = make_traces(phoenix_url, project, 2, "backfill")
+    cfg = config(tmp_path, phoenix_url, project, 1)
+    cfg["receivers"] = serve_config(tmp_path / "store")["receivers"]  # the import hands its spans to the otlp one
+    cfg["service"]["pipelines"]["traces"]["receivers"] = ["otlp"]
+    config_path = tmp_path / "import.yaml"
+    config_path.write_text(yaml.safe_dump(cfg))
+    evalsi = [str(Path(sys.executable).parent / "evalsi")]
+
+    def run_import(*extra: str) -> dict[str, Any]:
+        args = ["import", "phoenix", "--endpoint", phoenix_url, "-p", project, "--since", "1h", "--settle", "0s"]
+        res = subprocess.run(
+            [*evalsi, *args, "--json", "-c", str(config_path), *extra],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        return dict(json.loads(res.stdout))
+
+    def stored_traces() -> dict[str, int]:
+        res = subprocess.run(
+            [*evalsi, "traces", "list", "--json", "-c", str(config_path)], capture_output=True, text=True, timeout=120
+        )
+        assert res.returncode == 0, res.stderr
+        return {t["trace_id"]: t["span_count"] for t in json.loads(res.stdout)}
+
+    dry = run_import("--dry-run")
+    assert (dry["traces"], dry["spans"], dry["sent"], dry["dry_run"]) == (2, 6, 0, True)
+    assert not (tmp_path / "store").exists() or stored_traces() == {}
+    assert all(annotations(phoenix_url, project, t) == [] for t in ids)
+
+    done = run_import()
+    assert (done["traces"], done["spans"], done["sent"], done["stored_already"]) == (2, 6, 6, 0)
+    assert stored_traces() == dict.fromkeys(ids, 3)
+    assert scored_back(phoenix_url, project, ids)  # the config's policy scored them; its phoenix exporter wrote them
+
+    again = run_import()
+    assert (again["traces"], again["sent"], again["stored_already"]) == (2, 0, 6)
+    assert stored_traces() == dict.fromkeys(ids, 3)
