@@ -152,7 +152,8 @@ def test_traces_made_with_mlflow_are_imported_evaluated_and_scored_back(
         llm = by_type["llm"]
         assert (llm["input_tokens"], llm["output_tokens"]) == (10, 5)
         assert by_type["tool"]["tool_name"] == "get_weather"
-        assert by_type["llm"]["attributes"]["mlflow.spanType"] == "CHAT_MODEL"  # the source's attributes kept
+        # the source's attributes kept, in the form MLflow's OTLP export sends them (JSON-encoded)
+        assert by_type["llm"]["attributes"]["mlflow.spanType"] == '"CHAT_MODEL"'
         assert wait_until(lambda: scored_back(mlflow_uri, ids), 60), [assessments(mlflow_uri, t) for t in ids]
         for t in ids:  # the tokens of the CHAT_MODEL span, as MLflow recorded them
             assert [v for n, v in assessments(mlflow_uri, t) if n == "tokens"] == [15]
