@@ -400,7 +400,9 @@ class Runner:
             raise TargetError(_cannot_converse(talks, self.target.identity.split(":", 1)[0]))
         if talks:
             self._user = make_user(spec.user, self.spec.base_dir)
-        self._grace = grace_s(self.target) + 5.0 if grace_s(self.target) else 0.0
+        # a target that stops its agent itself (even with no grace) does it before the runner gives up on it
+        own_grace = grace_s(self.target)
+        self._grace = own_grace + 5.0 if own_grace is not None else 0.0
         if any(has_scripts(t) for t in tasks):  # the scripts' time comes on top of the agent's
             env = spec.environment
             self._grace += env.setup_timeout + env.check_timeout + env.teardown_timeout

@@ -69,11 +69,14 @@ class PythonTarget(_Strict):
 
 class CommandTarget(_Strict):
     """A process per attempt: the input on stdin (a string as is, an object as JSON), the output on stdout. A
-    non-zero exit is an infrastructure error (`crash`), with stderr's tail. `TRACEPARENT` is set for it."""
+    non-zero exit is an infrastructure error (`crash`), with stderr's tail. `TRACEPARENT` is set for it. It runs in a
+    process group of its own, which a timeout ends whole (`stop_grace`)."""
 
     argv: list[str] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
+    stop_grace: Duration = 5.0
+    """At the attempt's timeout its process group gets SIGTERM; whatever still runs this long after gets SIGKILL."""
 
 
 class McpServerSpec(_Strict):

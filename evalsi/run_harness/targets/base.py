@@ -84,9 +84,11 @@ def conversational(target: AgentTarget) -> bool:
     return callable(getattr(target, "open_session", None)) and bool(getattr(target, "holds_conversations", True))
 
 
-def grace_s(target: AgentTarget) -> float:
-    """Seconds a target may take past the attempt timeout to stop its agent cleanly (`stop_grace` over HTTP)."""
-    return float(getattr(target, "grace_s", 0.0))
+def grace_s(target: AgentTarget) -> float | None:
+    """Seconds a target may take past the attempt timeout to stop its agent itself (`stop_grace` over HTTP, or for a
+    command's process group); None for a target the runner stops at the timeout."""
+    grace = getattr(target, "grace_s", None)
+    return None if grace is None else float(grace)
 
 
 def concurrency_limit(target: AgentTarget) -> int | None:

@@ -1,5 +1,6 @@
 """The `command` target: a process per attempt, the input on stdin, the output on stdout; `TRACEPARENT` set so an
-instrumented program joins the attempt's trace."""
+instrumented program joins the attempt's trace. Each attempt runs in a process group of its own, and a timeout
+ends the whole group (SIGTERM, then SIGKILL after `stop_grace`): nothing the agent started outlives its attempt."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -15,6 +17,52 @@ from evalsi.run_harness.spec import CommandTarget
 from evalsi.run_harness.targets.base import AttemptContext, AttemptFailed
 
 STDERR_TAIL = 2000
+POLL_S = 0.05
+"""How often the group is looked at while it has its stop grace."""
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    """Send `sig` to every process of the group (none left is fine)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def group_running(pgid: int) -> bool:
+    """Whether a process of the group still runs. A zombie (it ended, its parent has not reaped it yet) does not:
+    `killpg(pgid, 0)` counts it, so /proc is read where there is one."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if not os.path.isdir("/proc"):
+        return True
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(os.path.join(entry.path, "stat")) as f:
+                state, _ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue  # it ended while we looked
+        if int(pgrp) == pgid and state != "Z":
+            return True
+    return False
+
+
+async def end_group(proc: asyncio.subprocess.Process, grace_s: float) -> str:
+    """End the process's group (its pid is the group's id): SIGTERM, then SIGKILL to whatever still runs `grace_s`
+    later. Says how it ended, for the infrastructure error."""
+    signal_group(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if proc.returncode is not None and not group_running(proc.pid):
+            return "terminated (SIGTERM)"
+        await asyncio.sleep(POLL_S)
+    signal_group(proc.pid, signal.SIGKILL)
+    await proc.wait()
+    return f"killed (SIGKILL: still running {grace_s:g}s after SIGTERM)"
 
 
 class CommandAgent:
@@ -24,6 +72,7 @@ class CommandAgent:
         self.cwd = str(base_dir / config.cwd) if config.cwd else str(base_dir)
         self.identity = "command:" + " ".join(config.argv)
         self.otlp_endpoint = otlp_endpoint
+        self.grace_s = config.stop_grace  # the runner waits this long past the timeout for the group to end
 
     async def prepare(self, tasks: list[Task]) -> None:
         return None
@@ -42,7 +91,7 @@ class CommandAgent:
                     for a in argv]  # fmt: skip
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=cwd, env=env,
+                *argv, cwd=cwd, env=env, start_new_session=True,  # its own process group, ended whole
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             )  # fmt: skip
         except OSError as e:
@@ -50,10 +99,11 @@ class CommandAgent:
         try:
             out, err = await asyncio.wait_for(proc.communicate(data.encode()), ctx.timeout_s)
         except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-            raise AttemptFailed("timeout", f"the command ran longer than {ctx.timeout_s:g}s; killed") from None
+            how = await end_group(proc, self.config.stop_grace)
+            raise AttemptFailed("timeout", f"timed out after {ctx.timeout_s:g}s; its process group was {how}") from None
+        except BaseException:  # cancelled (the run was interrupted): nothing of the attempt outlives it
+            signal_group(proc.pid, signal.SIGKILL)
+            raise
         attempt.end_ns = time.time_ns()
         if proc.returncode != 0:
             tail = err.decode(errors="replace")[-STDERR_TAIL:].strip()
