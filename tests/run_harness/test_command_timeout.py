@@ -64,6 +64,4 @@ def test_a_command_agent_that_times_out_leaves_no_process_behind(tmp_path: Path,
     assert took < 60  # the run waited for the stop grace, not for the agent's sleep
     # the run's stored record keeps the same errors
     shown = run_json(evalsi("runs", "show", run["run_id"], "--json", "--collector", collector.api, cwd=tmp_path))
-    assert {e["task_id"]: e["message"] for e in shown["infra_errors"]} == {
-        t: e["message"] for t, e in errors.items()
-    }
+    assert {e["task_id"]: e["message"] for e in shown["infra_errors"]} == {t: e["message"] for t, e in errors.items()}
