@@ -149,6 +149,9 @@ def metric_fields(summary: dict[str, Any]) -> dict[str, Any]:
         "variance": summary.get("variance_across_trials"),
         "errors": summary.get("errors", 0),
         "skipped": summary.get("skipped", 0),
+        "passRate": summary.get("pass_rate"),
+        "passLow": summary.get("pass_low"),
+        "passHigh": summary.get("pass_high"),
         "passAtK": {int(k): v for k, v in (summary.get("pass_at_k") or {}).items()},
         "passHatK": {int(k): v for k, v in (summary.get("pass_hat_k") or {}).items()},
     }

@@ -268,11 +268,12 @@ def _metrics(run: dict[str, Any]) -> str:
     for m, row in zip(metrics.values(), metric_rows(run), strict=True):
         cells = [f"<b>{_e(row[0])}</b>"] + [_e(c) for c in row[1:]]
         rows.append([*cells[:cut], _whisker(m), *cells[cut:]])
-    right = ("n", "mean", "95% interval", "p50", "p95", "errors", "skipped")
+    right = ("n", "mean", "95% interval", "pass rate", "p50", "p95", "errors", "skipped")
     numeric = [i for i, h in enumerate(headers) if h in right]
     note = (
-        '<p class="muted">Pass/fail metrics: mean is the pass rate with its Wilson 95% interval, pass@k and pass^k per '
-        "k. Numeric metrics: bootstrap 95% interval of the mean.</p>"
+        '<p class="muted">Pass/fail metrics: mean is the pass rate with its Wilson 95% interval. Numeric metrics: mean '
+        "of the values (an error rate is an error rate) with the bootstrap 95% interval. Pass rate, pass@k and pass^k "
+        "count the verdicts, whenever the scores have them.</p>"
     )
     return f"<section><h2>Metrics</h2>{_table(headers, rows, numeric)}{note}</section>"
 

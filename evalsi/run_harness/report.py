@@ -38,14 +38,18 @@ def metric_rows(run: dict[str, Any]) -> list[list[str]]:
     for name, m in run["metrics"].items():
         numeric = m["kind"] == "numeric"
         rows.append([
-            name, m["kind"].replace("_", "/"), _num(m["n"]), _num(m["mean"]), _interval(m),
+            name, m["kind"].replace("_", "/"), _num(m["n"]), _num(m["mean"]), _interval(m), _num(m.get("pass_rate")),
             _num(m.get("p50")) if numeric else "-", _num(m.get("p95")) if numeric else "-",
             _k(m, "pass_at_k"), _k(m, "pass_hat_k"), _num(m.get("errors", 0)), _num(m.get("skipped", 0)),
         ])  # fmt: skip
     return rows
 
 
-HEADERS = ["metric", "kind", "n", "mean", "95% interval", "p50", "p95", "pass@k", "pass^k", "errors", "skipped"]
+HEADERS = [
+    "metric", "kind", "n", "mean", "95% interval", "pass rate", "p50", "p95", "pass@k", "pass^k", "errors", "skipped"
+]  # fmt: skip
+"""`mean` averages the scores' values (an error rate for `tool-call-error-rate`), as online `mean(...)`; `pass rate`
+is the share that passed, as online `rate(...)`; for a pass/fail metric they are the same."""
 
 
 def gate_line(g: dict[str, Any]) -> str:

@@ -230,12 +230,17 @@ class Observation(NamedTuple):
 @dataclass(frozen=True)
 class MetricSummary:
     """One metric over a run, for reporting. `n` counts the scored observations in the statistics; `no_value` the
-    scored ones of a numeric metric without a finite value (left out); `errors` and `skipped` the others.
+    scored ones of a numeric metric without a finite value (left out); `errors` counts the evaluator's errors and
+    `skipped` its skips (an attempt's infrastructure error is not among them: it has no scores at all).
 
-    Pass/fail: `mean` is the pass rate, `low`/`high` its Wilson interval, `pass_at_k`/`pass_hat_k` map k to the run's
-    value (None where no task has k scored trials). Numeric: `low`/`high` is the percentile bootstrap interval of the
-    mean with `seed` and `resamples` recorded, and `p50`/`p95` are type-7 quantiles. `variance_across_trials` is the
-    trial-to-trial noise (of 0/1 for pass/fail). Statistics without data are None.
+    `mean` reads as an online window's `mean(...)` does: the mean of the scores' values when they have values, else
+    the pass rate; `pass_rate` as its `rate(...)`: the share of verdicts that passed, whenever there are verdicts.
+    Pass/fail (verdicts, and no value that says other than its verdict): `mean` is the pass rate and `low`/`high`
+    its Wilson interval. Numeric: `low`/`high` is the percentile bootstrap interval of the mean with `seed` and
+    `resamples` recorded, and `p50`/`p95` are type-7 quantiles. With verdicts (either kind) `pass_low`/`pass_high`
+    is the Wilson interval of `pass_rate`, and `pass_at_k`/`pass_hat_k` map k to the run's value (None where no
+    task has k scored trials). `variance_across_trials` is the trial-to-trial noise of what `mean` averages.
+    Statistics without data are None.
     """
 
     name: str
@@ -256,6 +261,9 @@ class MetricSummary:
     errors: int = 0
     skipped: int = 0
     no_value: int = 0
+    pass_rate: float | None = None
+    pass_low: float | None = None
+    pass_high: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the k of pass@k and pass^k as string keys)."""
@@ -277,13 +285,16 @@ def aggregate(
     """Summarize one metric from its per-(task, trial) observations (at most one per (task, trial), else ValueError).
 
     Only `scored` observations enter the statistics; `error` and `skipped` ones are counted apart. The metric is
-    pass/fail when every scored observation has `passed` set (so also when none is scored), else numeric on `value`,
-    where scored observations without a finite value are counted in `no_value` and left out. Observations are put in
-    (task_id, trial) order first, so the bootstrap does not depend on the input's order.
+    pass/fail when every scored observation has `passed` set and a value, if it has one, that is its verdict (1
+    passed, 0 failed) (so also when none is scored); else numeric on `value`, where scored observations without a
+    finite value are counted in `no_value` and left out. So `mean` is always what the values average when they say
+    more than the verdict (an error rate, an F1), as online. Observations are put in (task_id, trial) order first,
+    so the bootstrap does not depend on the input's order.
 
-    pass@k and pass^k (pass/fail only) are given for k = 1..`trials` (default: the most scored trials of any task);
-    for each k a task's n is its scored trials and c its passed ones, and tasks with fewer than k scored trials are
-    left out of that k (so with errors, a high k is over fewer, possibly easier, tasks).
+    The pass rate and pass@k, pass^k are given whenever every scored observation has a verdict, for k =
+    1..`trials` (default: the most scored trials of any task); for each k a task's n is its scored trials and c its
+    passed ones, and tasks with fewer than k scored trials are left out of that k (so with errors, a high k is over
+    fewer, possibly easier, tasks).
     """
     _check_confidence(confidence)
     seen: set[tuple[str, int]] = set()
@@ -304,8 +315,10 @@ def aggregate(
             raise ValueError(f"{name}: unknown outcome {obs.outcome!r}")
     scored.sort(key=lambda o: (o.task_id, o.trial))
 
-    if all(o.passed is not None for o in scored):
+    verdicts = all(o.passed is not None for o in scored)
+    if verdicts and all(o.value is None or o.value == float(bool(o.passed)) for o in scored):
         return _pass_fail(name, scored, confidence, trials, errors, skipped)
+    passes = _passes(scored, confidence, trials) if verdicts else {}
     used = [o for o in scored if o.value is not None and math.isfinite(o.value)]
     values = [float(o.value) for o in used]  # type: ignore[arg-type]
     interval = None
@@ -317,7 +330,7 @@ def aggregate(
         interval="bootstrap_percentile", seed=seed, resamples=resamples,
         p50=quantile(values, 0.5) if values else None, p95=quantile(values, 0.95) if values else None,
         variance_across_trials=variance_across_trials(_by_task(used, lambda o: float(o.value))),  # type: ignore[arg-type]
-        errors=errors, skipped=skipped, no_value=len(scored) - len(used),
+        errors=errors, skipped=skipped, no_value=len(scored) - len(used), **passes,
     )  # fmt: skip
 
 
@@ -328,19 +341,28 @@ def _by_task(scored: list[Observation], of: Callable[[Observation], float]) -> l
     return list(groups.values())
 
 
-def _pass_fail(
-    name: str, scored: list[Observation], confidence: float, trials: int | None, errors: int, skipped: int
-) -> MetricSummary:
+def _passes(scored: list[Observation], confidence: float, trials: int | None) -> dict[str, Any]:
+    """The verdicts' figures: the pass rate with its Wilson interval, pass@k and pass^k."""
     passed = sum(1 for o in scored if o.passed)
     interval = wilson_interval(passed, len(scored), confidence)
     per_task = [(len(v), int(sum(v))) for v in _by_task(scored, lambda o: float(bool(o.passed)))]
     top = trials if trials is not None else max((n for n, _ in per_task), default=0)
+    return {
+        "pass_rate": passed / len(scored) if scored else None,
+        "pass_low": interval[0] if interval else None,
+        "pass_high": interval[1] if interval else None,
+        "pass_at_k": {k: mean_pass_at_k(per_task, k) for k in range(1, top + 1)},
+        "pass_hat_k": {k: mean_pass_hat_k(per_task, k) for k in range(1, top + 1)},
+    }
+
+
+def _pass_fail(
+    name: str, scored: list[Observation], confidence: float, trials: int | None, errors: int, skipped: int
+) -> MetricSummary:
+    passes = _passes(scored, confidence, trials)
     return MetricSummary(
-        name=name, kind="pass_fail", n=len(scored), mean=passed / len(scored) if scored else None,
-        low=interval[0] if interval else None, high=interval[1] if interval else None, confidence=confidence,
-        interval="wilson",
+        name=name, kind="pass_fail", n=len(scored), mean=passes["pass_rate"], low=passes["pass_low"],
+        high=passes["pass_high"], confidence=confidence, interval="wilson",
         variance_across_trials=variance_across_trials(_by_task(scored, lambda o: float(bool(o.passed)))),
-        pass_at_k={k: mean_pass_at_k(per_task, k) for k in range(1, top + 1)},
-        pass_hat_k={k: mean_pass_hat_k(per_task, k) for k in range(1, top + 1)},
-        errors=errors, skipped=skipped,
+        errors=errors, skipped=skipped, **passes,
     )  # fmt: skip
