@@ -331,25 +331,23 @@ class Source(NamedTuple):
 
 
 def _reader(config: Path | None, api: str | None) -> Source:
-    """`--api`; else the found config's API if a collector answers there; else that config's store."""
+    """`--api`; else the collector serving the found config's store (it recorded its API); else that store."""
     if api:
         reader = _Api(api)
         return Source(reader, f"the collector at {reader.url} (from --api)")
     found = find_config(config)
     cfg = _config(found)
-    from evalsi.collector.config import is_store
-    from evalsi.collector.query import ApiReader, QueryError, api_url, open_reader
+    from evalsi.collector.query import ApiReader, QueryError, open_reader, store_of
     from evalsi.store import StoreError
 
     try:
         reader = open_reader(cfg, None)
     except (QueryError, StoreError) as e:
         raise _fail(f"{e} (the config: {found.source})") from None
+    store = (store_of(cfg) or ("",))[0]
     if isinstance(reader, ApiReader):
-        return Source(reader, f"the collector at {reader.url} ({found.origin('service.api.endpoint')})")
-    store = next((eid for kind, eid in cfg.components if kind == "exporter" and is_store(eid)), "")
-    url = api_url(cfg.service.api.endpoint)
-    return Source(reader, f"the {reader.where} ({found.origin(f'exporters.{store}')}; no collector answers at {url})")
+        return Source(reader, f"the collector at {reader.url} serving the store ({found.origin(f'exporters.{store}')})")
+    return Source(reader, f"the {reader.where} ({found.origin(f'exporters.{store}')}; no collector serves it)")
 
 
 def _read(reader: TraceReader, fn: str, *args: Any, **kwargs: Any) -> Any:

@@ -7,8 +7,9 @@ import datetime as dt
 import re
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol, cast
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 
@@ -414,23 +415,61 @@ def api_url(endpoint: str) -> str:
     return f"http://{host}:{port}"
 
 
-def open_reader(config: Config, api: str | None) -> TraceReader:
-    """`--api` if given; else the configured API if a collector answers there; else the store directly."""
-    if api:
-        return ApiReader(api)
+def store_of(config: Config) -> tuple[str, Any] | None:
+    """The config's store exporter (config validation allows one): its id and its config, None without one."""
+    return next(((eid, c) for (kind, eid), c in config.components.items() if kind == "exporter" and is_store(eid)),
+                None)  # fmt: skip
+
+
+def server_description(endpoint: str) -> str:
+    """How a collector's status names a ClickHouse server store (`ServerBackend.description`)."""
+    u = urlsplit(endpoint)
+    return f"ClickHouse server at {u.scheme}://{u.hostname}:{u.port or 8123}"
+
+
+def serving_api(config: Config, *, runs: bool = True) -> str | None:
+    """The API of a running collector that serves the store the config names, None when none does. An embedded
+    store: the collector holding it, which records its API in the store's directory (waiting a moment for a
+    reading command to let go; `StoreBusy` when a process that serves nothing keeps holding it). A ClickHouse
+    server: the collector at the config's API endpoint, only when its status names that server: any other
+    collector answering on that port is someone else's. `runs`: the collector an `evalsi run` started in its own
+    process counts too (it is there only while its run goes on: a reader may ask it, a run may not use it)."""
+    from evalsi.embedded_store import wait_for_store
+
+    found = store_of(config)
+    endpoint = str(getattr(found[1], "endpoint", "")) if found else ""
+    if endpoint.startswith("chdb://"):
+        record = wait_for_store(Path(endpoint.removeprefix("chdb://")))
+        return str(record["api"]) if record and (runs or record.get("role") != "run") else None
+    if not endpoint:
+        return None
     url = api_url(config.service.api.endpoint)
     try:
-        if httpx.get(url + "/healthz", timeout=0.5).status_code == 200:
-            return ApiReader(url)
-    except httpx.HTTPError:
-        pass
-    stores = [(eid, c) for (kind, eid), c in config.components.items() if kind == "exporter" and is_store(eid)]
-    if not stores:
+        resp = httpx.get(url + "/api/v1/status", timeout=0.5, headers=api_headers())
+        store = resp.json().get("store") if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    return url if store == server_description(endpoint) else None
+
+
+def open_reader(config: Config, api: str | None) -> TraceReader:
+    """`--api` if given; else the collector serving the config's store (`serving_api`); else the store itself."""
+    if api:
+        return ApiReader(api)
+    try:
+        served = serving_api(config)
+    except StoreBusy as e:
+        raise QueryError(f"{e}, or read through a collector's API with --api URL") from None
+    if served:
+        return ApiReader(served)
+    found = store_of(config)
+    if found is None:
+        url = api_url(config.service.api.endpoint)
         raise QueryError(f"no collector answers at {url} and the config has no store exporter (clickhouse) to read")
-    eid, c = stores[0]
+    eid, c = found
     store_type = REGISTRY[("exporter", type_of(eid))].store
     assert store_type is not None
     try:
         return StoreReader(store_type.open_queries(c))
     except StoreBusy as e:
-        raise QueryError(f"{e}, or read through that collector's API with --api URL (none answers at {url})") from None
+        raise QueryError(f"{e}, or read through a collector's API with --api URL") from None

@@ -119,8 +119,9 @@ class Service:
     worker builds its own `Service` with `worker_store` standing in for the store exporter (see workers.py).
     """
 
-    def __init__(self, config: Config, *, worker_store: Any = None) -> None:
+    def __init__(self, config: Config, *, worker_store: Any = None, role: str = "serve") -> None:
         self.config = config
+        self.role = role  # `serve`, or `run` for the collector an offline run starts in its own process
         self.metrics = SelfMetrics()
         self.worker_store = worker_store  # set in a worker process
         self.auth = (
@@ -454,6 +455,7 @@ class Service:
                 gate(api, self.auth, surface="api", open_paths=OPEN_PATHS), self.config.service.api.endpoint
             )
             await self.api.start()
+            self._announce()
             for rid, rec in self.receivers.items():
                 await self._start_one(f"receivers.{rid}", rec)
         except BaseException:
@@ -465,6 +467,17 @@ class Service:
                 "add api_keys (`evalsi keys new`) to require a key"
             )
         log.info("ready", extra=self.status())
+
+    def _announce(self) -> None:
+        """Record in an embedded store's directory that this collector serves it and where its API answers, so a
+        reading command (`evalsi runs list`, `traces list`) asks this API rather than find the store locked."""
+        announce = getattr(getattr(self.store, "backend", None), "announce", None)
+        if announce is None or self.api is None:
+            return
+        host, _, port = self.api.endpoint.rpartition(":")
+        if host in ("", "0.0.0.0", "[::]", "::"):
+            host = "127.0.0.1"
+        announce(f"http://{host}:{port}", self.role)
 
     async def _start_one(self, where: str, component: Any) -> None:
         try:

@@ -28,6 +28,9 @@ class CollectorLink:
     otlp_url: str
     """Its OTLP/HTTP base URL (`/v1/traces` is appended)."""
     where: str
+    """Which collector: `collector at URL` or `in-process collector at URL`."""
+    store: str = "store unknown"
+    """The store it writes to, as its status names it (`embedded store at /abs/path`)."""
 
 
 def _host_for(endpoint: str, api_host: str) -> str:
@@ -46,13 +49,15 @@ def remote(api_url: str) -> CollectorLink:
         raise CollectorError(f"cannot reach the evalsi API at {api_url}: {e}; is `evalsi serve` running?") from None
     if resp.status_code != 200:
         raise CollectorError(f"{api_url}/api/v1/status answered {resp.status_code}: is this an evalsi collector?")
-    receivers = resp.json().get("receivers", {})
+    status = resp.json()
+    receivers = status.get("receivers", {})
     http = next((e["http"] for e in receivers.values() if isinstance(e, dict) and e.get("http")), None)
     if http is None:
         raise CollectorError(
             f"the collector at {api_url} has no OTLP/HTTP receiver; enable receivers.otlp.protocols.http"
         )
-    return CollectorLink(api_url, _host_for(http, urlsplit(api_url).hostname or "127.0.0.1"), f"collector at {api_url}")
+    otlp = _host_for(http, urlsplit(api_url).hostname or "127.0.0.1")
+    return CollectorLink(api_url, otlp, f"collector at {api_url}", status.get("store") or "no store")
 
 
 def _loopback(raw: dict[str, Any]) -> dict[str, Any]:
@@ -105,7 +110,7 @@ class InProcessCollector:
         def main() -> None:
             loop = asyncio.new_event_loop()
             self._loop = loop
-            self._service = Service(self.config)
+            self._service = Service(self.config, role="run")
             try:
                 loop.run_until_complete(self._service.start())
             except BaseException as e:
@@ -128,7 +133,8 @@ class InProcessCollector:
         status = self._service.status()
         http = next((e["http"] for e in status["receivers"].values() if e.get("http")), None)
         assert http is not None and status["api"]
-        return CollectorLink(f"http://{status['api']}", f"http://{http}", f"in-process collector ({status['store']})")
+        api = f"http://{status['api']}"
+        return CollectorLink(api, f"http://{http}", f"in-process collector at {api}", status["store"] or "no store")
 
     def stop(self) -> None:
         """Drain every buffer into the store, then stop."""

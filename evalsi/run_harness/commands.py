@@ -37,38 +37,40 @@ def _fail(message: str, code: int = USAGE) -> typer.Exit:
 
 CollectorOpt = Annotated[
     str | None,
-    typer.Option("--collector", help="A running collector's API URL (e.g. http://127.0.0.1:8080); default: one "
-                 "answering at the config's API endpoint, else an in-process collector on the embedded store."),
+    typer.Option("--collector", help="A running collector's API URL (e.g. http://127.0.0.1:8080); default: the "
+                 "`evalsi serve` serving the config's store, else an in-process collector on that store."),
 ]  # fmt: skip
 ConfigOpt = Annotated[Path | None, typer.Option("-c", "--config", help="Collector config (YAML); default: defaults.")]
 
 
-def link_to_collector(collector: str | None, config: Path | None) -> tuple[CollectorLink, InProcessCollector | None]:
-    import httpx
+def _load_config(config: Path | None) -> Any:
+    from evalsi.collector.config import ConfigError, load_config
+    from evalsi.run_harness.collector import CollectorError
 
-    from evalsi.run_harness.collector import InProcessCollector, remote
+    try:
+        return load_config(config)
+    except ConfigError as e:
+        raise CollectorError(str(e)) from None
+
+
+def link_to_collector(collector: str | None, config: Path | None) -> tuple[CollectorLink, InProcessCollector | None]:
+    """`--collector`; else the `evalsi serve` serving the store the config names (never a collector that merely
+    answers on the config's API port: it may serve another store); else a collector started in this process on
+    that store. A collector another `evalsi run` started is never used: it stops when its run ends."""
+    from evalsi.collector.query import serving_api
+    from evalsi.run_harness.collector import CollectorError, InProcessCollector, remote
+    from evalsi.store import StoreBusy
 
     if collector:
         return remote(collector), None
-    endpoint = _configured_api(config)
-    if endpoint is not None:
-        try:
-            if httpx.get(endpoint + "/healthz", timeout=0.5).status_code == 200:
-                return remote(endpoint), None  # a collector serves this config already: send the run there
-        except httpx.HTTPError:
-            pass
+    try:
+        served = serving_api(_load_config(config), runs=False)
+    except StoreBusy as e:
+        raise CollectorError(str(e)) from None
+    if served is not None:
+        return remote(served), None
     local = InProcessCollector(config)
     return local.start(), local
-
-
-def _configured_api(config: Path | None) -> str | None:
-    from evalsi.collector.config import ConfigError, load_config
-    from evalsi.collector.query import api_url
-
-    try:
-        return api_url(load_config(config).service.api.endpoint)
-    except ConfigError:
-        return None
 
 
 class _Display:
@@ -162,6 +164,7 @@ def run_command(
         link, local = link_to_collector(collector, config)
     except CollectorError as e:
         raise _fail(str(e)) from None
+    err.print(f"run {spec.name}: {link.where}, {link.store}", highlight=False, soft_wrap=True)
     display = _Display(len(dataset.tasks) * spec.body.trials, not quiet and not as_json)
     try:
         try:
@@ -256,34 +259,108 @@ def _write_report(
 # --- runs as data -------------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _api(collector: str | None, config: Path | None) -> Iterator[str]:
-    """The API to read runs through: --collector, the configured one if it answers, else an in-process one (stopped
-    on leaving)."""
-    from evalsi.run_harness.collector import CollectorError
+class _Runs:
+    """Where the reading commands (`runs list|show`, `compare`) read runs: a collector's API (`--collector`, or the
+    collector serving the config's store, a run's own included), else the store itself, opened for the command
+    alone: no pipelines, no listeners."""
 
+    def __init__(self, api: str | None = None, store: Any = None, where: str = "") -> None:
+        self.api, self.store, self.where = api, store, where
+
+    def _get(self, path: str) -> Any:
+        import httpx
+
+        from evalsi.auth import api_headers
+
+        assert self.api is not None
+        try:
+            resp = httpx.get(self.api + path, timeout=60, headers=api_headers())
+        except httpx.HTTPError as e:
+            raise _fail(f"cannot reach the collector at {self.api}: {e}") from None
+        if resp.status_code == 404:
+            return None
+        if resp.status_code != 200:
+            raise _fail(f"{self.api}{path} answered {resp.status_code}: {resp.text[:300]}")
+        return resp.json()
+
+    def _query(self, fn: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return getattr(self.store, fn)(*args, **kwargs)
+        except Exception as e:
+            if "UNKNOWN_TABLE" in str(e):  # a store that has never recorded a run
+                return []
+            raise _fail(f"reading from the {self.where} failed: {e}") from None
+
+    def list(self, limit: int) -> list[dict[str, Any]]:
+        if self.api is not None:
+            return self._get(f"/api/v1/runs?limit={limit}")["runs"]
+        return self._query("list_runs", limit=limit)
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        """The run record; exit 1 when no run has that id."""
+        if self.api is not None:
+            found = self._get(f"/api/v1/runs/{run_id}")
+        else:
+            found = next(iter(self._query("list_runs", limit=1, run_id=run_id)), None)
+        if found is None:
+            raise _fail(f"run {run_id} not found", 1)
+        return found
+
+    def scores(self, run_id: str) -> list[dict[str, Any]]:
+        if self.api is not None:
+            return (self._get(f"/api/v1/runs/{run_id}/scores") or {"scores": []})["scores"]
+        return self._query("run_scores", run_id)
+
+    def measures(self, scores: list[dict[str, Any]]) -> list[Any]:
+        """The run-added measures (`duration_ms`, `tokens`, `cost_usd`) of the attempts behind `scores`, rebuilt
+        from their stored traces, read where the runs are read."""
+        from evalsi.run_harness.run_metrics import stored_measures
+
+        if self.api is not None:
+            return stored_measures(self._get, scores)
+        from evalsi.collector.query import read_trace
+
+        def get(path: str) -> Any:  # `/api/v1/traces/{id}?offset=N`, answered from the store
+            trace_id, _, offset = path.removeprefix("/api/v1/traces/").partition("?offset=")
+            return read_trace(self.store, trace_id, offset=int(offset or 0))
+
+        return stored_measures(get, scores)
+
+
+@contextlib.contextmanager
+def _runs(collector: str | None, config: Path | None) -> Iterator[_Runs]:
+    """The runs of the store the config names (or of `--collector`): see `_Runs`."""
+    from evalsi.collector.config import type_of
+    from evalsi.collector.query import serving_api, store_of
+    from evalsi.component import REGISTRY
+    from evalsi.run_harness.collector import CollectorError
+    from evalsi.store import StoreBusy, StoreError
+
+    if collector:
+        yield _Runs(api=collector.rstrip("/"))
+        return
     try:
-        link, local = link_to_collector(collector, config)
-    except CollectorError as e:
+        cfg = _load_config(config)
+        served = serving_api(cfg)
+    except (CollectorError, StoreBusy) as e:
+        raise _fail(str(e)) from None
+    if served is not None:
+        yield _Runs(api=served)
+        return
+    found = store_of(cfg)
+    if found is None:
+        raise _fail("the config has no store exporter (clickhouse) to read runs from; give --collector URL")
+    eid, c = found
+    store_type = REGISTRY[("exporter", type_of(eid))].store
+    assert store_type is not None
+    try:
+        store = store_type.open_queries(c)
+    except StoreError as e:
         raise _fail(str(e)) from None
     try:
-        yield link.api_url
+        yield _Runs(store=store, where=store.description)
     finally:
-        if local is not None:
-            local.stop()
-
-
-def _get(api: str, path: str) -> Any:
-    import httpx
-
-    from evalsi.auth import api_headers
-
-    resp = httpx.get(api + path, timeout=60, headers=api_headers())
-    if resp.status_code == 404:
-        raise _fail(resp.json().get("detail", "not found"), 1)
-    if resp.status_code != 200:
-        raise _fail(f"{api}{path} answered {resp.status_code}: {resp.text[:300]}")
-    return resp.json()
+        store.close()
 
 
 @runs_app.command("list")
@@ -293,24 +370,38 @@ def runs_list(
     collector: CollectorOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Runs, newest first."""
-    with _api(collector, config) as api:
-        runs = _get(api, f"/api/v1/runs?limit={limit}")["runs"]
+    """Runs, newest first: when each started, its target, model, dataset, tasks x trials, headline metric and
+    gates. A rescore run shows the target, dataset and tasks of the run it re-scored."""
+    with _runs(collector, config) as source:
+        runs = source.list(limit)
+        known = {r["run_id"]: r for r in runs}
+        sources: dict[str, dict[str, Any] | None] = {}
+        for r in runs:
+            rescored = ((r.get("manifest") or {}).get("rescore") or {}).get("run")
+            if rescored and rescored not in sources:
+                try:
+                    sources[rescored] = known.get(rescored) or source.run(rescored)
+                except typer.Exit:
+                    sources[rescored] = None  # the re-scored run is gone (or in another project)
     if as_json:
         out.print_json(json.dumps(runs, default=str))
         return
     from rich.table import Table
 
+    from evalsi.run_harness.report import RUNS_HEADERS, run_row
+
+    if not runs:
+        out.print("no runs yet: `evalsi run -f run.yaml` records one")
+        return
     table = Table()
     # one project's runs with `auth`; every project's without (a run id is one run per project: say whose)
     projects = len({r.get("project", "default") for r in runs}) > 1
-    for h in ("project",) * projects + ("run id", "name", "status", "tasks", "trials", "gates"):
+    for h in ("project",) * projects + tuple(RUNS_HEADERS):
         table.add_column(h)
     for r in runs:
-        s, m = r["summary"], r["manifest"]
-        gates = "-" if not s.get("gates") else "pass" if s.get("passed") else "FAIL"
-        table.add_row(*(r.get("project", "default"),) * projects, r["run_id"], r["name"], r["status"],
-                      str(m.get("dataset", {}).get("tasks", "")), str(m.get("trials", "")), gates)  # fmt: skip
+        rescored = ((r.get("manifest") or {}).get("rescore") or {}).get("run")
+        row = run_row(r, sources.get(rescored) if rescored else None)
+        table.add_row(*(r.get("project", "default"),) * projects, *row)
     out.print(table)
 
 
@@ -324,8 +415,8 @@ def runs_show(
     """A run's manifest, aggregates and gates, as stored."""
     from evalsi.run_harness.report import print_summary
 
-    with _api(collector, config) as api:
-        r = _get(api, f"/api/v1/runs/{run_id}")
+    with _runs(collector, config) as source:
+        r = source.run(run_id)
     run = {"run_id": r["run_id"], "name": r["name"], "status": r["status"], "manifest": r["manifest"], **r["summary"]}
     if as_json:
         out.print_json(json.dumps(run, default=str))
@@ -348,19 +439,16 @@ def compare_command(
     from evalsi.run_harness.compare import compare_scores
     from evalsi.run_harness.report import comparison_table
     from evalsi.run_harness.run_metrics import with_measures
-    from evalsi.run_harness.runner import RunFailed, read_stored_measures
+    from evalsi.run_harness.runner import RunFailed
 
-    with _api(collector, config) as api:
-        scores = [
-            [s for s in _get(api, f"/api/v1/runs/{r}/scores")["scores"] if str(s.get("policy", "")).startswith("run:")]
-            for r in (run_a, run_b)
-        ]
-        seed = _get(api, f"/api/v1/runs/{run_b}")["manifest"].get("seed", 0)
+    with _runs(collector, config) as source:
+        scores = [[s for s in source.scores(r) if str(s.get("policy", "")).startswith("run:")] for r in (run_a, run_b)]
+        seed = source.run(run_b)["manifest"].get("seed", 0)
         for r, found in zip((run_a, run_b), scores, strict=True):
             if not found:
                 raise _fail(f"run {r} has no scores", 1)
         try:
-            scores = [with_measures(found, read_stored_measures(api, f"API at {api}", found)) for found in scores]
+            scores = [with_measures(found, source.measures(found)) for found in scores]
         except RunFailed as e:
             raise _fail(str(e)) from None
     result = compare_scores(scores[0], scores[1], seed=seed)

@@ -3,6 +3,7 @@ the task x trial outcomes and the failing examples (expected against actual outp
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Any
 
@@ -245,3 +246,68 @@ def markdown(
         lines += outcome_lines(scores, run["infra_errors"], trials, tasks)
         lines += example_lines(scores, trajectories, tasks)
     return "\n".join(lines) + "\n"
+
+
+# --- `evalsi runs list`: one line a run, enough to tell runs apart ------------------------------------------------
+
+RUNS_HEADERS = ["run id", "started (UTC)", "status", "target", "model", "dataset", "tasks x trials", "headline",
+                "gates"]  # fmt: skip
+RUN_ADDED = frozenset({"duration_ms", "tokens", "cost_usd"})  # measured by the run itself, not scored
+_GATE_METRIC = re.compile(r"metric\(\s*['\"]([^'\"]+)['\"]")
+
+
+def _started(manifest: dict[str, Any]) -> str:
+    ns = manifest.get("started_unix_nano")
+    if not isinstance(ns, int) or ns <= 0:
+        return "-"
+    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def target_and_model(manifest: dict[str, Any]) -> tuple[str, str]:
+    """The agent a run ran and its model: the manifest's `model`, else the `#model` an openai target's identity
+    ends with (runs recorded before the manifest kept it apart)."""
+    target = str(manifest.get("target") or "-")
+    model = manifest.get("model")
+    if target.startswith("openai:") and "#" in target:
+        target, _, from_identity = target.rpartition("#")
+        model = model or from_identity
+    return target, str(model or "-")
+
+
+def headline(summary: dict[str, Any]) -> str:
+    """The metric a run is judged by and its mean: the first gate's metric, else the first scored metric."""
+    metrics = summary.get("metrics") or {}
+    gated = [m.group(1) for g in summary.get("gates") or [] for m in [_GATE_METRIC.search(str(g.get("gate", "")))] if m]
+    name = next((n for n in gated if n in metrics), None)
+    name = name or next((n for n in metrics if n not in RUN_ADDED), None) or next(iter(metrics), None)
+    if name is None:
+        return "-"
+    return f"{name} {_num(metrics[name].get('mean'))}"
+
+
+def gate_verdict(summary: dict[str, Any]) -> str:
+    gates = summary.get("gates") or []
+    if not gates:
+        return "-"
+    held = sum(bool(g.get("passed")) for g in gates)
+    return f"{'pass' if held == len(gates) else 'FAIL'} {held}/{len(gates)}"
+
+
+def run_row(run: dict[str, Any], source: dict[str, Any] | None = None) -> list[str]:
+    """A row of `evalsi runs list`. A rescore run (`manifest.rescore.run`) takes its target, model, dataset and
+    tasks from `source`, the run whose traces it scored, and says so in its target."""
+    manifest, summary = run.get("manifest") or {}, run.get("summary") or {}
+    of = manifest if source is None else source.get("manifest") or {}
+    target, model = target_and_model(of)
+    rescore = manifest.get("rescore") or {}
+    if rescore.get("run"):
+        target = f"rescore of {rescore['run']}" + (f": {target}" if target != "-" else "")
+    elif rescore:
+        target = f"rescore of traces where {rescore.get('traces', '?')}"
+    dataset = of.get("dataset") or {}
+    tasks = dataset.get("tasks")
+    trials = manifest.get("trials") or of.get("trials")
+    shape = f"{tasks if tasks is not None else '?'} x {trials if trials is not None else '?'}"
+    path = str(dataset.get("path") or "")
+    return [str(run.get("run_id", "")), _started(manifest), str(run.get("status", "")), target, model,
+            path.rsplit("/", 1)[-1] or "-", shape, headline(summary), gate_verdict(summary)]  # fmt: skip

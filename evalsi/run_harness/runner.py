@@ -203,6 +203,8 @@ class RunResult:
 
 def manifest_of(spec: RunSpec, dataset: Dataset, target: AgentTarget, run_id: str) -> dict[str, Any]:
     judge = spec.body.judge
+    agent = spec.body.target
+    model = agent.openai.model if agent.openai else agent.http.model if agent.http else None
     return {
         "run_id": run_id,
         "name": spec.name,
@@ -211,6 +213,7 @@ def manifest_of(spec: RunSpec, dataset: Dataset, target: AgentTarget, run_id: st
         "spec_hash": spec.hash,
         "dataset": {"path": str(dataset.path), "hash": dataset.hash, "tasks": len(dataset.tasks)},
         "target": target.identity,
+        "model": model,  # the target's model (`--model` changes it), None when the run file names none
         "trials": spec.body.trials,
         "evaluators": [{"ref": ref, "version": ev.version} for ref, ev, _ in spec.evaluators],
         "judge": {"model": judge.get("model"), "endpoint": judge.get("endpoint")} if judge else None,

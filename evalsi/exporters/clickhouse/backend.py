@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import errno
-import fcntl
+import contextlib
 import json
 import os
 import re
@@ -15,13 +14,9 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 
+from evalsi.embedded_store import SERVED_BY, StoreLocked, wait_for_store
 from evalsi.exporters.clickhouse.schema import EMBEDDED_TABLE_SETTINGS, insert_sql
-from evalsi.store import StoreBusy, StoreError
-
-
-class StoreLocked(StoreBusy):
-    pass
-
+from evalsi.store import StoreError
 
 # ClickHouse errors that an insert raises for the data it was given: the same rows fail again, other rows pass.
 # Everything else (disk full, memory, too many parts, a server down, a timeout) is about the store's availability
@@ -72,29 +67,6 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-def _lock_holder(path: Path) -> int | None:
-    """The pid holding ClickHouse's `status` lock on `path`, None when free. ClickHouse takes it with flock."""
-    status = path / "status"
-    if not status.exists():
-        return None
-    fd = os.open(status, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            text = status.read_text(errors="replace")
-            for line in text.splitlines():
-                if line.startswith("PID:"):
-                    return int(line.split(":", 1)[1].strip() or 0)
-            return 0
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
-
-
 class ChdbBackend:
     """The ClickHouse engine in-process. Calls are serialized: one session, used by the flush thread and readers."""
 
@@ -102,15 +74,15 @@ class ChdbBackend:
 
     def __init__(self, path: str, *, create: bool = True) -> None:
         self.path = Path(path)
-        self.description = f"embedded store at {self.path}"
+        self.description = f"embedded store at {self.path.absolute()}"
         if not create and not self.path.exists():
             raise StoreError(f"no store at {self.path}: nothing has been stored yet (start `evalsi serve` first)")
-        holder = _lock_holder(self.path) if self.path.exists() else None
-        if holder is not None:
-            who = f" (pid {holder})" if holder else ""
+        serving = wait_for_store(self.path)  # a reading command lets go within a second: wait for it
+        if serving is not None:
+            what = "`evalsi run`" if serving.get("role") == "run" else "a collector"
             raise StoreLocked(
-                f"store at {self.path} is locked by another evalsi process{who}; "
-                "stop that process or give this one another store endpoint"
+                f"store at {self.path} is locked by another evalsi process (pid {serving['pid']}): {what} whose "
+                f"API at {serving['api']} serves it; stop that process or give this one another store endpoint"
             )
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -148,7 +120,22 @@ class ChdbBackend:
         except Exception:
             return False
 
+    def announce(self, api: str, role: str) -> None:
+        """Say in the store's directory that this process serves it through the API at `api` (`SERVED_BY`)."""
+        record = self.path / SERVED_BY
+        partial = record.with_suffix(".partial")
+        partial.write_text(json.dumps({"pid": os.getpid(), "api": api, "role": role}))
+        partial.replace(record)
+
+    def withdraw(self) -> None:
+        """This process no longer serves the store (it is stopping): readers wait for it, then open the store."""
+        record = self.path / SERVED_BY
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(record.read_text()).get("pid") == os.getpid():
+                record.unlink()
+
     def close(self) -> None:
+        self.withdraw()
         with self._lock:
             self._session.close()
 
