@@ -6,7 +6,6 @@ import importlib.util
 import re
 from typing import Annotated, Literal
 
-import polars as pl
 from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from evalsi.component import ComponentConfig
@@ -21,6 +20,8 @@ _RULE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 def check_pattern(pattern: str) -> str:
     """A value regex must compile in the Rust regex engine the rules run on (like the OTel Collector's RE2: no
     look-around, no back-references) and must not match the empty string."""
+    import polars as pl  # here, not at the top: every command that reads a config loads this module
+
     try:
         matches_empty = pl.Series([""], dtype=pl.String).str.contains(pattern).item()
     except pl.exceptions.PolarsError as e:
