@@ -121,7 +121,7 @@ def test_reading_commands_answer_while_a_run_holds_the_store(tmp_path: Path) -> 
     running = subprocess.Popen([*EVALSI, "run", "-f", str(path), "-q"], cwd=tmp_path, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     try:
-        assert wait_until(lambda: (tmp_path / "store" / "evalsi-served-by.json").exists(), timeout=120)
+        assert wait_until(lambda: (tmp_path / "store" / "status").exists(), timeout=120)  # the run holds the store
 
         runs = listed(tmp_path)
         show = evalsi("runs", "show", runs[0]["run_id"], cwd=tmp_path)
