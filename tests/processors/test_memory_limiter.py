@@ -33,6 +33,7 @@ from evalsi.collector.config import ConfigError, parse_config
 from evalsi.component import Next, Refused, Settings
 from evalsi.log_record import LogBatch, LogRecord
 from evalsi.processors.memory_limiter import (
+    ITEMS_PER_CHECK,
     MIB,
     Limiter,
     Limits,
@@ -321,6 +322,26 @@ def test_a_refused_batch_is_not_taken_and_is_counted() -> None:
             asyncio.run(proc.consume(batch))
         delays.append(info.value.retry_after)
     assert delays == [7, 30]
+
+
+def test_a_fast_sender_is_checked_again_before_the_next_timed_check() -> None:
+    """Between two timed checks memory grows with what is taken: past ITEMS_PER_CHECK items admitted, the next
+    batch is measured first, so a fast sender meets the refusal within that many items, not a check_interval later."""
+    taken: list[Any] = []
+    proc, memory = _processor(SelfMetrics(), taken)
+    assert proc.limiter is not None
+    batch = SpanBatch([Span("1" * 32, f"{n:016x}", "", "s", "INTERNAL", 1, 2) for n in range(500)])
+    memory.usage = 100 * MIB
+    proc.limiter.check()
+    past_soft = 0  # items taken while memory was at or above the soft limit (800 MiB)
+    with pytest.raises(Refused):
+        for _ in range(100):  # no timed check runs here: only what admit checks itself
+            asyncio.run(proc.consume(batch))
+            past_soft += len(batch) if memory.usage >= 800 * MIB else 0
+            memory.usage += 100 * MIB  # each batch takes 100 MiB
+    assert memory.usage < 800 * MIB + (ITEMS_PER_CHECK // len(batch) + 1) * 100 * MIB
+    assert past_soft < ITEMS_PER_CHECK  # refused within one check's worth of items past the limit
+    assert len(taken) == 7  # 100 MiB + 7 batches reach the soft limit: the 8th is measured first and refused
 
 
 def test_log_records_are_refused_and_counted_as_log_records() -> None:
