@@ -765,7 +765,10 @@ def policies_stats(
 @alerts_app.command("list")
 def alerts_list(
     policy: Annotated[str | None, typer.Option("--policy", help="Only alerts of this policy.")] = None,
-    since: Annotated[str | None, typer.Option("--since", help="Only the last 1h, 30m, ... (default: ever).")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="Since: a duration back from now (30m, 1d) or an ISO-8601 time (default: ever)."),
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many, newest first.")] = 100,
     as_json: JsonOpt = False,
     config: ConfigOpt = None,
@@ -774,10 +777,10 @@ def alerts_list(
     """List policy alerts, newest first: each firing (once per window whose condition held) and each resolution
     (a window closed without it holding), with the values its condition read."""
     if since is not None:
-        from evalsi.duration import parse_duration
+        from evalsi.collector.query import alerts_since_ns
 
         try:
-            parse_duration(since)
+            alerts_since_ns(since)
         except ValueError as e:
             raise _fail(f"--since: {e}") from None
     source = _reader(config, api)
@@ -794,7 +797,7 @@ def alerts_list(
         return
     if not rows:
         of = f" of policy {policy}" if policy else ""
-        when = f" in the last {since}" if since else ""
+        when = f" since {since}" if since else ""
         out.print(f"no alerts{of}{when} in {source.named}", highlight=False, soft_wrap=True)
         return
     from rich.markup import escape

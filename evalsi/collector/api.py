@@ -339,14 +339,12 @@ def build_api(
         since: str | None = Query(None, max_length=100),
         limit: int = Query(100, ge=1, le=10_000),
     ) -> dict[str, Any]:
-        """Policy alerts that fired or resolved in the last `since` (a duration; none: ever), newest first."""
+        """Policy alerts that fired or resolved since `since` (a duration back from now or an ISO-8601 time; none:
+        ever), newest first."""
         try:
-            seconds = parse_duration(since) if since else None
+            since_ns = query.alerts_since_ns(since)
         except ValueError as e:
             raise HTTPException(400, f"since: {e}") from None
-        if seconds is not None and seconds > score_api.MAX_WINDOW_S:
-            raise HTTPException(400, f"since: at most {score_api.MAX_WINDOW_S // 3600:g}h (ten years)")
-        since_ns = 0 if seconds is None else max(0, time.time_ns() - int(seconds * 1e9))
         lister = getattr(need_store(), "list_alerts", None)
         if lister is None:
             raise HTTPException(404, "this collector's store keeps no alerts")

@@ -3,8 +3,6 @@ trace and session search both answer with (`search_traces`, `read_trace`, `list_
 
 from __future__ import annotations
 
-import datetime as dt
-import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,6 +11,7 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
+from evalsi import duration
 from evalsi.auth import KEY_ENV, api_headers
 from evalsi.collector.config import Config, is_store, type_of
 from evalsi.component import REGISTRY
@@ -112,12 +111,9 @@ def _detail(resp: httpx.Response) -> str:
 
 
 def alerts_since_ns(since: str | None) -> int:
-    """The time `since` (a duration back from now) in ns since 1970; 0 for None. Raises ValueError."""
-    if not since:
-        return 0
-    from evalsi.duration import parse_duration
-
-    return max(0, time.time_ns() - int(parse_duration(since) * 1e9))
+    """The time `since` (a duration back from now or an ISO-8601 time) in ns since 1970; 0 for None. Raises
+    ValueError."""
+    return duration.parse_time(since, time.time_ns()) if since else 0
 
 
 class StoreReader:
@@ -206,50 +202,20 @@ def _searchable(store: TraceQueries) -> SearchableStore:
     return cast(SearchableStore, store)
 
 
-_DAYS = re.compile(r"(?:(\d+(?:\.\d+)?)d)?(.*)", re.S)
-_MAX_SECONDS = 2**63 / 1e9  # what an Int64 of ns holds: 292 years
-
-
-def _seconds(text: str) -> float:
-    """Seconds of a duration as the config writes them (`90s`, `1h30m`) or in days (`7d`, `1d12h`)."""
-    found = _DAYS.fullmatch(text.strip())
-    assert found is not None  # `.*` matches anything
-    days, rest = found.group(1), found.group(2)
-    if days is None and not rest:
-        raise ValueError("an empty duration")
-    seconds = float(days or 0) * 86_400 + (parse_duration(rest) if rest else 0.0)
-    if not seconds < _MAX_SECONDS:  # inf and NaN too: 400 digits of hours read as a float are inf
-        raise ValueError(f"a duration past {_MAX_SECONDS:.0f} s")
-    return seconds
-
-
 def _duration_ns(name: str, text: str) -> int:
     try:
-        return int(_seconds(text) * 1e9)
-    except ValueError:
-        raise SearchError(f"{name}: {text[:80]!r} is not a duration (e.g. 500ms, 2s, 1m30s, 7d)") from None
+        return int(parse_duration(text) * 1e9)
+    except ValueError as e:
+        raise SearchError(f"{name}: {e}") from None
 
 
 def parse_time(name: str, text: str, now_ns: int) -> int:
     """A time in ns since 1970 from a duration back from now (`15m`, `2h`, `7d`) or an ISO-8601 time (UTC unless it
-    says otherwise)."""
+    says otherwise), as `evalsi.duration.parse_time`; its errors name the parameter."""
     try:
-        return max(0, now_ns - int(_seconds(text) * 1e9))
-    except ValueError:
-        pass
-    try:
-        at = dt.datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise SearchError(
-            f"{name}: {text[:80]!r} is neither a duration back from now (15m, 2h, 7d) nor an ISO-8601 time "
-            "(2026-05-01, 2026-05-01T12:00:00Z)"
-        ) from None
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=dt.UTC)
-    ns = (at - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1) * 1000
-    if not 0 <= ns < 2**63:
-        raise SearchError(f"{name}: {text[:80]!r} is not a time from 1970 to 2262")
-    return ns
+        return duration.parse_time(text, now_ns)
+    except ValueError as e:
+        raise SearchError(f"{name}: {e}") from None
 
 
 def _attribute(text: str) -> tuple[str, str]:

@@ -59,7 +59,7 @@ def test_every_problem_is_reported_at_once_with_file_and_key_path(tmp_path: Path
         "policies/bad.yaml: metadata.labells: unknown key",
         "policies/bad.yaml: spec.sampling.rate: Input should be less than or equal to 1",
         "policies/bad.yaml: spec.sampling.alwys: unknown key",
-        "policies/bad.yaml: spec.window: invalid duration '5 minutes' (use e.g. 500ms, 5s, 1m30s)",
+        "policies/bad.yaml: spec.window: invalid duration '5 minutes' (use e.g. 500ms, 5s, 1m30s, 2h, 7d)",
         "policies/bad.yaml: spec.cascade.0.ref: unknown evaluator 'builtin/contans'",
         "policies/bad.yaml: spec.cascade.1.params.keyword: Input should be a valid string",
         "policies/bad.yaml: spec.cascade.1.params.extra: unknown key",
