@@ -216,9 +216,19 @@ def keys_new(
         str, typer.Option("--project", help="The project a request with this key is for (`api_keys[].project`).")
     ] = "default",
     as_json: JsonOpt = False,
+    export: Annotated[
+        bool,
+        typer.Option(
+            "--export",
+            help="Print shell lines setting EVALSI_API_KEY_HASH (read by deploy/evalsi.yaml) and EVALSI_API_KEY "
+            '(read by the CLI): eval "$(evalsi keys new --export)".',
+        ),
+    ] = False,
 ) -> None:
     """Make an API key: the key (give it to the sender, once) and its hash (for the config's `auth.api_keys`)."""
-    from evalsi.auth import PROJECT_PATTERN, new_key
+    import shlex
+
+    from evalsi.auth import KEY_ENV, PROJECT_PATTERN, new_key
 
     if not PROJECT_PATTERN.fullmatch(project):
         raise typer.BadParameter(
@@ -227,6 +237,9 @@ def keys_new(
             param_hint="--project",
         )
     key, digest = new_key()
+    if export:
+        sys.stdout.write(f"export {KEY_ENV}_HASH={shlex.quote(digest)}\nexport {KEY_ENV}={shlex.quote(key)}\n")
+        return
     if as_json:
         out.print_json(json.dumps({"key": key, "hash": digest, "name": name, "project": project}))
         return

@@ -208,6 +208,18 @@ def _path(parts: tuple[Any, ...] | list[Any]) -> str:
     return ".".join(str(p) for p in parts)
 
 
+def unset_variable(where: str, name: str) -> str:
+    """The error for an unset environment variable the config reads at `where` (a key path): which variable, where,
+    how to set it (for an API key's hash: `evalsi keys new`). The `export` comes last: for a secret-named variable
+    the error's redaction masks what follows its `=`."""
+    how = f"export {name}=..."
+    if name.endswith("_HASH") or where.endswith(".hash"):
+        how = f"export {name}=<the hash `evalsi keys new` prints>"
+        if name == "EVALSI_API_KEY_HASH":
+            how = f'eval "$(evalsi keys new --export)" (a new key: its hash, and the key as EVALSI_API_KEY), or {how}'
+    return f"{where}: environment variable {name} is not set; this key reads it. Set it first: {how}"
+
+
 def resolve_env(node: Any, path: tuple[Any, ...], errors: list[str]) -> Any:
     """Replace `env:VAR` values and `${env:VAR}` / `${VAR:-default}` references from the environment."""
     if isinstance(node, dict):
@@ -220,7 +232,7 @@ def resolve_env(node: Any, path: tuple[Any, ...], errors: list[str]) -> Any:
     if whole:
         name = whole.group(1)
         if name not in os.environ:
-            errors.append(f"{_path(path)}: environment variable {name} is not set")
+            errors.append(unset_variable(_path(path), name))
             return None
         return os.environ[name]
 
@@ -230,7 +242,7 @@ def resolve_env(node: Any, path: tuple[Any, ...], errors: list[str]) -> Any:
             return os.environ[name]
         if default is not None:
             return default
-        errors.append(f"{_path(path)}: environment variable {name} is not set")
+        errors.append(unset_variable(_path(path), name))
         return ""
 
     return _ENV_REF.sub(substitute, node)

@@ -18,6 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from evalsi.cel import ITEM, FieldError
+from evalsi.collector.config import unset_variable
 from evalsi.evaluators import Evaluator, load_evaluators
 from evalsi.evaluators.judge_client import Judges
 from evalsi.policies.engine import (
@@ -212,7 +213,7 @@ def _notify(value: Any, where: str, errors: list[str]) -> str | None:
         return value
     resolved = os.environ.get(m.group(1))
     if not resolved:
-        errors.append(f"{where}: environment variable {m.group(1)} is not set")
+        errors.append(unset_variable(where, m.group(1)))
     return resolved
 
 

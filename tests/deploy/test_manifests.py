@@ -226,7 +226,8 @@ def test_the_image_refuses_to_start_without_a_key_hash_naming_the_variable(
     monkeypatch.delenv("EVALSI_API_KEY_HASH", raising=False)
     with pytest.raises(ConfigError) as refused:
         parse_config(yaml.safe_load((ROOT / copies[config_path]).read_text()), source=config_path)
-    assert "auth.api_keys.0.hash: environment variable EVALSI_API_KEY_HASH is not set" in refused.value.errors
+    [error] = refused.value.errors
+    assert error.startswith("auth.api_keys.0.hash: environment variable EVALSI_API_KEY_HASH is not set"), error
 
 
 def open_api(config: Config) -> Any:
@@ -887,3 +888,49 @@ def test_the_docs_commands_name_what_is_shipped() -> None:
                 if verb in words:
                     target = [w for w in words[words.index(verb) + 1 :] if not w.startswith("-")]
                     assert not target or target[0] in services, command
+
+
+def _header_commands(path: Path) -> list[str]:
+    """The commands of a file's leading comment: its `#   ` lines."""
+    header = [line for line in path.read_text().splitlines()[:20] if line.startswith("#")]
+    return [line[4:] for line in header if line.startswith("#   ") and line[4:5] != " "]
+
+
+def test_the_deploy_config_header_commands_validate_it_as_written(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    commands = _header_commands(DEPLOY / "evalsi.yaml")
+    assert commands and commands[-1].startswith("evalsi validate -c deploy/evalsi.yaml"), commands
+    shim = tmp_path / "bin" / "evalsi"  # `evalsi` as installed: this interpreter's, this checkout's code
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m evalsi "$@"\n')
+    shim.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVALSI_")}
+    env["PATH"] = f"{shim.parent}:{env['PATH']}"
+    script = "set -e\n" + "\n".join(commands) + '\ntest -n "$EVALSI_API_KEY"\n'
+    res = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "deploy/evalsi.yaml" in res.stdout and "invalid" not in res.stdout + res.stderr, res.stdout
+
+
+def test_validate_says_how_to_set_an_unset_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.evalsi_cli import evalsi_cli
+
+    monkeypatch.delenv("EVALSI_API_KEY_HASH", raising=False)
+    res = evalsi_cli("validate", "-c", str(DEPLOY / "evalsi.yaml"))
+    assert res.returncode != 0
+    [line] = [line for line in (res.stdout + res.stderr).splitlines() if "EVALSI_API_KEY_HASH" in line]
+    assert "auth.api_keys.0.hash: environment variable EVALSI_API_KEY_HASH is not set" in line  # which, where
+    assert 'eval "$(evalsi keys new --export)"' in line and "export EVALSI_API_KEY_HASH=" in line, line  # how
+    (tmp_path / "c.yaml").write_text(
+        "receivers: {otlp: {protocols: {http: {endpoint: '${env:EVALSI_TEST_HTTP_ENDPOINT}'}}}}\n"
+        "exporters: {debug: {}}\n"
+        "service: {pipelines: {traces: {receivers: [otlp], exporters: [debug]}}}\n"
+    )
+    res = evalsi_cli("validate", "-c", str(tmp_path / "c.yaml"))
+    assert (
+        "receivers.otlp.protocols.http.endpoint: environment variable EVALSI_TEST_HTTP_ENDPOINT is not set; this key "
+        "reads it. Set it first: export EVALSI_TEST_HTTP_ENDPOINT=..."
+    ) in res.stdout + res.stderr, res.stdout + res.stderr

@@ -300,7 +300,8 @@ def test_hmac_without_a_key_is_a_config_error_naming_the_key() -> None:
 def test_hmac_key_from_an_unset_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EVALSI_TEST_UNSET_KEY", raising=False)
     errors = _config_errors({"hash_function": "hmac-sha256", "hmac_key": "env:EVALSI_TEST_UNSET_KEY"})
-    assert "processors.redact.hmac_key: environment variable EVALSI_TEST_UNSET_KEY is not set" in errors
+    want = "processors.redact.hmac_key: environment variable EVALSI_TEST_UNSET_KEY is not set"
+    assert want in errors, errors
 
 
 @pytest.mark.parametrize(
