@@ -23,7 +23,7 @@ import grpc
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from evalsi.duration import Duration
-from evalsi.serving import parse_endpoint
+from evalsi.ports import parse_endpoint
 from evalsi.span import DEFAULT_PROJECT
 from evalsi.telemetry import SelfMetrics
 

@@ -141,11 +141,18 @@ def serve(config: ConfigOpt = None) -> None:
     """Run the collector until SIGTERM or Ctrl-C, then drain every buffer to the store."""
     import asyncio
 
+    from evalsi.ports import claimed_in, taken
+
+    found = find_config(config)
+    busy = taken(claimed_in(found.path))  # before the imports and the config's components: a second serve fails at once
+    if busy:
+        raise _fail("cannot start: " + "\n  ".join(busy))
+
     from evalsi.collector.logs import configure
     from evalsi.collector.service import Service, StartError
     from evalsi.store import StoreError
 
-    cfg = _config(find_config(config))
+    cfg = _config(found)
     logs = cfg.service.telemetry.logs
     configure(logs.level, logs.encoding)
     service = Service(cfg)

@@ -4,21 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import socket
 from collections.abc import Generator
 from typing import Any
 
 import uvicorn
 
-
-def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    """`host:port` (or `[v6]:port`, or `:port` for all interfaces) as (host, port)."""
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"invalid endpoint {endpoint!r}: expected host:port, e.g. 127.0.0.1:4318")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
+from evalsi.ports import parse_endpoint
 
 
 def bind(endpoint: str) -> socket.socket:
@@ -35,26 +27,6 @@ def bind(endpoint: str) -> socket.socket:
     sock.listen(2048)
     sock.setblocking(False)
     return sock
-
-
-def taken(endpoints: list[tuple[str, str]]) -> list[str]:
-    """Of (config key, endpoint) pairs, those something else listens on, each as `key: endpoint is in use; ...`.
-
-    Checked before anything starts, so a clash names the key to change and leaves nothing behind (no store, no
-    write-ahead log); port 0 is never taken."""
-    busy = []
-    for key, endpoint in endpoints:
-        host, port = parse_endpoint(endpoint)
-        if port == 0:
-            continue
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as `bind` does: TIME_WAIT is free
-            try:
-                sock.bind((host, port))
-            except OSError as e:
-                why = "is in use" if e.errno == errno.EADDRINUSE else f"cannot be listened on: {e.strerror}"
-                busy.append(f"{key}: {endpoint} {why}; stop what listens there or set another endpoint")
-    return busy
 
 
 def bound_endpoint(sock: socket.socket) -> str:

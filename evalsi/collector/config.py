@@ -17,6 +17,7 @@ from evalsi.auth import AuthConfig, is_loopback
 from evalsi.collector.builtin import load_builtin_components
 from evalsi.component import REGISTRY, SIGNALS, ComponentConfig, Kind
 from evalsi.limits import MIB, at_least_one, not_bool
+from evalsi.ports import API_ENDPOINT, METRICS_ADDRESS
 from evalsi.wal import DurabilityConfig
 
 
@@ -109,7 +110,7 @@ class ApiConfig(_Strict):
     before a byte is read, else once the body streams past the limit), with the same rule as the OTLP/HTTP
     receiver's `protocols.http.max_request_body_size`."""
 
-    endpoint: str = "127.0.0.1:8080"
+    endpoint: str = API_ENDPOINT
     max_request_body_size: int = 4 * MIB
     """Bytes of a request body on every route but the bulk ones: feedback, run records, trace selections, ..."""
     max_bulk_request_body_size: int = 20 * MIB
@@ -122,7 +123,7 @@ class ApiConfig(_Strict):
 
 
 class MetricsConfig(_Strict):
-    address: str = "127.0.0.1:8888"
+    address: str = METRICS_ADDRESS
     level: Literal["none", "basic", "normal", "detailed"] = "normal"
 
 

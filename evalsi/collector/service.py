@@ -25,7 +25,8 @@ from evalsi.encoded import EncodedBatch
 from evalsi.evaluators.judge_client import Judges
 from evalsi.held import InFlight, earliest
 from evalsi.log_record import LogBatch
-from evalsi.serving import AsgiServer, taken
+from evalsi.ports import taken
+from evalsi.serving import AsgiServer
 from evalsi.span import SpanBatch
 from evalsi.store import StoreExporter, TraceQueries
 from evalsi.supervise import supervise

@@ -17,8 +17,9 @@ from evalsi.auth import gate
 from evalsi.component import ComponentConfig, Refused, Settings, exporter
 from evalsi.duration import Duration
 from evalsi.policies.intervals import mean_interval, wilson_interval
+from evalsi.ports import PROMETHEUS_ENDPOINT, parse_endpoint
 from evalsi.score import Outcome, Score, ScoreBatch
-from evalsi.serving import AsgiServer, parse_endpoint
+from evalsi.serving import AsgiServer
 
 CONFIDENCE = 0.95
 SERIES = ["policy", "evaluator", "name"]
@@ -28,7 +29,7 @@ DEFAULT_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 10.0, 100.0, 1_000.0, 10_000.
 
 
 class PrometheusConfig(ComponentConfig):
-    endpoint: str = "127.0.0.1:9464"
+    endpoint: str = PROMETHEUS_ENDPOINT
     window: Duration = 300.0
     max_series: int = Field(default=10_000, gt=0)
     buckets: tuple[float, ...] = DEFAULT_BUCKETS

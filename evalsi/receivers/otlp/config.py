@@ -8,7 +8,7 @@ from pydantic import field_validator, model_validator
 
 from evalsi.component import ComponentConfig
 from evalsi.limits import MIB, at_least_one, not_bool
-from evalsi.serving import parse_endpoint
+from evalsi.ports import OTLP_GRPC_ENDPOINT, OTLP_HTTP_ENDPOINT, parse_endpoint
 
 
 def _endpoint(value: str) -> str:
@@ -17,7 +17,7 @@ def _endpoint(value: str) -> str:
 
 
 class GrpcConfig(ComponentConfig):
-    endpoint: str = "127.0.0.1:4317"
+    endpoint: str = OTLP_GRPC_ENDPOINT
     max_recv_msg_size_mib: int = 20
 
     _check_endpoint = field_validator("endpoint")(_endpoint)
@@ -33,7 +33,7 @@ class GrpcConfig(ComponentConfig):
 
 
 class HttpConfig(ComponentConfig):
-    endpoint: str = "127.0.0.1:4318"
+    endpoint: str = OTLP_HTTP_ENDPOINT
     max_request_body_size: int = 20 * MIB
     traces_url_path: str = "/v1/traces"
     logs_url_path: str = "/v1/logs"
