@@ -495,11 +495,16 @@ def traces_show(
         int, typer.Option("--limit", "-n", min=1, max=100_000, help="Show at most this many spans, in start order.")
     ] = 10_000,
     offset: Annotated[int, typer.Option("--offset", min=0, help="Skip this many spans first (the next page).")] = 0,
+    full: Annotated[
+        bool,
+        typer.Option("--full", help="Every message of each step, whole (default: its last 3, one line each)."),
+    ] = False,
     as_json: JsonOpt = False,
     config: ConfigOpt = None,
     api: ApiOpt = None,
 ) -> None:
-    """Show one trace: its steps as a tree (tools, tokens, cost, errors), a summary and its scores; every canonical
+    """Show one trace: its steps as a tree (tools, tokens, cost, errors) with each step's conversation (the messages
+    in and out, tool arguments and results; redacted values marked), a summary and its scores; every canonical
     field with --json. A trace with more spans than --limit is shown in part, and says so."""
     trace_id = trace_id.strip().lower()
     if len(trace_id) != 32 or any(ch not in "0123456789abcdef" for ch in trace_id):
@@ -525,10 +530,15 @@ def traces_show(
     count = f"{total:,} spans" if not doc["truncated"] else f"spans {offset + 1:,}-{offset + len(spans):,} of {total:,}"
     tree = Tree(f"trace [bold]{trace_id}[/]  {count}  {escape(spans[0]['service_name'])}")
 
+    from evalsi.transcript import conversation
+
     def add(node: Tree, parent: str) -> None:
         for s in children.get(parent, []):
             cost = f"  ${s['cost_usd']:.4g}" if s.get("cost_usd") else ""
-            add(node.add(_label(s) + cost), s["span_id"])
+            step = node.add(_label(s) + cost)
+            for line in conversation(s, full=full):
+                step.add(line)
+            add(step, s["span_id"])
 
     add(tree, "")
     out.print(tree)

@@ -98,6 +98,7 @@ def redacted_store(tmp_path_factory: pytest.TempPathFactory) -> Any:
         pipeline["processors"] = ["normalize", "redact"]
     c = start_collector(tmp, cfg)
     shown: dict[str, str] = {}
+    printed: dict[str, str] = {}
     metrics = ""
     try:
         spans = 0
@@ -125,6 +126,7 @@ def redacted_store(tmp_path_factory: pytest.TempPathFactory) -> Any:
         for pb in PII_FILES:
             for tid in _trace_ids(pb):
                 shown[f"{pb.parent.name}/{tid}"] = c.cli("traces", "show", tid, "--json").stdout
+                printed[f"{pb.parent.name}/{tid}"] = c.cli("traces", "show", tid, "--full").stdout
         metrics = httpx.get(c.metrics).text
     finally:
         assert c.stop() == 0
@@ -134,7 +136,7 @@ def redacted_store(tmp_path_factory: pytest.TempPathFactory) -> Any:
         rows = {t: backend.query(f"SELECT * FROM {t}") for t in tables}
     finally:
         backend.close()
-    return {"rows": rows, "shown": shown, "metrics": metrics, "spans": spans, "logs": logs}
+    return {"rows": rows, "shown": shown, "printed": printed, "metrics": metrics, "spans": spans, "logs": logs}
 
 
 def test_no_pii_anywhere_in_the_store(redacted_store: dict[str, Any]) -> None:
@@ -174,6 +176,17 @@ def test_no_pii_in_what_the_cli_shows(redacted_store: dict[str, Any]) -> None:
         doc = json.loads(text)
         assert doc["spans"], where
         assert not _leaks(text), f"{_leaks(text)} in `evalsi traces show --json` of {where}"
+
+
+def test_the_printed_conversation_shows_masked_values_as_redacted(redacted_store: dict[str, Any]) -> None:
+    printed = redacted_store["printed"]
+    assert len(printed) >= len(PII_FILES)
+    for where, text in printed.items():
+        assert not _leaks(text), f"{_leaks(text)} in `evalsi traces show --full` of {where}"
+    chats = [t for t in printed.values() if "<EMAIL_ADDRESS>" in t]
+    assert len(chats) >= len(PII_FILES), printed
+    for text in chats:
+        assert "(redacted) user:" in text and "<PHONE_NUMBER>" in text and "<CREDIT_CARD>" in text, text
 
 
 def test_masked_values_are_counted_per_rule(redacted_store: dict[str, Any]) -> None:
