@@ -24,6 +24,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from evalsi.backoff import Backoff, retry_after
+from evalsi.duration import Duration
 from evalsi.evaluators.base import Params
 from evalsi.score import Score
 from evalsi.telemetry import SelfMetrics
@@ -142,7 +143,8 @@ class Budget(BaseModel):
     max_calls: int | None = Field(None, ge=0)
     max_tokens: int | None = Field(None, ge=0)
     max_usd: float | None = Field(None, ge=0)
-    window_s: float = Field(300.0, gt=0)
+    window_s: Duration = Field(300.0, gt=0)
+    """The budget's tumbling window: a duration (`1h`) or seconds."""
 
 
 class Price(BaseModel):
@@ -167,10 +169,11 @@ class JudgeConfig(Params):
     """`env:VAR` reads the variable when the judge is called; else env EVALSI_JUDGE_API_KEY; else no key."""
     temperature: float = Field(0.0, ge=0, le=2)
     max_tokens: int = Field(512, gt=0)
-    timeout_s: float = Field(30.0, gt=0)
+    timeout_s: Duration = Field(30.0, gt=0)
+    """Per HTTP attempt: a duration (`30s`) or seconds."""
     retries: int = Field(3, ge=0, le=10)
     """Retries after a 5xx, 429 or timeout, before `error: judge unavailable`."""
-    backoff_s: float = Field(0.5, ge=0)
+    backoff_s: Duration = Field(0.5, ge=0)
     """First retry delay; doubles each retry (capped at 30s, each wait within ±20%: `evalsi.backoff.Backoff`); a
     Retry-After header (seconds or an HTTP date, at most 30s) wins."""
     threshold: float = Field(0.5, ge=0, le=1)
