@@ -827,7 +827,15 @@ def alerts_list(
         return
     if not rows:
         of = f" of policy {policy}" if policy else ""
-        when = f" since {since}" if since else ""
+        when = ""
+        if since:
+            from evalsi.duration import parse_duration
+
+            try:
+                parse_duration(since)
+                when = f" in the last {since}"
+            except ValueError:  # an ISO-8601 time
+                when = f" since {since}"
         out.print(f"no alerts{of}{when} in {source.named}", highlight=False, soft_wrap=True)
         return
     from rich.markup import escape
