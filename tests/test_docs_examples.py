@@ -40,7 +40,7 @@ import yaml
 from evalsi.auth import new_key
 from evalsi.cli import app
 from evalsi.collector.config import ConfigError, parse_config
-from evalsi.evaluators.base import load_evaluators
+from evalsi.evaluators import load_evaluators
 from evalsi.policies.load import parse_policy
 from evalsi.run_harness.spec import RunSpecError, parse_run
 

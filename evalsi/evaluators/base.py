@@ -1,21 +1,22 @@
 """The evaluator interface: what an evaluator declares, what it is given (a Target), and the registry of refs.
 
 Built-in evaluators are `builtin/<name>`; third-party ones register through the `evalsi.evaluators` entry point
-(an object with the Evaluator attributes, or a module whose import registers them with `@evaluator`).
+(an object with the Evaluator attributes, or a module whose import registers them with `@evaluator`). Both are
+loaded by `evaluators.builtin.load_evaluators()`, above this module and the packs that build on it.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from evalsi.content import last_text
+from evalsi.evaluators.params import NoParams, Params
 from evalsi.score import Score
 from evalsi.span import TRAJECTORY_STEP_TYPES, Span
 from evalsi.trajectory import build_trajectory, retrieved_documents, span_tree
@@ -27,16 +28,6 @@ Scope = Literal["span", "trace", "session"]
 Requirement = Literal["input", "output", "context", "trajectory", "judge", "reference"]
 
 log = logging.getLogger("evalsi.evaluators")
-
-
-class Params(BaseModel):
-    """Base of every evaluator's params: unknown keys are errors (a typo must not silently change a verdict)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class NoParams(Params):
-    pass
 
 
 def _texts(messages: list[dict[str, Any]] | None) -> list[str]:
@@ -205,7 +196,6 @@ class Evaluator(Protocol):
 
 
 REGISTRY: dict[str, Evaluator] = {}
-_entry_points_loaded = False
 
 
 def register(ev: Evaluator) -> Evaluator:
@@ -249,24 +239,6 @@ def evaluator(
         return ev
 
     return decorate
-
-
-def load_evaluators() -> dict[str, Evaluator]:
-    """The built-in packs and every `evalsi.evaluators` entry point, loaded once."""
-    global _entry_points_loaded
-    import evalsi.evaluators.packs  # noqa: F401  (registers the built-in packs)
-
-    if not _entry_points_loaded:
-        _entry_points_loaded = True
-        for ep in importlib.metadata.entry_points(group="evalsi.evaluators"):
-            try:
-                loaded = ep.load()
-            except Exception as e:  # a broken plugin must not stop the collector
-                log.error("cannot load evaluator entry point %s: %s", ep.name, e)
-                continue
-            if isinstance(loaded, Evaluator) and loaded.name not in REGISTRY:
-                register(loaded)
-    return REGISTRY
 
 
 def parse_params(ev: Evaluator, raw: dict[str, Any] | None) -> Params:

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from evalsi.backoff import Backoff, retry_after
 from evalsi.duration import Duration
-from evalsi.evaluators.base import Params
+from evalsi.evaluators.params import Params
 from evalsi.score import Score
 from evalsi.telemetry import SelfMetrics
 
