@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from evalsi.run_harness.targets.base import AttemptFailed
+from evalsi.run_harness.model import AttemptFailed
 
 Kind = Literal["model", "tool", "user"]
 FORMAT = "evalsi.cassette/v1"

@@ -227,3 +227,14 @@ def _llm_calls(steps: list[Step]) -> list[LlmCall]:
 
 def text_message(role: str, text: str) -> Message:
     return {"role": role, "parts": [{"type": "text", "content": text}]}
+
+
+class AttemptFailed(Exception):
+    """An attempt failed for the infrastructure (timeout, 5xx, crash, malformed trajectory): raised by a target,
+    turned into `Attempt.error` by the runner, counted apart, never scored."""
+
+    def __init__(self, kind: InfraKind, message: str, attempt: Attempt | None = None) -> None:
+        super().__init__(message)
+        self.error = InfraError(kind, message)
+        self.attempt = attempt
+        """What the attempt did before it failed (its steps, tokens and cost count toward budgets and are traced)."""

@@ -6,7 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from evalsi.run_harness.model import Attempt, InfraError, InfraKind, Task
+from evalsi.run_harness.model import (
+    Attempt,
+    AttemptFailed as AttemptFailed,  # a target raises it: part of the interface
+    Task,
+)
 
 if TYPE_CHECKING:
     from evalsi.run_harness.cassette import Tape
@@ -16,17 +20,6 @@ if TYPE_CHECKING:
 class TargetError(Exception):
     """The target cannot run this dataset at all (unreachable, an input its schema refuses): the run stops before
     it starts, with this message (each problem on its own line)."""
-
-
-class AttemptFailed(Exception):
-    """An attempt failed for the infrastructure (timeout, 5xx, crash, malformed trajectory): raised by a target,
-    turned into `Attempt.error` by the runner, counted apart, never scored."""
-
-    def __init__(self, kind: InfraKind, message: str, attempt: Attempt | None = None) -> None:
-        super().__init__(message)
-        self.error = InfraError(kind, message)
-        self.attempt = attempt
-        """What the attempt did before it failed (its steps, tokens and cost count toward budgets and are traced)."""
 
 
 @dataclass(frozen=True)
