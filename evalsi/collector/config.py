@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from evalsi.auth import AuthConfig, is_loopback
 from evalsi.collector.builtin import load_builtin_components
 from evalsi.component import REGISTRY, SIGNALS, ComponentConfig, Kind
+from evalsi.env_vars import unset_variable
 from evalsi.limits import MIB, at_least_one, not_bool
 from evalsi.ports import API_ENDPOINT, METRICS_ADDRESS
 from evalsi.wal import DurabilityConfig
@@ -207,18 +208,6 @@ def type_of(component_id: str) -> str:
 
 def _path(parts: tuple[Any, ...] | list[Any]) -> str:
     return ".".join(str(p) for p in parts)
-
-
-def unset_variable(where: str, name: str) -> str:
-    """The error for an unset environment variable the config reads at `where` (a key path): which variable, where,
-    how to set it (for an API key's hash: `evalsi keys new`). The `export` comes last: for a secret-named variable
-    the error's redaction masks what follows its `=`."""
-    how = f"export {name}=..."
-    if name.endswith("_HASH") or where.endswith(".hash"):
-        how = f"export {name}=<the hash `evalsi keys new` prints>"
-        if name == "EVALSI_API_KEY_HASH":
-            how = f'eval "$(evalsi keys new --export)" (a new key: its hash, and the key as EVALSI_API_KEY), or {how}'
-    return f"{where}: environment variable {name} is not set; this key reads it. Set it first: {how}"
 
 
 def resolve_env(node: Any, path: tuple[Any, ...], errors: list[str]) -> Any:

@@ -18,7 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from evalsi.cel import ITEM, FieldError
-from evalsi.collector.config import unset_variable
+from evalsi.env_vars import unset_variable
 from evalsi.evaluators import Evaluator, load_evaluators
 from evalsi.evaluators.judge_client import Judges
 from evalsi.policies.engine import (
