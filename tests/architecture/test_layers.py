@@ -3,7 +3,10 @@
 Layers, bottom up: the core types and domain code (`evalsi.span`, `evalsi.trajectory`, `evalsi.component`, ...),
 the evaluators, the policies, the components (receivers, processors, exporters), the collector and the harness,
 the CLI. A function-level import counts like any other: it must not dodge a cycle. Imports under
-`if TYPE_CHECKING:` are left out (they never run).
+`if TYPE_CHECKING:` are left out of the layers (they never run) but not out of the cycles: a circle through types
+still ties two modules so that neither can be read or moved without the other. A package's `__init__` importing
+its own submodules is an import like any other too: a submodule that imports its package (or, through others,
+itself) closes a circle.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def upward_imports(graph: grimp.ImportGraph) -> list[str]:
 def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
     """The strongly connected sets of modules (Tarjan): each set of two or more imports itself through the others.
 
-    A package's `__init__` importing its own submodules is not counted (the submodule is part of the package)."""
+    Every edge of the graph counts, function-level imports and a package's imports of its own submodules alike."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -53,7 +56,7 @@ def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
     cycles: list[list[str]] = []
 
     def edges(m: str) -> list[str]:
-        return sorted(d for d in graph.find_modules_directly_imported_by(m) if not d.startswith(m + "."))
+        return sorted(graph.find_modules_directly_imported_by(m))
 
     def visit(root: str) -> None:
         # iterative Tarjan: the import graph is deep enough to hit the recursion limit
@@ -108,12 +111,18 @@ def graph() -> grimp.ImportGraph:
     return grimp.build_graph("evalsi", exclude_type_checking_imports=True, cache_dir=None)
 
 
+@pytest.fixture(scope="module")
+def graph_with_types() -> grimp.ImportGraph:
+    """Every import, those under `if TYPE_CHECKING:` included."""
+    return grimp.build_graph("evalsi", exclude_type_checking_imports=False, cache_dir=None)
+
+
 def test_imports_go_down_the_layers_only(graph: grimp.ImportGraph) -> None:
     assert upward_imports(graph) == []
 
 
-def test_no_module_imports_itself_through_others(graph: grimp.ImportGraph) -> None:
-    assert import_cycles(graph) == []
+def test_no_module_imports_itself_through_others(graph_with_types: grimp.ImportGraph) -> None:
+    assert import_cycles(graph_with_types) == []
 
 
 def test_the_collector_names_no_component(graph: grimp.ImportGraph) -> None:
@@ -130,3 +139,32 @@ def test_the_contract_fails_on_an_upward_import_and_on_a_cycle(graph: grimp.Impo
     assert any({"evalsi.score", "evalsi.trajectory"} <= set(c) for c in import_cycles(g))
     g.add_import(importer="evalsi.collector.service", imported="evalsi.exporters.clickhouse")
     assert "evalsi.collector.service -> evalsi.exporters.clickhouse" in component_imports_in_collector(g)
+
+
+def test_a_cycle_through_a_package_init_or_a_function_level_import_is_found() -> None:
+    """A small synthetic package: its `__init__` imports a submodule that imports, in a function, a module that
+    imports the package. Every edge is needed for the circle, and the check names all three modules."""
+    g = grimp.ImportGraph()
+    for m in ("pkg", "pkg.base", "pkg.packs", "pkg.other"):
+        g.add_module(m)
+    g.add_import(importer="pkg", imported="pkg.base")  # the package's own submodule
+    g.add_import(importer="pkg.base", imported="pkg.packs")  # say, inside a function
+    g.add_import(importer="pkg.other", imported="pkg.base")
+    assert import_cycles(g) == []
+    g.add_import(importer="pkg.packs", imported="pkg")
+    assert import_cycles(g) == [["pkg", "pkg.base", "pkg.packs"]]
+
+
+def test_the_real_circles_that_were_broken_would_be_found(graph_with_types: grimp.ImportGraph) -> None:
+    """Put back, on a copy of the real graph, the imports that once closed circles: the interface loading its own
+    packs (a function-level import into a package whose `__init__` imports the packs), the judge client taking
+    `Params` from the interface, the cassette taking `AttemptFailed` from the target interface."""
+    g = copy.deepcopy(graph_with_types)
+    g.add_import(importer="evalsi.evaluators.base", imported="evalsi.evaluators.packs")
+    g.add_import(importer="evalsi.evaluators.judge_client", imported="evalsi.evaluators.base")
+    g.add_import(importer="evalsi.run_harness.cassette", imported="evalsi.run_harness.targets.base")
+    found = [set(c) for c in import_cycles(g)]
+    packs = {"evalsi.evaluators.base", "evalsi.evaluators.packs", "evalsi.evaluators.packs.core"}
+    assert any(packs <= c for c in found)
+    assert any({"evalsi.evaluators.base", "evalsi.evaluators.judge_client"} <= c for c in found)
+    assert {"evalsi.run_harness.cassette", "evalsi.run_harness.targets.base"} in found
