@@ -12,8 +12,8 @@ SPAN_KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUM
 STATUS_CODES = ("UNSET", "OK", "ERROR")
 
 StepType = Literal["llm", "tool", "agent", "retriever", "embedding", "chain", "user", "other"]
-"""What a span is a step of; `user` is a (simulated) user's turn in a conversation the harness drives."""
-"""What a span is as a GenAI step; mappers set it from their convention's own names."""
+"""What a span is as a GenAI step, set by mappers from their convention's own names; `user` is a (simulated) user's
+turn in a conversation the harness drives."""
 STEP_TYPES: tuple[StepType, ...] = get_args(StepType)
 TRAJECTORY_STEP_TYPES = frozenset(STEP_TYPES) - {"other"}
 """The steps a trajectory lists; `other` spans (HTTP, database, ...) stay in the span tree only."""
