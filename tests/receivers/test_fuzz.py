@@ -12,8 +12,8 @@ meanwhile is answered within STALL_S and stored, and its memory is printed (`pyt
 Deterministic (hypothesis derandomized, fixed seeds). The budget is the Hypothesis profile's (tests/budget.py): `ci`
 sends 910 inputs (300 to the API first, while the store is small, 110 structured, 500 mutated), `deep`
 (HYPOTHESIS_PROFILE=deep) ten times as many; FUZZ_EXAMPLES scales either.
-The findings of the fuzzing (benchmarks/fuzz-findings) are tests of their own at the end: regression tests for those
-fixed, strict xfails for those the product still has.
+The findings of the fuzzing (benchmarks/fuzz-findings) are tests of their own at the end, each saying what its input
+must not break; a finding the product still has is a strict xfail.
 """
 
 from __future__ import annotations
@@ -187,8 +187,8 @@ def test_no_death_no_stall_and_every_probe_stored(fuzzed: Fuzzed) -> None:
 
 
 # --- findings ---------------------------------------------------------------------------------------------------------
-# The inputs of benchmarks/fuzz-findings: what the fuzzing found, each a test. Fixed ones stay as regression tests;
-# those the product still has are strict xfails (they fail loudly once fixed, so the mark can go).
+# The inputs of benchmarks/fuzz-findings: what the fuzzing found, each a test of what it must not break. A finding the
+# product still has is a strict xfail (it fails loudly once fixed, so the mark can go).
 
 
 def _finding(name: str) -> F.FuzzInput:
@@ -199,8 +199,9 @@ def _finding(name: str) -> F.FuzzInput:
 
 
 def test_finding_log_time_after_2106_is_stored_or_refused(fuzzed: Fuzzed) -> None:
-    """Found at 3574459: a log record timed between 2106-02-07 and 2262 was acknowledged, then dropped by the store
-    (otel_logs' ORDER BY has toUnixTimestamp(Timestamp), UInt32 seconds). Fixed in 378fd75 (clamped at the receiver)."""
+    """A log record timed between 2106-02-07 and 2262 is a valid OTLP time but past the store's sort key (otel_logs'
+    ORDER BY has toUnixTimestamp(Timestamp), UInt32 seconds): the receiver refuses it, rejects it or clamps it, and
+    what it acknowledges the store must not drop (the sender would believe it stored)."""
     dropped_before = _dropped(fuzzed.c)
     a = fuzzed.send(_finding("log-time-2106"))
     if a.status != 200:
@@ -219,10 +220,10 @@ def _dropped(c: Collector) -> int:
 @pytest.mark.parametrize(
     "name", ["feedback-huge-int", "feedback-lone-surrogate", "evaluate-lone-surrogate", "runs-lone-surrogate"]
 )
-def test_finding_api_bodies_that_were_500_are_400(fuzzed: Fuzzed, name: str) -> None:
-    """Found at 3574459: an integer past a double's range as a feedback value, a lone UTF-16 surrogate escape in a
-    feedback comment, an evaluate record's metadata or a run's manifest were answered 500 (the run was stored first,
-    and every GET /api/v1/runs answered 500 after it). Fixed in 378fd75."""
+def test_finding_api_bodies_with_unstorable_values_are_400(fuzzed: Fuzzed, name: str) -> None:
+    """An integer past a double's range as a feedback value, and a lone UTF-16 surrogate escape in a feedback
+    comment, an evaluate record's metadata or a run's manifest, are the client's mistakes: a 400, not a 500. And the
+    reads after are unharmed: a run stored with such a manifest would make every later GET /api/v1/runs fail."""
     a = fuzzed.send(_finding(name))
     assert 400 <= a.status < 500, f"{a.label}: {a.body[:200]!r}"
     runs = fuzzed.send(F.FuzzInput("finding", "", "api", method="GET", path="/api/v1/runs"))
@@ -230,9 +231,9 @@ def test_finding_api_bodies_that_were_500_are_400(fuzzed: Fuzzed, name: str) -> 
 
 
 def test_finding_empty_resources_over_grpc_do_not_stall_the_collector(fuzzed: Fuzzed) -> None:
-    """Found at 3574459: 1,000,000 empty ResourceSpans (2 MB) took seconds to decode, on the event loop for gRPC, so
-    nothing else was answered meanwhile (20 MiB: ~50 s). Fixed in 916234a (decoded in a thread); the decoding still
-    costs seconds of CPU (no limit counts resources)."""
+    """1,000,000 empty ResourceSpans are 2 MB on the wire but seconds of decoding (20 MiB of them: ~50 s). A gRPC
+    request is decoded off the event loop, so the collector answers everyone else meanwhile; the decoding itself
+    still costs those seconds of CPU (no limit counts resources)."""
     inp = _finding("empty-resources-1M-grpc")
     inp.body = inp.body[: 2 * 500_000]  # the first 500,000 of them: ~3 s of decoding here, enough to see a stall
     answers: list[F.Answer] = []
@@ -242,9 +243,9 @@ def test_finding_empty_resources_over_grpc_do_not_stall_the_collector(fuzzed: Fu
 
 
 def test_finding_a_backtracking_regex_does_not_stall_the_collector(fuzzed: Fuzzed) -> None:
-    """Fuzz finding: `(a+)+$` over 25 'a's and a '!' took Python's re 2**25 steps, holding the GIL (every request
-    waited seconds; 40 'a's: hours). Patterns from outside run on RE2 now (evalsi.pattern): linear time. 60 'a's
-    would take a backtracking engine longer than the suite's timeout."""
+    """`(a+)+$` over n 'a's and a '!' takes a backtracking engine such as Python's re 2**n steps, holding the GIL
+    (25 'a's: every request waits seconds; 40: hours). Patterns from outside run on RE2 (evalsi.pattern), in linear
+    time; 60 'a's would take a backtracking engine longer than the suite's timeout."""
     records = [{"output": "a" * 60 + "!"}]
     body = {"records": records, "evaluators": [{"ref": "builtin/regex", "params": {"pattern": "^(a+)+$"}}]}
     inp = F.FuzzInput("finding", "", "api", path="/v1/evaluate", headers={"Content-Type": F.JSON},

@@ -1,7 +1,8 @@
 """One span with an out-of-range value among valid ones, through a real `evalsi serve` in-process and with 2 pipeline
 workers: every valid span is stored within two flush intervals, and the poison span is rejected (partial success) or
-stored clamped, marked and counted, as docs/receivers/otlp.md says. Before, one such span stalled the store for 300 s
-and then dropped the batch of everyone."""
+stored clamped, marked and counted, as docs/receivers/otlp.md says. Why: the store refuses an insert holding such a
+value as a whole, so one span stored as sent would hold the store up through its retries (300 s) and then drop every
+span batched with it, whoever sent them."""
 
 from __future__ import annotations
 
