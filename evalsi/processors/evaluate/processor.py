@@ -1,10 +1,4 @@
-"""The `evaluate` processor: runs the online policies over every completed trace and session, hands on the scores,
-and gives policies that read `feedback` a second look at a recent trace when human or external scores arrive late.
-
-It needs whole traces, so it sits after `tail_sampling` (which hands on `BatchKind.TRACE` batches whatever its storage
-decision); spans pass through unchanged to the exporters, scores go to the `scores` pipeline. Listed in the `scores`
-pipeline too, it sees the feedback that flows there (`POST /v1/feedback`).
-"""
+"""The `evaluate` processor class (the package docstring says what it does)."""
 
 from __future__ import annotations
 
@@ -18,89 +12,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
-
-from evalsi.component import ComponentConfig, Next, Refused, Settings, processor
-from evalsi.duration import Duration
+from evalsi.component import Next, Refused, Settings, processor
 from evalsi.evaluators.judge_client import Judges
-from evalsi.log_record import LogBatch, LogRecord
-from evalsi.policies import AlertEvent, AlertRecorder, Notifier, PolicyError, PolicySet, load_policies
+from evalsi.log_record import LogBatch
+from evalsi.policies import AlertEvent, AlertRecorder, Notifier
 from evalsi.policies.engine import PolicyDecision, WindowRecord
 from evalsi.policies.feedback import is_feedback
 from evalsi.policies.twins import TwinBuffer
+from evalsi.processors.evaluate.config import EvaluateConfig, load_policy_set
+from evalsi.processors.evaluate.events import score_from_event
 from evalsi.processors.tail_sampling.buffer import SessionBuffer, session_of
 from evalsi.score import Score, ScoreBatch
 from evalsi.span import VENDOR_SDK_SCOPES, BatchKind, Span, SpanBatch, TraceKey, project_of, trace_key
 from evalsi.supervise import supervise
 from evalsi.trajectory import lone_sdk_call
 
-
-class LateSignalsConfig(ComponentConfig):
-    """How long completed traces stay at hand for feedback that arrives after them."""
-
-    window: Duration = 900.0
-    """A completed trace stays buffered this long (default 15m); feedback after it is counted as unmatched."""
-    max_traces: int = Field(default=5_000, ge=0)
-    """Buffered traces at most; past it the oldest leaves early. 0 turns the late path off. A buffered trace costs
-    about 3-4 KB per span of the fixture captures, more with long messages (benchmarks/late_signals.py)."""
-    negative_below: float = 0.5
-    """A numeric feedback value below this is `feedback.negative`, at or above it `feedback.positive`."""
-
-
-class DuplicateCallsConfig(ComponentConfig):
-    """A model call a vendor SDK and an instrumentation both record, in two traces (no span of the app around the
-    call: docs/conventions.md, "Duplicate model calls"): both wait here for each other, to be evaluated as one."""
-
-    wait: Duration = 2.0
-    """How long a vendor SDK's lone call (one span, a trace of its own), or a trace whose root is an instrumentation's
-    call to a provider whose SDK records its own spans (Anthropic), waits for its twin before it is evaluated alone.
-    A pair is evaluated as soon as both are here; every other trace never waits. 0 evaluates each trace at once,
-    alone: a call recorded in two traces then counts twice."""
-    max_traces: int = Field(default=10_000, gt=0)
-    """Traces waiting for a twin at most; past it the oldest is evaluated alone at once."""
-
-
 # traces (or feedback items) the engine thread takes per hand-off from the event loop
 ENGINE_CHUNK = 256
 TWINS_TICK_S = 0.1  # how often traces whose twin did not come in `duplicate_calls.wait` go to evaluation
-
-
-class EvaluateConfig(ComponentConfig):
-    policies: list[str] = Field(default_factory=list)
-    """Globs of OnlineEvalPolicy files, relative to the config file's directory (the working directory when
-    there is no file)."""
-    project: str = "default"
-    datasets_dir: str = ".evalsi/datasets"
-    """Where `promote` appends its JSONL datasets."""
-    queue_size: int = Field(default=1_000, gt=0)
-    """Completed traces waiting for (or in) evaluation at most; past it, `overload` says what happens. Under load it
-    bounds score freshness: traces waiting / traces evaluated per second."""
-    overload: Literal["backpressure", "shed"] = "backpressure"
-    """With `queue_size` traces waiting: `backpressure` refuses more (tail sampling keeps them, and past its own
-    limits the receivers answer 429/503 with Retry-After), `shed` leaves the trace out of evaluation, counted in
-    `evalsi_evaluate_traces_shed_total` and in each policy's window (`shed`), so its intervals say what they miss."""
-    late_signals: LateSignalsConfig = Field(default_factory=LateSignalsConfig)
-    """The buffer of recent traces for policies that read `feedback` (only those policies' selected traces)."""
-    duplicate_calls: DuplicateCallsConfig = Field(default_factory=DuplicateCallsConfig)
-    """Traces that may record a call another trace records too wait briefly for each other."""
-
-    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
-
-    @model_validator(mode="after")
-    def _policies_load(self, info: ValidationInfo) -> EvaluateConfig:
-        base_dir = (info.context or {}).get("base_dir")
-        if base_dir is not None:
-            self._base_dir = Path(base_dir)
-        # `evalsi validate` checks policy files too: CEL compiles, refs exist, params are valid
-        _load(self)
-        return self
-
-
-def _load(config: EvaluateConfig, judges: Judges | None = None) -> PolicySet:
-    try:
-        return load_policies(config.policies, config._base_dir, datasets_dir=Path(config.datasets_dir), judges=judges)
-    except PolicyError as e:
-        raise ValueError(str(e)) from None
 
 
 WorkUnit = Literal["trace", "session", "feedback"]
@@ -131,40 +60,6 @@ class _Recent:
     expires: float  # monotonic
 
 
-EVALUATION_EVENT = "gen_ai.evaluation.result"
-
-
-def score_from_event(record: LogRecord) -> Score | None:
-    """A `gen_ai.evaluation.result` log record (GenAI semantic conventions) as an external score."""
-    a = record.attributes
-    name = a.get("gen_ai.evaluation.name")
-    if record.event_name != EVALUATION_EVENT or not isinstance(name, str) or not name or not record.trace_id:
-        return None
-    value = a.get("gen_ai.evaluation.score.value")
-    label = a.get("gen_ai.evaluation.score.label")
-    explanation = a.get("gen_ai.evaluation.explanation")
-    error = a.get("error.type")
-    score = Score(
-        name,
-        value=float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None,
-        passed=value if isinstance(value, bool) else None,
-        label=label if isinstance(label, str) else None,
-        explanation=explanation if isinstance(explanation, str) else None,
-        outcome="error" if error else "scored",
-        reason=str(error) if error else None,
-        trace_id=record.trace_id,
-        span_id=record.span_id,
-        policy=str(a.get("evalsi.policy") or "external"),
-        evaluator=str(a.get("evalsi.evaluator") or record.scope_name or "external"),
-        source="external",
-        timestamp_unix_nano=record.timestamp or time.time_ns(),
-    )
-    response_id = a.get("gen_ai.response.id")
-    if response_id:
-        score.metadata["gen_ai.response.id"] = response_id
-    return score
-
-
 @processor("evaluate", config=EvaluateConfig, signals=("traces", "logs", "scores"), needs=BatchKind.TRACE, meets=True)
 class Evaluate:
     """Spans go on at once; whole traces queue for evaluation on one worker thread (the policy engine keeps
@@ -189,7 +84,7 @@ class Evaluate:
         self.collector = settings.collector
         self.judges = Judges(settings.metrics, ledger=self.worker.ledger if self.worker is not None else None)
         """The judge runtime of this processor's policies: verdict cache, budget spend, HTTP clients, metrics."""
-        self.policies = _load(config, self.judges)
+        self.policies = load_policy_set(config, self.judges)
         self.policies.negative_below = config.late_signals.negative_below
         if self.worker is not None:
             self.policies.record_windows()  # the collector process's windows aggregate every worker's
@@ -315,7 +210,7 @@ class Evaluate:
             config = config.model_copy(update={"policies": policies})
             config._base_dir = base_dir if base_dir is not None else self.config._base_dir
         try:
-            fresh = await asyncio.get_running_loop().run_in_executor(None, _load, config, self.judges)
+            fresh = await asyncio.get_running_loop().run_in_executor(None, load_policy_set, config, self.judges)
         except ValueError:
             self._reloads.labels(self.settings.id, "failed").inc()
             raise

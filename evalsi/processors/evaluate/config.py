@@ -1,0 +1,79 @@
+"""The `evaluate` processor's configuration: the policy files, the evaluation queue's bound and overload mode, the
+late-feedback buffer and the wait for duplicate model calls; and loading the policy set the config names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
+
+from evalsi.component import ComponentConfig
+from evalsi.duration import Duration
+from evalsi.evaluators.judge_client import Judges
+from evalsi.policies import PolicyError, PolicySet, load_policies
+
+
+class LateSignalsConfig(ComponentConfig):
+    """How long completed traces stay at hand for feedback that arrives after them."""
+
+    window: Duration = 900.0
+    """A completed trace stays buffered this long (default 15m); feedback after it is counted as unmatched."""
+    max_traces: int = Field(default=5_000, ge=0)
+    """Buffered traces at most; past it the oldest leaves early. 0 turns the late path off. A buffered trace costs
+    about 3-4 KB per span of the fixture captures, more with long messages (benchmarks/late_signals.py)."""
+    negative_below: float = 0.5
+    """A numeric feedback value below this is `feedback.negative`, at or above it `feedback.positive`."""
+
+
+class DuplicateCallsConfig(ComponentConfig):
+    """A model call a vendor SDK and an instrumentation both record, in two traces (no span of the app around the
+    call: docs/conventions.md, "Duplicate model calls"): both wait here for each other, to be evaluated as one."""
+
+    wait: Duration = 2.0
+    """How long a vendor SDK's lone call (one span, a trace of its own), or a trace whose root is an instrumentation's
+    call to a provider whose SDK records its own spans (Anthropic), waits for its twin before it is evaluated alone.
+    A pair is evaluated as soon as both are here; every other trace never waits. 0 evaluates each trace at once,
+    alone: a call recorded in two traces then counts twice."""
+    max_traces: int = Field(default=10_000, gt=0)
+    """Traces waiting for a twin at most; past it the oldest is evaluated alone at once."""
+
+
+class EvaluateConfig(ComponentConfig):
+    policies: list[str] = Field(default_factory=list)
+    """Globs of OnlineEvalPolicy files, relative to the config file's directory (the working directory when
+    there is no file)."""
+    project: str = "default"
+    datasets_dir: str = ".evalsi/datasets"
+    """Where `promote` appends its JSONL datasets."""
+    queue_size: int = Field(default=1_000, gt=0)
+    """Completed traces waiting for (or in) evaluation at most; past it, `overload` says what happens. Under load it
+    bounds score freshness: traces waiting / traces evaluated per second."""
+    overload: Literal["backpressure", "shed"] = "backpressure"
+    """With `queue_size` traces waiting: `backpressure` refuses more (tail sampling keeps them, and past its own
+    limits the receivers answer 429/503 with Retry-After), `shed` leaves the trace out of evaluation, counted in
+    `evalsi_evaluate_traces_shed_total` and in each policy's window (`shed`), so its intervals say what they miss."""
+    late_signals: LateSignalsConfig = Field(default_factory=LateSignalsConfig)
+    """The buffer of recent traces for policies that read `feedback` (only those policies' selected traces)."""
+    duplicate_calls: DuplicateCallsConfig = Field(default_factory=DuplicateCallsConfig)
+    """Traces that may record a call another trace records too wait briefly for each other."""
+
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+
+    @model_validator(mode="after")
+    def _policies_load(self, info: ValidationInfo) -> EvaluateConfig:
+        base_dir = (info.context or {}).get("base_dir")
+        if base_dir is not None:
+            self._base_dir = Path(base_dir)
+        # `evalsi validate` checks policy files too: CEL compiles, refs exist, params are valid
+        load_policy_set(self)
+        return self
+
+
+def load_policy_set(config: EvaluateConfig, judges: Judges | None = None) -> PolicySet:
+    """The policies `config` names, with `judges` as their judge runtime; a file that fails raises `ValueError`
+    naming it."""
+    try:
+        return load_policies(config.policies, config._base_dir, datasets_dir=Path(config.datasets_dir), judges=judges)
+    except PolicyError as e:
+        raise ValueError(str(e)) from None
