@@ -28,7 +28,7 @@ FIXTURES = ROOT / "tests" / "fixtures"
 
 import evalsi.processors  # noqa: E402,F401  (before evalsi.policies: the import cycle note in collector/score_api)
 from evalsi.component import Next, Settings  # noqa: E402
-from evalsi.processors.evaluate import Evaluate, EvaluateConfig, _Work  # noqa: E402
+from evalsi.processors.evaluate import Evaluate, EvaluateConfig, Work  # noqa: E402
 from evalsi.processors.normalize.files import normalize_files  # noqa: E402
 from evalsi.score import Score  # noqa: E402
 from evalsi.span import Span  # noqa: E402
@@ -83,7 +83,7 @@ def held_bytes(spans: list[Span], n: int, rate: float, always: str) -> tuple[flo
         base = tracemalloc.get_traced_memory()[0]
         traces = copies(spans, n)
         for trace in traces:
-            proc._evaluate(_Work("trace", trace, time.monotonic()))
+            proc.queue.evaluate(Work("trace", trace, time.monotonic()))
         del traces, trace
         gc.collect()
         held = tracemalloc.get_traced_memory()[0] - base
@@ -99,7 +99,7 @@ def late_path_rate(proc: Evaluate, n: int) -> float:
     ]
     t0 = time.process_time()
     for s in feedback:
-        proc._evaluate(_Work("feedback", [], time.monotonic(), [s]))
+        proc.queue.evaluate(Work("feedback", [], time.monotonic(), [s]))
     return n / (time.process_time() - t0)
 
 
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         spans = fixture(folder, scenario)
         plain, _ = held_bytes(spans, args.traces, 0.0, "trace.error")
         sampled_out, proc = held_bytes(spans, args.traces, 0.0, "feedback.negative")
-        buffered = len(proc._recent)
+        buffered = len(proc.late.recent)
         late = late_path_rate(proc, min(args.traces, buffered))
         evaluated, _ = held_bytes(spans, args.traces, 1.0, "feedback.negative")
         rows.append(

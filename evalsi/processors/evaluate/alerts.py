@@ -1,0 +1,98 @@
+"""Alerts sending: the alert events the policies' windows raise go to the log, the metrics, the notifier (webhooks)
+and the store. With pipeline workers only the collector process's instance sends (a worker's windows only record).
+Its metrics: `evalsi_alerts_fired`, `evalsi_alert_firing`, `evalsi_alerts_unrecorded`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from evalsi.component import Settings
+from evalsi.policies import AlertEvent, AlertRecorder, Notifier, PolicySet
+
+
+class Alerts:
+    """Sends the fired and resolved alerts of a policy set, on the engine thread; the store writes go through a
+    background recorder, so evaluation never waits for the store."""
+
+    def __init__(self, settings: Settings, project: str) -> None:
+        self.settings = settings
+        self.project = project
+        """The project the alerts are recorded under."""
+        self._notifier: Notifier | None = None
+        self._recorder: AlertRecorder | None = None
+        self._no_store_said = False
+        m = settings.metrics
+        self._fired = m.counter(
+            "evalsi_alerts_fired",
+            "Policy alerts fired (once per window that breaks the alert's condition, whatever the worker count).",
+            ["processor", "policy", "alert"],
+        )
+        self._firing = m.gauge(
+            "evalsi_alert_firing",
+            "1 while a policy alert fires (from its firing until a window closes without its condition holding), "
+            "then 0.",
+            ["processor", "policy", "alert"],
+        )
+        self._unrecorded = m.counter(
+            "evalsi_alerts_unrecorded",
+            "Alert events (fired or resolved) not written to the store: `store_error`, `no_store` (no store exporter "
+            "in the scores pipeline), `queue_full`.",
+            ["processor", "reason"],
+        )
+
+    def start(self, record: bool) -> None:
+        """Open the notifier, and the store recorder when `record` (in the process where alerts fire)."""
+        self._notifier = Notifier()
+        if record:
+            self._recorder = AlertRecorder(self._record, lost=self._lost)
+
+    def send(self, policies: PolicySet) -> None:
+        """The alerts `policies` fired or resolved since the last call, in time order: an alert that resolved as its
+        window closed may fire again in the next one."""
+        events = sorted(policies.drain_alerts() + policies.drain_resolved(), key=lambda e: e.fired_at)
+        sid = self.settings.id
+        for event in events:
+            if event.state == "resolved":
+                self.settings.logger.info("alert resolved", extra={"policy": event.policy, "alert": event.alert})
+                self._firing.labels(sid, event.policy, event.alert).set(0)
+                continue
+            self.settings.logger.warning(
+                "alert fired", extra={"policy": event.policy, "alert": event.alert, "notify": bool(event.notify)}
+            )
+            self._fired.labels(sid, event.policy, event.alert).inc()
+            self._firing.labels(sid, event.policy, event.alert).set(1)
+            if self._notifier is not None:
+                self._notifier.send(event)
+        if events and self._recorder is not None:
+            self._recorder.record(events)
+
+    def _store(self) -> Any:
+        """Where alerts are recorded: the store of the service this instance runs in (the collector process, where
+        alerts fire with pipeline workers too); None when the config has no store."""
+        host = self.settings.host
+        return host.store if host is not None else None
+
+    def _record(self, events: list[AlertEvent]) -> None:
+        """On the recorder's thread: the events into the store (raises the store's error)."""
+        store = self._store()
+        if store is None:
+            self._lost("no_store", len(events))
+            if not self._no_store_said:
+                self._no_store_said = True
+                self.settings.logger.warning(
+                    "evaluate: alerts are not recorded: no store exporter (clickhouse) in the scores pipeline "
+                    "(add `scores: {exporters: [clickhouse]}`); they are still logged and counted"
+                )
+            return
+        store.write_alerts(events, project=self.project)
+
+    def _lost(self, reason: str, n: int) -> None:
+        self._unrecorded.labels(self.settings.id, reason).inc(n)
+
+    async def close(self) -> None:
+        """Close the notifier and the recorder (what is queued still goes out)."""
+        if self._notifier is not None:
+            await asyncio.to_thread(self._notifier.close)
+        if self._recorder is not None:
+            await asyncio.to_thread(self._recorder.close)
