@@ -14,6 +14,8 @@ import yaml
 from typer.testing import CliRunner
 
 from evalsi import cli
+from evalsi.cli import traces
+from evalsi.cli.source import Source
 from evalsi.collector.config import parse_config
 from evalsi.collector.service import Service, StartError
 
@@ -30,8 +32,8 @@ def trace_row(trace_id: str, tokens_in: int | None, tokens_out: int | None) -> d
 
 def test_traces_list_prints_a_dash_for_a_trace_without_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     rows = [trace_row("a" * 32, 0, 0), trace_row("b" * 32, None, None), trace_row("c" * 32, 120, 35)]
-    monkeypatch.setattr(cli, "_reader", lambda config, api, *a, **k: cli.Source(None, "a test store"))  # type: ignore[arg-type]
-    monkeypatch.setattr(cli, "_read", lambda reader, fn, *a, **k: {"traces": rows})
+    monkeypatch.setattr(traces, "open_source", lambda config, api, *a, **k: Source(None, "a test store"))  # type: ignore[arg-type]
+    monkeypatch.setattr(traces, "read", lambda reader, fn, *a, **k: {"traces": rows})
     res = runner.invoke(cli.app, ["traces", "list"])
     assert res.exit_code == 0, res.output
     lines = {line.split()[0]: line for line in res.output.splitlines() if line.strip()}
