@@ -58,6 +58,12 @@ def traces(res: subprocess.CompletedProcess[str]) -> list[str]:
     return [t["trace_id"] for t in json.loads(res.stdout)]
 
 
+SERVING = "serving the store"
+STORE_KEY = "exporters.clickhouse"
+"""A config whose embedded store an `evalsi serve` holds is read through that collector, found by the store the
+config names (the serve's record beside it), and the message says so."""
+
+
 def local(tmp_path: Path, config: Path) -> Path:
     """A working directory holding `./evalsi.yaml` = `config`."""
     (tmp_path / "evalsi.yaml").write_text(config.read_text())
@@ -70,9 +76,9 @@ def test_a_local_evalsi_yaml_is_read_without_c(collectors: dict[str, Any], tmp_p
     res = evalsi("scores", "list", cwd=cwd)
     assert res.returncode == 0, res.stderr
     b = collectors["b"].api
-    assert res.stdout.strip() == f"no scores yet in the collector at {b} (from ./evalsi.yaml: service.api.endpoint)"
+    assert res.stdout.strip() == f"no scores yet in the collector at {b} {SERVING} (from ./evalsi.yaml: {STORE_KEY})"
     res = evalsi("traces", "list", cwd=cwd)
-    assert res.stdout.strip() == f"no traces yet in the collector at {b} (from ./evalsi.yaml: service.api.endpoint)"
+    assert res.stdout.strip() == f"no traces yet in the collector at {b} {SERVING} (from ./evalsi.yaml: {STORE_KEY})"
     # and with A's config there, A's trace is what is read
     assert traces(evalsi("traces", "list", "--json", cwd=local(tmp_path, collectors["a_config"]))) == [
         collectors["trace_id"]
@@ -87,8 +93,8 @@ def test_evalsi_config_beats_the_local_file(collectors: dict[str, Any], tmp_path
     cwd = local(tmp_path, collectors["a_config"])
     res = evalsi("traces", "list", cwd=cwd, config_env=collectors["b_config"])
     assert res.returncode == 0, res.stderr
-    expected = f"no traces yet in the collector at {collectors['b'].api} (from EVALSI_CONFIG={collectors['b_config']}"
-    assert res.stdout.startswith(expected + ": service.api.endpoint)"), res.stdout
+    expected = f"no traces yet in the collector at {collectors['b'].api} {SERVING} (from EVALSI_CONFIG="
+    assert res.stdout.startswith(expected + f"{collectors['b_config']}: {STORE_KEY})"), res.stdout
 
 
 def test_c_beats_evalsi_config_and_the_local_file(collectors: dict[str, Any], tmp_path: Path) -> None:
@@ -97,7 +103,7 @@ def test_c_beats_evalsi_config_and_the_local_file(collectors: dict[str, Any], tm
     res = evalsi("traces", "list", "-c", b_config, cwd=cwd, config_env=collectors["a_config"])
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == (
-        f"no traces yet in the collector at {collectors['b'].api} (from -c {b_config}: service.api.endpoint)"
+        f"no traces yet in the collector at {collectors['b'].api} {SERVING} (from -c {b_config}: {STORE_KEY})"
     )
     res = evalsi(
         "traces", "list", "--json", "-c", str(collectors["a_config"]), cwd=cwd, config_env=collectors["b_config"]
@@ -133,8 +139,8 @@ def test_a_missing_trace_names_the_collector_and_the_source(collectors: dict[str
     res = evalsi("traces", "show", collectors["trace_id"], cwd=cwd)
     assert res.returncode == 1
     assert (
-        f"trace {collectors['trace_id']} not found in the collector at {collectors['b'].api} "
-        "(from ./evalsi.yaml: service.api.endpoint)"
+        f"trace {collectors['trace_id']} not found in the collector at {collectors['b'].api} {SERVING} "
+        f"(from ./evalsi.yaml: {STORE_KEY})"
     ) in " ".join(res.stderr.split())
     shown = evalsi("traces", "show", collectors["trace_id"], "--json", cwd=local(tmp_path, collectors["a_config"]))
     assert shown.returncode == 0 and json.loads(shown.stdout)["spans"], shown.stderr
