@@ -213,14 +213,12 @@ class Factory:
     """Set for an exporter type that owns a store: its row encoder for workers and its reader for the CLI."""
     decode: Decoder | None = None
     """Set for a receiver whose requests can go to pipeline workers still encoded: how a worker decodes them."""
-    single_process: str | None = None
-    """Why a processor of this type cannot run in pipeline workers (`service.workers` > 1), or None when it can."""
     needs: BatchKind | None = None
     """The span batches a processor acts on (others pass through): a processor that hands them on must precede it."""
     makes: tuple[BatchKind, ...] = ()
+    """The span batches a processor hands on beyond what it takes (e.g. whole traces from spans)."""
     first: str | None = None
     """Set for a processor that must be listed first in its pipelines: why (config validation quotes it)."""
-    """The span batches a processor hands on beyond what it takes (e.g. whole traces from spans)."""
     meets: bool = False
     """With pipeline workers, a processor whose worker instances meet in the collector process: it has an instance
     there too (`Settings.collector`), which combines what every worker's instance hands it (`Settings.worker`)."""
@@ -261,21 +259,18 @@ def processor(
     *,
     config: type[ComponentConfig],
     signals: tuple[Signal, ...] = ("traces",),
-    single_process: str | None = None,
     needs: BatchKind | None = None,
     makes: tuple[BatchKind, ...] = (),
     meets: bool = False,
     first: str | None = None,
 ) -> Callable[[T], T]:
     """Register a processor: `cls(config, settings, next: Next)`. It is a Consumer (and a LogConsumer when it
-    takes logs); one instance serves every pipeline that lists its id. `single_process` says why it cannot run
-    in pipeline workers, if it cannot. `needs` is the kind of span batch it acts on (it passes the others on), and
-    `makes` the kinds it hands on beyond what it takes: config validation checks that what a processor needs is made
-    before it in its traces pipeline. `meets`: with workers, it has an instance in the collector process too.
-    `first`: it must be listed first in a pipeline, and why."""
+    takes logs); one instance serves every pipeline that lists its id. `needs` is the kind of span batch it acts on
+    (it passes the others on), and `makes` the kinds it hands on beyond what it takes: config validation checks that
+    what a processor needs is made before it in its traces pipeline. `meets`: with workers, it has an instance in the
+    collector process too. `first`: it must be listed first in a pipeline, and why."""
     return _register(
-        "processor", type_name, config, signals, single_process=single_process, needs=needs, makes=makes, meets=meets,
-        first=first,
+        "processor", type_name, config, signals, needs=needs, makes=makes, meets=meets, first=first,
     )  # fmt: skip
 
 

@@ -384,13 +384,6 @@ def _worker_errors(service: ServiceConfig) -> list[str]:
     problems = []
     stores: set[str] = set()
     for name, pipe in service.pipelines.items():
-        for i, pid in enumerate(pipe.processors):
-            factory = REGISTRY.get(("processor", type_of(pid)))
-            if factory is not None and factory.single_process:
-                problems.append(
-                    f"service.pipelines.{name}.processors.{i}: processor {pid!r} cannot run with service.workers > 1 "
-                    f"yet ({factory.single_process}); set service.workers: 1"
-                )
         for i, rid in enumerate(pipe.receivers):
             factory = REGISTRY.get(("receiver", type_of(rid)))
             if factory is not None and factory.decode is None and type_of(name) != "scores":
