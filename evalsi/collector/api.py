@@ -17,8 +17,9 @@ from fastapi.responses import JSONResponse
 from starlette.routing import Match
 
 from evalsi.auth import PRINCIPAL_SCOPE_KEY, Authenticator
+from evalsi.capabilities import BodyAdmitter
 from evalsi.collector import query, run_api, score_api
-from evalsi.collector.body_limit import BodyLimit, MemoryGuard, Scope, limit_bodies
+from evalsi.collector.body_limit import BodyLimit, Scope, limit_bodies
 from evalsi.collector.config import ApiConfig
 from evalsi.component import Refused, ScoreConsumer
 from evalsi.duration import parse_duration
@@ -42,7 +43,7 @@ def build_api(
     judges: Judges | None = None,
     auth: Authenticator | None = None,
     config: ApiConfig | None = None,
-    memory: Sequence[MemoryGuard] = (),
+    memory: Sequence[BodyAdmitter] = (),
 ) -> FastAPI:
     """`config` sets the body limits of every route; `memory` (the memory_limiters) may refuse a request's body before
     it is read (see `body_limit`). `judges` is the service's judge runtime, which `/v1/evaluate` runs judge-based

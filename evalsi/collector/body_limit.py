@@ -6,7 +6,7 @@ read; a body without one (chunked) is read until it passes the limit, then refus
 its limit. A body within it is read here, whole, and handed to the route as it came.
 
 A request that takes a body (POST, PUT, PATCH, or any that carries one) first asks each memory_limiter
-(`MemoryGuard`) whether its body may be read: refused with 503 and `Retry-After` while memory is above the soft
+(`BodyAdmitter`) whether its body may be read: refused with 503 and `Retry-After` while memory is above the soft
 limit, or while the body would take it past the hard limit. What a guard admitted counts until the answer is sent.
 """
 
@@ -17,8 +17,9 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from evalsi.capabilities import BodyAdmitter
 from evalsi.component import Refused
 
 logger = logging.getLogger("evalsi.api")
@@ -41,28 +42,16 @@ class BodyLimit:
     """The config key that sets it, which a refusal names."""
 
 
-class MemoryGuard(Protocol):
-    """A memory_limiter, as the API asks it (`MemoryLimiter.admit_body`)."""
-
-    def admit_body(self, size: int) -> None:
-        """Raise `Refused` when `size` more bytes of a body should not be read now; else count them."""
-        ...
-
-    def release_body(self, size: int) -> None:
-        """The admitted bytes of a request whose answer is sent."""
-        ...
-
-
 class _Admitted:
     """What the guards admitted for one request, released together."""
 
-    def __init__(self, guards: Sequence[MemoryGuard]) -> None:
+    def __init__(self, guards: Sequence[BodyAdmitter]) -> None:
         self.guards = guards
         self.size = 0
 
     def admit(self, size: int) -> None:
         """Every guard admits `size` more bytes, or none does (`Refused` from the first that refuses)."""
-        done: list[MemoryGuard] = []
+        done: list[BodyAdmitter] = []
         try:
             for guard in self.guards:
                 guard.admit_body(size)
@@ -122,7 +111,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replayed
 
 
-def limit_bodies(app: Asgi, limit_of: Callable[[Scope], BodyLimit], guards: Sequence[MemoryGuard] = ()) -> Asgi:
+def limit_bodies(app: Asgi, limit_of: Callable[[Scope], BodyLimit], guards: Sequence[BodyAdmitter] = ()) -> Asgi:
     """`app` behind the body limits: `limit_of(scope)` is the limit of the route a request goes to; `guards` are
     the collector's memory_limiters."""
 

@@ -14,10 +14,28 @@ from prometheus_client import make_asgi_app
 
 from evalsi import __version__
 from evalsi.auth import Authenticator, gate
+from evalsi.capabilities import (
+    Admitter,
+    BodyAdmitter,
+    EndpointServer,
+    EvaluationHub,
+    Holder,
+    JudgeUser,
+    LossCounter,
+    PolicyReloader,
+    ReadinessReporter,
+    Replayer,
+    SessionAssembler,
+    SessionEvaluator,
+    SessionSettings,
+    Settler,
+    WorkerWatcher,
+)
 from evalsi.collector.api import OPEN_PATHS, build_api
 from evalsi.collector.config import Config, ConfigError, is_store, listeners, load_config, type_of
 from evalsi.collector.fanout import FanOut, LogFanOut, ScoreFanOut, fan
 from evalsi.collector.heap import tune_gc
+from evalsi.collector.workers.link import StoreLink
 from evalsi.collector.workers.metrics import merged_registry
 from evalsi.collector.workers.pool import WorkerPool
 from evalsi.component import REGISTRY, Kind, Next, ScoreConsumer, Settings, Signal
@@ -43,12 +61,12 @@ def _skip_unwanted_sessions(chains: list[list[Any]]) -> None:
     """A processor that assembles sessions holds none when nothing after it in any traces pipeline evaluates them
     (each session would only cost memory until it went quiet)."""
     wanted: dict[int, bool] = {}
-    assemblers: dict[int, Any] = {}
+    assemblers: dict[int, SessionAssembler] = {}
     for chain in chains:
         for i, proc in enumerate(chain):
-            if hasattr(proc, "no_session_consumers"):
+            if isinstance(proc, SessionAssembler):
                 assemblers[id(proc)] = proc
-                after = any(getattr(p, "wants_sessions", False) for p in chain[i + 1 :])
+                after = any(isinstance(p, SessionEvaluator) and p.wants_sessions for p in chain[i + 1 :])
                 wanted[id(proc)] = wanted.get(id(proc), False) or after
     for key, proc in assemblers.items():
         if not wanted[key]:
@@ -58,13 +76,12 @@ def _skip_unwanted_sessions(chains: list[list[Any]]) -> None:
 def _meet_sessions(hub: Any, config: Config, upstream: list[str]) -> None:
     """Sessions assembled where the workers' traces meet, with the session settings of the tail_sampling before
     the processor in its pipeline (when the processor evaluates sessions)."""
-    meet = getattr(hub, "meet_sessions", None)
-    if meet is None:
+    if not isinstance(hub, EvaluationHub):
         return
     for pid in reversed(upstream):
         cfg = config.component("processor", pid)
-        if all(hasattr(cfg, k) for k in ("session_timeout", "max_sessions", "max_session_spans")):
-            meet(cfg.session_timeout, cfg.max_sessions, cfg.max_session_spans)
+        if isinstance(cfg, SessionSettings):
+            hub.meet_sessions(cfg.session_timeout, cfg.max_sessions, cfg.max_session_spans)
             return
 
 
@@ -91,7 +108,7 @@ class _Admitted:
     its pipelines (memory_limiter) here, in the collector process, before the pool hands it to the workers; those
     pipelines run past the hand-off, where a refusal could no longer reach the sender."""
 
-    def __init__(self, pool: WorkerPool, admitting: dict[str, list[Any]]) -> None:
+    def __init__(self, pool: WorkerPool, admitting: dict[str, list[Admitter]]) -> None:
         self.pool = pool
         self.admitting = admitting  # by signal
         self.shards = pool.shards
@@ -120,7 +137,7 @@ class Service:
     worker builds its own `Service` with `worker_store` standing in for the store exporter (see workers.py).
     """
 
-    def __init__(self, config: Config, *, worker_store: Any = None, role: str = "serve") -> None:
+    def __init__(self, config: Config, *, worker_store: StoreLink | None = None, role: str = "serve") -> None:
         self.config = config
         self.role = role  # `serve`, or `run` for the collector an offline run starts in its own process
         self.metrics = SelfMetrics()
@@ -159,7 +176,7 @@ class Service:
         return consumer
 
     def _settings(self, kind: Kind, cid: str) -> Settings:
-        worker = getattr(self.worker_store, "peers", None) if self.worker_store is not None else None
+        worker = self.worker_store.peers if self.worker_store is not None else None
         in_workers = self.config.service.workers > 1 and self.worker_store is None
         return Settings(
             id=cid, metrics=self.metrics, logger=logging.getLogger(f"evalsi.{kind}.{cid}"), worker=worker,
@@ -251,9 +268,9 @@ class Service:
                     nxt.scores = self.scores
         for rid, by_signal in receiver_heads.items():
             nxt = self._next()
-            for data, heads in by_signal.items():
-                setattr(nxt, data, self._fan(data, heads))
-            self.heads[rid] = {data: getattr(nxt, data) for data in by_signal}
+            self.heads[rid] = {data: self._fan(data, heads) for data, heads in by_signal.items()}
+            for data, head in self.heads[rid].items():
+                setattr(nxt, data, head)
             if self.worker_store is None:
                 self.receivers[rid] = self._create("receiver", rid, nxt)
         if self.config.service.workers > 1 and self.worker_store is None:
@@ -261,22 +278,21 @@ class Service:
 
     def _build_receivers_for_workers(self) -> None:
         """The receivers hand requests still encoded to the pool, which shards them over the worker processes."""
-        self.pool = WorkerPool(self.config, self.store_exporter, self.metrics, pipeline=type(self), hubs=self.hubs)
-        for hub in self.hubs.values():  # one judge budget for the workers and the sessions evaluated here
-            judges = getattr(hub, "judges", None)
-            if judges is not None:
-                judges.ledger = self.pool.ledger
-        for hub in self.hubs.values():  # the memory of the workers counts with this process's
-            if hasattr(hub, "watch"):
+        evaluating = {pid: hub for pid, hub in self.hubs.items() if isinstance(hub, EvaluationHub)}
+        self.pool = WorkerPool(self.config, self.store_exporter, self.metrics, pipeline=type(self), hubs=evaluating)
+        for hub in self.hubs.values():
+            if isinstance(hub, JudgeUser):  # one judge budget for the workers and the sessions evaluated here
+                hub.judges.ledger = self.pool.ledger
+            if isinstance(hub, WorkerWatcher):  # the memory of the workers counts with this process's
                 hub.watch(self.pool)
         pipelines = self.config.service.pipelines
         for rid in dict.fromkeys(r for n, p in pipelines.items() if type_of(n) != "scores" for r in p.receivers):
             nxt = self._next()
-            admitting: dict[str, list[Any]] = {}
+            admitting: dict[str, list[Admitter]] = {}
             for name, pipe in pipelines.items():
                 if rid in pipe.receivers:
                     head = self.hubs.get(pipe.processors[0]) if pipe.processors else None
-                    if hasattr(head, "admit"):
+                    if isinstance(head, Admitter):
                         admitting.setdefault(type_of(name), []).append(head)
             consumer = _Admitted(self.pool, admitting) if admitting else self.pool
             for name, pipe in pipelines.items():
@@ -302,17 +318,21 @@ class Service:
             "pid": os.getpid(),
             "workers": self.pool.pids if self.pool else [],
             "workers_chosen": self.config.workers_note or None,
-            "receivers": {rid: getattr(r, "endpoints", {}) for rid, r in self.receivers.items()},
+            "receivers": self._endpoints(),
             "api": self.api.endpoint if self.api else None,
             "metrics": self.telemetry.endpoint if self.telemetry else None,
             "store": self.store.description if self.store else None,
         }
 
+    def _endpoints(self) -> dict[str, dict[str, str]]:
+        """Where each receiver listens, by protocol (empty for one that does not listen)."""
+        return {rid: r.endpoints if isinstance(r, EndpointServer) else {} for rid, r in self.receivers.items()}
+
     def not_ready(self) -> list[str]:
         """Why components cannot take data now, each saying which (empty when all can)."""
         reasons = ["the collector is shutting down: send elsewhere or retry later"] if self._stopping else []
         for eid, exp in self.exporters.items():
-            why = exp.not_ready() if hasattr(exp, "not_ready") else None
+            why = exp.not_ready() if isinstance(exp, ReadinessReporter) else None
             if why:
                 reasons.append(f"exporters.{eid}: {why}")
         return reasons
@@ -322,7 +342,9 @@ class Service:
         """What exporters were handed (acknowledged to senders) but could not write before they stopped, by kind."""
         lost: dict[str, int] = {}
         for exp in [*self.exporters.values(), self.pool]:
-            for kind, n in getattr(exp, "unstored", {}).items():
+            if not isinstance(exp, LossCounter):
+                continue
+            for kind, n in exp.unstored.items():
                 lost[kind] = lost.get(kind, 0) + n
         fanned = sum(f.lost for f in self._fans)
         if fanned:
@@ -333,7 +355,7 @@ class Service:
         """When the oldest span or log record that a component of this process (or a worker) holds, not yet stored,
         reached a receiver; None when nothing is held. The write-ahead log deletes what came before."""
         holders = [c for _, c in self.processors] + list(self.exporters.values()) + list(self._fans)
-        found = earliest(c.held_since() for c in holders if hasattr(c, "held_since"))
+        found = earliest(c.held_since() for c in holders if isinstance(c, Holder))
         in_flight = self.in_flight.held_since() if self.in_flight is not None else None
         pool = self.pool.held_since() if self.pool is not None else None
         return earliest((found, in_flight, pool))
@@ -350,7 +372,7 @@ class Service:
         for path in segments:
             for record in self.wal.records(path):
                 receiver = self.receivers.get(record.receiver)
-                if receiver is None or not hasattr(receiver, "replay"):
+                if not isinstance(receiver, Replayer):
                     log.error(
                         "write-ahead log: a request for a receiver no longer configured is left out",
                         extra={"receiver": record.receiver},
@@ -406,7 +428,7 @@ class Service:
         now); a file that fails keeps the policies in use, and the log says why. Pipeline workers do the same."""
         lists = self.policy_lists() if lists is None else lists
         for pid, proc in self.processors:
-            if not hasattr(proc, "reload"):
+            if not isinstance(proc, PolicyReloader):
                 continue
             policies, base_dir = lists.get(pid, (None, None))
             try:
@@ -450,7 +472,7 @@ class Service:
                 await self.telemetry.start()
             api = build_api(
                 self.store, self.status, self.scores, self.not_ready, judges=self.judges, auth=self.auth,
-                config=self.config.service.api, memory=[p for _, p in self.processors if hasattr(p, "admit_body")],
+                config=self.config.service.api, memory=[p for _, p in self.processors if isinstance(p, BodyAdmitter)],
             )  # fmt: skip
             self.api = AsgiServer(
                 gate(api, self.auth, surface="api", open_paths=OPEN_PATHS), self.config.service.api.endpoint
@@ -504,7 +526,7 @@ class Service:
                 await comp.shutdown()
         await self._drain_fans()
         # pull receivers keep their watermark once the exporters (still running) have stored what it covers
-        pulls = [c for w, c in self._started if w.startswith("receivers.") and hasattr(c, "settle")]
+        pulls = [c for w, c in self._started if w.startswith("receivers.") and isinstance(c, Settler)]
         await asyncio.gather(*(c.settle(SETTLE_TIMEOUT_S) for c in pulls))
         for where, comp in self._started:
             if where.startswith("exporters."):

@@ -16,6 +16,7 @@ from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
+from evalsi.capabilities import EvaluationHub
 from evalsi.collector.config import Config
 from evalsi.collector.workers.pipe import receive_message, send_message, widen_pipe
 from evalsi.collector.workers.worker import PipelineFactory, worker_main
@@ -67,7 +68,7 @@ class WorkerPool:
         store: StoreExporter | None,
         metrics: SelfMetrics,
         pipeline: PipelineFactory,
-        hubs: dict[str, Any] | None = None,
+        hubs: dict[str, EvaluationHub] | None = None,
     ) -> None:
         self.shards = config.service.workers
         self._config = config
@@ -89,7 +90,7 @@ class WorkerPool:
         self.unstored: dict[str, int] = {}  # accepted requests workers died holding or did not drain in time
         self.hubs = hubs if hubs is not None else {}
         """The collector process's side of each processor that runs in the workers and meets here (`evaluate`):
-        it takes the workers' evaluated scores and session traces, by processor id."""
+        it takes the workers' evaluated scores, session traces and possible duplicate calls, by processor id."""
         self.lost_since: float | None = None
         """With a write-ahead log: when the oldest item a dead worker held reached a receiver (kept in the log)."""
         self.ledger = LocalLedger()

@@ -12,6 +12,7 @@ import signal
 import threading
 from typing import Any, Protocol
 
+from evalsi.capabilities import DuplicateCallJoiner, FeedbackTaker, GarbageCollector
 from evalsi.collector.config import Config, type_of
 from evalsi.collector.heap import tune_gc
 from evalsi.collector.logs import configure
@@ -143,13 +144,13 @@ class _WorkerRuntime:
             if msg[0] == "feedback":  # for traces this worker holds: the processor's late path
                 _, processor, scores = msg
                 target = dict(service.processors).get(processor)
-                if target is not None and hasattr(target, "take_feedback"):
+                if isinstance(target, FeedbackTaker):
                     target.take_feedback(scores)
                 continue
             if msg[0] == "arm_twins":  # a service that sends lone SDK calls, seen by some worker
                 _, processor, service_name = msg
                 target = dict(service.processors).get(processor)
-                if target is not None and hasattr(target, "arm_twins"):
+                if isinstance(target, DuplicateCallJoiner):
                     target.arm_twins(service_name)
                 continue
             if msg[0] == "reload":  # SIGHUP in the collector process: the policies again
@@ -157,7 +158,7 @@ class _WorkerRuntime:
                 continue
             if msg[0] == "collect_garbage":  # the collector's memory_limiter, above a limit
                 target = dict(service.processors).get(msg[1])
-                if target is not None and hasattr(target, "collect_garbage"):
+                if isinstance(target, GarbageCollector):
                     target.collect_garbage()
                 continue
             _, seq, signal_name, receiver, arrived, project, body = msg
