@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 import uvicorn
+from evalsi_cli import evalsi_cli
 from fastapi.testclient import TestClient
+from local_server import free_port
 from pydantic import BaseModel, TypeAdapter
 
 import evalsi
 from evalsi.collector.api import build_api
 from evalsi.duration import MAX_SECONDS, parse_duration, parse_time
-from tests.evalsi_cli import evalsi_cli
-from tests.local_server import free_port
 
 DURATIONS = {"500ms": 0.5, "5s": 5.0, "1m30s": 90.0, "2h": 7200.0, "7d": 604_800.0, "1d12h": 129_600.0}
 TIMES = ["2026-05-01", "2026-05-01T12:00:00Z"]

@@ -916,7 +916,7 @@ def test_the_deploy_config_header_commands_validate_it_as_written(tmp_path: Path
 
 
 def test_validate_says_how_to_set_an_unset_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.evalsi_cli import evalsi_cli
+    from evalsi_cli import evalsi_cli
 
     monkeypatch.delenv("EVALSI_API_KEY_HASH", raising=False)
     res = evalsi_cli("validate", "-c", str(DEPLOY / "evalsi.yaml"))
