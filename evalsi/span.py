@@ -81,9 +81,15 @@ class SessionKey(NamedTuple):
         return f"{self.project}/{self.session_id}"
 
 
+_new_key = tuple.__new__  # a NamedTuple's own constructor costs ~0.3 µs more, and this runs per span
+
+
 def trace_key(span: Any, default: str = DEFAULT_PROJECT) -> TraceKey:
-    """The key of a span's trace: its project (`default` when it has none) and trace id."""
-    return TraceKey(project_of(span, default), span.trace_id)
+    """The key of a span's trace: its project (`default` when it has none, as `project_of`) and trace id."""
+    project = span.resource_attributes.get(PROJECT_ATTRIBUTE)
+    if project.__class__ is not str or not project:
+        project = default
+    return _new_key(TraceKey, (project, span.trace_id))
 
 
 @dataclass(slots=True)

@@ -19,17 +19,17 @@ class _Held:
     sdk: Span | None  # the lone SDK call; None for an instrumentation trace
     roots: list[Span] = field(default_factory=list)  # an instrumentation trace's root llm spans
 
-    @property
-    def key(self) -> TraceKey:
-        return trace_key(self.spans[0])
+    key: TraceKey = field(init=False)
+    """The trace's project and id."""
+    origin: tuple[str, str] = field(init=False)
+    """One call's two traces come from one process: the same service of one project (a response id alone is not
+    unique enough: two services calling one deterministic fake model server see the same ids)."""
 
-    @property
-    def origin(self) -> tuple[str, str]:
-        """One call's two traces come from one process: the same service of one project (a response id alone is
-        not unique enough: two services calling one deterministic fake model server see the same ids)."""
-        return self.key.project, self.spans[0].service_name
+    def __post_init__(self) -> None:
+        self.key = trace_key(self.spans[0])
+        self.origin = (self.key.project, self.spans[0].service_name)
 
-    def keys(self) -> list[str]:
+    def response_ids(self) -> list[str]:
         spans = [self.sdk] if self.sdk is not None else self.roots
         return [s.details["response_id"] for s in spans if s.details.get("response_id")]
 
@@ -105,7 +105,7 @@ class TwinBuffer:
             out.append(self._ready(self._pop(tid)))
         self._held[tid] = item
         is_sdk = sdk is not None
-        keys = item.keys()
+        keys = item.response_ids()
         for k in keys:
             self._by_response[(is_sdk, item.origin, k)] = tid
         if not keys:
@@ -135,12 +135,12 @@ class TwinBuffer:
     def _twin_of(self, item: _Held) -> TraceKey | None:
         """The held trace of the other kind that records the same call, if any."""
         look_for = item.sdk is None  # an instrumentation trace looks for an SDK call, and the other way round
-        for k in item.keys():
+        for k in item.response_ids():
             tid = self._by_response.get((look_for, item.origin, k))
             if tid is not None and tid in self._held:
                 return tid
         # a response id on one side only (OpenInference's stream records none) or on neither (a failed call)
-        candidates = self._without_id[look_for] if item.keys() else [t for t, h in self._held.items()
+        candidates = self._without_id[look_for] if item.response_ids() else [t for t, h in self._held.items()
                                                                      if (h.sdk is not None) == look_for]  # fmt: skip
         for tid in candidates:
             held = self._held[tid]
@@ -154,7 +154,7 @@ class TwinBuffer:
     def _pop(self, tid: TraceKey) -> _Held:
         item = self._held.pop(tid)
         is_sdk = item.sdk is not None
-        for k in item.keys():
+        for k in item.response_ids():
             if self._by_response.get((is_sdk, item.origin, k)) == tid:
                 del self._by_response[(is_sdk, item.origin, k)]
         self._without_id[is_sdk].discard(tid)
