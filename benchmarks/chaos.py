@@ -11,7 +11,8 @@ came from.
 
 - a, overload: `--overload` x the collector's capacity (measured first, or `--rate`) for `--duration` seconds, the
   memory_limiter's hard limit `--headroom-mib` above the idle memory: every refusal must carry Retry-After, the memory
-  is compared with the limits, and no acknowledged span may be lost.
+  is compared with the limits, and no acknowledged span may be lost. `--store server` puts the store in a
+  ClickHouse-HTTP stand-in process, so the collector's memory is evalsi's alone (without the embedded engine's).
 - b, store outage: the store is a ClickHouse-HTTP stand-in (tests/clickhouse_http.py) in its own process; it is
   killed (SIGKILL) mid-load and started again on the same data and port `--duration` seconds later. The exporter
   queues and retries, receivers refuse with Retry-After once its queue (`--queue-size`) is full (the design says 503; a
@@ -740,16 +741,21 @@ def overload(args: argparse.Namespace, workdir: Path, tag: int) -> Outcome:
         limit = args.limit_mib
     else:
         if idle is None:  # --rate given: read the idle memory of a collector that takes nothing
-            probe = start(workdir / "idle", config(args, f"chdb://{workdir / 'idle' / 'store'}"))
+            server = stand_in(workdir / "idle" / "clickhouse") if args.store == "server" else None
+            endpoint = server.url if server is not None else f"chdb://{workdir / 'idle' / 'store'}"
+            probe = start(workdir / "idle", config(args, endpoint))
             time.sleep(2)
             idle = sum(anonymous_bytes(p) for p in [probe.proc.pid, *probe.ready.get("workers", [])]) / 2**20
             probe.stop()
+            if server is not None:
+                server.stop()
         limit = round(idle + args.headroom_mib)
     rate = args.overload * capacity
     out.figures.update({"capacity (stored spans/s)": round(capacity), "offered spans/s": round(rate),
                         "idle memory MiB": None if idle is None else round(idle), "hard limit MiB": limit})  # fmt: skip
-    store = workdir / "a" / "store"
-    c = start(workdir / "a", config(args, f"chdb://{store}", limit_mib=limit))
+    server = stand_in(workdir / "a" / "clickhouse") if args.store == "server" else None
+    store = workdir / "a" / ("clickhouse" if server is not None else "store")
+    c = start(workdir / "a", config(args, server.url if server is not None else f"chdb://{store}", limit_mib=limit))
     monitor = Monitor(c)
     monitor.start()
     senders = Senders(Requests(args, tag), c.http, args.senders, args.sender_queue)
@@ -777,6 +783,8 @@ def overload(args: argparse.Namespace, workdir: Path, tag: int) -> Outcome:
     out.figures["accepting again after the load ended (s)"] = None if accepting is None else round(accepting - ended, 1)
     out.figures["memory MiB at the end (limiter's measure)"] = round(samples[-1].anon_mb) if samples else None
     out.figures["peak exporter queue (spans)"] = round(max((s.queue for s in samples if s.queue == s.queue), default=0))
+    if server is not None:
+        server.stop()
     read_and_account(out, senders, store)
     if out.figures["peak memory MiB (limiter's measure, sampled)"] > limit:
         out.figures["note"] = "peak above the hard limit"
@@ -1443,6 +1451,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overload", type=float, default=3.0, help="(a) the load, in multiples of the capacity")
     p.add_argument("--limit-mib", type=int, help="(a) memory_limiter limit_mib; default: idle + --headroom-mib")
     p.add_argument("--headroom-mib", type=int, default=400, help="(a) hard limit above the idle memory")
+    p.add_argument(
+        "--store", choices=["embedded", "server"], default="embedded",
+        help="(a) the embedded store (chDB in the collector) or a ClickHouse-HTTP stand-in in its own process",
+    )  # fmt: skip
     p.add_argument("--durability", choices=["wal", "memory"], default="wal", help="(c) service.durability.mode")
     p.add_argument("--steady-rate", type=float, default=2000, help="(b-g) spans/s offered (g: half each project)")
     p.add_argument("--queue-size", type=int, default=50_000, help="(b) the exporter's queue_size, spans")
