@@ -288,7 +288,8 @@ def search_traces(store: TraceQueries, params: Mapping[str, Any], project: str |
     where = params.get("where")
     if not where:
         return {"traces": _store_search(searchable.search_traces, limit=limit, project=project, **filters)}
-    from evalsi.policies.engine import TRACE_VARIABLES, Condition, TraceView
+    from evalsi.policies.conditions import TRACE_VARIABLES, Condition
+    from evalsi.policies.trace_view import TraceView
     from evalsi.span import span_from_canonical
 
     try:

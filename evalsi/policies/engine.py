@@ -10,274 +10,42 @@ Late feedback (human and external scores that arrive after a trace was evaluated
 policies whose conditions name `feedback` get a second look at the trace, with what they decided the first time
 (`PolicyDecision`) so that nothing runs or counts twice.
 
-`SCHEMA` is what the conditions' variables hold, made from the views that build them; a condition that reads a field
-they do not have is refused as it compiles (`Condition`), never at evaluation.
+The conditions (`conditions.py`) and the view of a trace they read (`trace_view.py`) live beside this module; the
+windows and alerts in `window.py`.
 """
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import math
-import re
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from evalsi import cel
 from evalsi.evaluators import Evaluator, Params, Target, run
-from evalsi.evaluators.base import FROM_SPANS
 from evalsi.evaluators.judge_client import Judges
-from evalsi.ids import SOURCE_SPAN_ID, SOURCE_TRACE_ID
-from evalsi.policies.feedback import NEGATIVE_BELOW, feedback_variable
-from evalsi.policies.intervals import percentile
+from evalsi.policies.conditions import Condition, LatencyAbove, score_summary
+from evalsi.policies.feedback import NEGATIVE_BELOW
 from evalsi.policies.notify import AlertEvent
 from evalsi.policies.promote import Datasets, record
-from evalsi.policies.window import AlertRule, PolicyWindow, WindowStats
+from evalsi.policies.trace_view import SessionView, TraceView
+from evalsi.policies.window import AlertRule, PolicyWindow, RecordingWindow, WindowRecord, WindowStats
 from evalsi.score import Score
 from evalsi.span import Span, project_of
-from evalsi.trajectory import build_trajectory, counted_once
 
-__all__ = [
-    "ALWAYS_VARIABLES", "SCHEMA", "SCORE_SHAPE", "TRACE_VARIABLES", "WHEN_VARIABLES", "Condition", "LatencyAbove",
-    "Policy", "PolicyDecision", "PolicySet", "PolicyStats", "Stage", "TraceView", "sampling_hash",
-]  # fmt: skip
-
-TRACE_VARIABLES = ("trace", "span", "resource", "session")
-"""What selectors see."""
-ALWAYS_VARIABLES = (*TRACE_VARIABLES, "feedback")
-"""What `always` conditions see: the trace and its late feedback."""
-WHEN_VARIABLES = (*ALWAYS_VARIABLES, "scores")
-"""What cascade `when` and `promote.when` see."""
-SPAN_VARIABLES = ("span",)
+__all__ = ["Policy", "PolicyDecision", "PolicySet", "PolicyStats", "Promotion", "Stage", "sampling_hash"]
 
 _SALT = b"evalsi.policy"
 _TWO_64 = 2**64
-_LATENCY_MIN_TRACES = 20
-_LATENCY_RECENT = 1000
 
 
 def sampling_hash(key: str) -> int:
     """A 64-bit hash of a trace (or session) id, the same in every process: BLAKE2b keyed apart from the
     tail sampler's FNV hash, so a policy's sample is independent of what tail sampling kept."""
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8, person=_SALT).digest(), "big")
-
-
-def _uses(source: str, variables: Iterable[str]) -> tuple[str, ...]:
-    return tuple(v for v in variables if re.search(rf"(?<![\w.]){v}\b", source))
-
-
-class Condition:
-    """A compiled CEL condition; only the variables it names are built and handed to CEL. A field its variables do
-    not have (`SCHEMA`) is refused here, at load, with a did-you-mean (`cel.FieldError`)."""
-
-    __slots__ = ("program", "source", "uses")
-
-    def __init__(self, source: str, variables: Iterable[str]) -> None:
-        variables = tuple(variables)
-        self.source = source
-        self.program = cel.compile(source, variables, SCHEMA)  # ValueError with CEL's message, or FieldError
-        self.uses = _uses(source, variables)
-
-    @property
-    def fields(self) -> frozenset[str]:
-        return self.program.fields
-
-    @property
-    def reads_feedback(self) -> bool:
-        return "feedback" in self.uses
-
-    def matches(self, view: TraceView, scores: dict[str, Any] | None = None) -> bool:
-        data = {v: (scores if scores is not None else {}) if v == "scores" else view.variable(v) for v in self.uses}
-        return self.program.matches(data)
-
-    def matches_span(self, span: Span) -> bool:
-        return self.program.matches(cel.span_activation(span, self.program.fields))
-
-    def __repr__(self) -> str:
-        return f"Condition({self.source!r})"
-
-
-class LatencyAbove:
-    """`always: [latency > p95]`: the trace took longer than the given percentile of the policy's last 1,000
-    selected traces (false until 20 have been seen)."""
-
-    __slots__ = ("_ordered", "_recent", "q", "source")
-    uses = ()
-
-    def __init__(self, source: str, q: float) -> None:
-        self.source = source
-        self.q = q
-        self._recent: deque[int] = deque()
-        self._ordered: list[int] = []
-
-    def matches(self, view: TraceView, scores: dict[str, Any] | None = None) -> bool:
-        if len(self._ordered) < _LATENCY_MIN_TRACES:
-            return False
-        threshold = percentile(self._ordered, self.q)  # type: ignore[arg-type]
-        return threshold is not None and view.duration_ns > threshold
-
-    def observe(self, duration_ns: int) -> None:
-        if len(self._recent) >= _LATENCY_RECENT:
-            old = self._recent.popleft()
-            del self._ordered[bisect.bisect_left(self._ordered, old)]
-        self._recent.append(duration_ns)
-        bisect.insort(self._ordered, duration_ns)
-
-
-class TraceView:
-    """One trace (or session) as the policies see it, each part built at most once and only when asked for."""
-
-    is_session = False
-
-    def __init__(
-        self,
-        spans: list[Span],
-        *,
-        trace_fields: frozenset[str] | None = None,
-        span_fields: frozenset[str] | None = None,
-        trajectory: dict[str, Any] | None = None,
-        trace_span_maps: bool = True,
-        trace_keys: frozenset[str] | None = None,
-        feedback: Sequence[Score] = (),
-        negative_below: float = NEGATIVE_BELOW,
-        judges: Judges | None = None,
-    ) -> None:
-        """`feedback` holds the trace's human and external scores known so far (the `feedback` variable);
-        `span_fields` limits the `span` map, `trace_fields` the maps in `trace.spans` / `trace.root` (None: every
-        canonical field); `trace_span_maps=False` leaves `trace.spans` and `trace.root` out and `trace_keys` keeps
-        only those keys of `trace` (no condition uses them, or `trace` as a whole: see `cel.Program.trace_spans`).
-        `judges` is the judge runtime the view's Targets carry."""
-        self.spans = sorted(spans, key=lambda s: s.start_time_unix_nano)
-        self.root = next((s for s in self.spans if not s.parent_span_id), self.spans[0])
-        self.trace_id = self.root.trace_id
-        self.project = project_of(self.root)
-        self._trace_fields = trace_fields
-        self._span_fields = span_fields
-        self._trace_span_maps = trace_span_maps
-        self._trace_keys = trace_keys
-        self._trajectory = trajectory
-        self._feedback = feedback
-        self._negative_below = negative_below
-        self.judges = judges
-        self._variables: dict[str, Any] = {}
-
-    @cached_property
-    def folded(self) -> set[str]:
-        """Vendor SDK spans recording a call an instrumentation span of the trace records too: the trajectory, the
-        trace's sums and span-scope evaluators count the call once, on the instrumentation's span."""
-        return counted_once(self.spans)[0]
-
-    @cached_property
-    def source_ids(self) -> dict[str, tuple[str, str]]:
-        """For traces a pull receiver imported from a tool whose ids are not OTel ids (`evalsi.source.trace_id`,
-        `evalsi.source.span_id`): span id -> the trace's and the span's ids there. Empty for every other trace."""
-        out: dict[str, tuple[str, str]] = {}
-        for s in self.spans:
-            trace = s.attributes.get(SOURCE_TRACE_ID)
-            if trace is not None:
-                out[s.span_id] = (str(trace), str(s.attributes.get(SOURCE_SPAN_ID, "")))
-        return out
-
-    @cached_property
-    def session_id(self) -> str:
-        if self.root.session_id:
-            return self.root.session_id
-        return next((s.session_id for s in self.spans if s.session_id), None) or ""
-
-    @cached_property
-    def duration_ns(self) -> int:
-        start = self.spans[0].start_time_unix_nano
-        return max(0, max(s.end_time_unix_nano for s in self.spans) - start)
-
-    @cached_property
-    def run_ids(self) -> tuple[str, int, str]:
-        """(run id, trial, task id) from harness spans' `evalsi.*` attributes; empty for production traces."""
-        for span in (self.root, *self.spans):
-            a = span.attributes
-            if "evalsi.run_id" in a:
-                try:
-                    trial = int(a.get("evalsi.trial", 0))
-                except (TypeError, ValueError):
-                    trial = 0
-                return str(a["evalsi.run_id"]), trial, str(a.get("evalsi.task_id", ""))
-        return "", 0, ""
-
-    def variable(self, name: str) -> Any:
-        value = self._variables.get(name)
-        if value is None:
-            value = self._variables[name] = getattr(self, f"_build_{name}")()
-        return value
-
-    def _build_trace(self) -> dict[str, Any]:
-        keys = self._trace_keys
-        trace = cel.trace_activation(
-            self.spans, self.trace_id, self._trace_fields, span_maps=self._trace_span_maps, keys=keys
-        )["trace"]
-        if keys is None or "error" in keys:
-            trace["error"] = any(s.status_code == "ERROR" for s in self.spans)
-        if keys is None or "steps" in keys:
-            trace["steps"] = dict(Counter(s.step_type for s in self.spans))
-        return trace
-
-    def _build_span(self) -> dict[str, Any]:
-        return cel.span_activation(self.root, self._span_fields)["span"]
-
-    def _build_resource(self) -> dict[str, Any]:
-        return self.root.resource_attributes
-
-    def _build_session(self) -> dict[str, Any]:
-        return {"id": self.session_id or None}
-
-    def _build_feedback(self) -> dict[str, Any]:
-        return feedback_variable(self._feedback, self._negative_below)
-
-    @property
-    def trajectory(self) -> dict[str, Any]:
-        if self._trajectory is None:
-            self._trajectory = build_trajectory(self.spans)
-        return self._trajectory
-
-    @cached_property
-    def context(self) -> list[str]:
-        """Retrieved documents' text, from retriever spans, for evaluators that require `context`."""
-        return [
-            d["content"]
-            for s in self.spans
-            for d in s.details.get("documents") or ()
-            if isinstance(d, dict) and isinstance(d.get("content"), str)
-        ]
-
-    @cached_property
-    def target(self) -> Target:
-        # the trajectory is built only if an evaluator reads it (Target.trajectory is lazy)
-        trajectory = self._trajectory if self._trajectory is not None else FROM_SPANS
-        return Target(self.spans, span=self.root, trajectory=trajectory, context=self.context, judges=self.judges)
-
-
-class SessionView(TraceView):
-    """A session's spans: `trace` aggregates every span of the session, `span` is its first trace's root, and
-    `session` has `id`, `trace_ids`, `trace_count`, `span_count`, `duration_ns`, `error`, `llm_calls`,
-    `tool_calls`. Its scores belong to the first trace's root span (a stable key when a session is re-evaluated)."""
-
-    is_session = True
-
-    def _build_session(self) -> dict[str, Any]:
-        trace_ids = list(dict.fromkeys(s.trace_id for s in self.spans))
-        return {
-            "id": self.session_id or None,
-            "trace_ids": trace_ids,
-            "trace_count": len(trace_ids),
-            "span_count": len(self.spans),
-            "duration_ns": self.duration_ns,
-            "error": any(s.status_code == "ERROR" for s in self.spans),
-            "llm_calls": sum(1 for s in self.spans if s.step_type == "llm" and s.span_id not in self.folded),
-            "tool_calls": sum(1 for s in self.spans if s.step_type == "tool"),
-        }
 
 
 @dataclass
@@ -331,52 +99,6 @@ def _source_ids(score: Score, view: TraceView) -> None:
 
 def _is_llm(span: Span) -> bool:
     return span.step_type == "llm"
-
-
-def _summary(scores: list[Score]) -> dict[str, Any]:
-    """What a later `when` sees of one score name: the score itself, or for several (span scope) their summary:
-    scored if any is, passed only if every scored verdict passed, the mean scored value."""
-    if len(scores) == 1:
-        s = scores[0]
-        return {"passed": s.passed, "value": s.value, "label": s.label, "outcome": s.outcome, "reason": s.reason,
-                "n": 1}  # fmt: skip
-    scored = [s for s in scores if s.outcome == "scored"]
-    if not scored:
-        first = scores[0]
-        return {"passed": None, "value": None, "label": None, "outcome": first.outcome, "reason": first.reason,
-                "n": len(scores)}  # fmt: skip
-    verdicts = [s.passed for s in scored if s.passed is not None]
-    values = [s.value for s in scored if s.value is not None]
-    return {
-        "passed": all(verdicts) if verdicts else None,
-        "value": sum(values) / len(values) if values else None,
-        "label": next((s.label for s in scored if s.label is not None), None),
-        "outcome": "scored",
-        "reason": None,
-        "n": len(scores),
-    }
-
-
-def _schema() -> dict[str, cel.Shape]:
-    """The shapes of what conditions see, from the views and summaries built over a one-span trace (so they are
-    what the code builds): `trace` (with `error` and `steps`), `session` (a trace's and a session's keys), `feedback`
-    and each `scores` entry are closed; `resource`, attribute maps, `trace.steps` and `feedback.scores` are open."""
-    span = Span("", "", "", "", "", 0, 0)
-    trace, session = TraceView([span]), SessionView([span])
-    return {
-        "trace": cel.closed("trace", trace.variable("trace"), cel.TRACE_SHAPE.fields),
-        "span": cel.SPAN_SHAPE,
-        "resource": None,
-        "session": cel.closed("session", {**trace.variable("session"), **session.variable("session")}),
-        "feedback": cel.closed("feedback", trace.variable("feedback")),
-        "scores": cel.Entries(SCORE_SHAPE),
-    }
-
-
-SCORE_SHAPE = cel.closed("a score", _summary([Score("", 0.0)]))
-"""What `scores[name]` holds in a `when` (`_summary`)."""
-SCHEMA = _schema()
-"""The shapes of the variables policy conditions (and `--where`) see, checked when a condition compiles."""
 
 
 @dataclass
@@ -538,9 +260,9 @@ class Policy:
             # names its scores unless an earlier stage already goes by it
             for name, group in by_name.items():
                 if name not in keys:
-                    seen[name] = _summary(group)
+                    seen[name] = score_summary(group)
             if produced:
-                seen[stage.key] = _summary(by_name.get(stage.key) or by_name[produced[0].name])
+                seen[stage.key] = score_summary(by_name.get(stage.key) or by_name[produced[0].name])
             keys.add(stage.key)
         return out, seen
 
@@ -632,44 +354,6 @@ class Policy:
             self.stats.promoted += 1
         else:
             self.stats.promote_duplicates += 1
-
-
-@dataclass(slots=True)
-class WindowRecord:
-    """What a pipeline worker's policy put in its window for one trace: sent to the collector process, whose windows
-    see every worker's traces (so alerts fire once, over all of them)."""
-
-    policy: str
-    trace_id: str
-    new_trace: bool
-    scores: list[Score]
-    shed: bool = False
-
-
-class RecordingWindow:
-    """Stands for a policy's window in a pipeline worker: records what would be added, aggregates nothing."""
-
-    def __init__(self, policy: str, sink: list[WindowRecord]) -> None:
-        self.policy = policy
-        self.sink = sink
-
-    def add(self, trace_id: str, scores: Iterable[Score], *, new_trace: bool = True) -> None:
-        self.sink.append(WindowRecord(self.policy, trace_id, new_trace, list(scores)))
-
-    def add_shed(self, trace_id: str) -> None:
-        self.sink.append(WindowRecord(self.policy, trace_id, False, [], shed=True))
-
-    def check(self, now: float, final: bool = False) -> list[AlertEvent]:
-        return []
-
-    def roll(self, now: float) -> tuple[list[WindowStats], list[AlertEvent]]:
-        return [], []
-
-    def take_resolved(self) -> list[AlertEvent]:
-        return []
-
-    def snapshot(self) -> list[WindowStats]:
-        return []
 
 
 class PolicySet:

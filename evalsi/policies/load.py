@@ -21,25 +21,23 @@ from evalsi.cel import ITEM, FieldError
 from evalsi.env_vars import unset_variable
 from evalsi.evaluators import Evaluator, load_evaluators
 from evalsi.evaluators.judge_client import Judges
-from evalsi.policies.engine import (
+from evalsi.policies.conditions import (
     ALWAYS_VARIABLES,
+    LATENCY,
     SPAN_VARIABLES,
     TRACE_VARIABLES,
     WHEN_VARIABLES,
+    AlertRule,
     Condition,
     LatencyAbove,
-    Policy,
-    PolicySet,
-    Promotion,
-    Stage,
+    compile_alert,
 )
+from evalsi.policies.engine import Policy, PolicySet, Promotion, Stage
 from evalsi.policies.model import OnlineEvalPolicy
 from evalsi.policies.promote import dataset_path
-from evalsi.policies.window import AlertRule, compile_alert
 
 __all__ = ["PolicyError", "load_policies", "parse_policy"]
 
-_LATENCY = re.compile(r"\s*latency\s*>\s*p(\d{1,2}(?:\.\d+)?)\s*")
 _ENV = re.compile(r"env:([A-Za-z_][A-Za-z0-9_]*)")
 _DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -96,7 +94,7 @@ def _condition(source: Any, variables: tuple[str, ...], where: str, errors: list
         return None
     try:
         return Condition(source, variables)
-    except FieldError as e:  # fields the variables do not have (`engine.SCHEMA`), scores' fields included
+    except FieldError as e:  # fields the variables do not have (`conditions.SCHEMA`), scores' fields included
         errors.extend(f"{where}: {problem}" for problem in e.problems)
         return None
     except ValueError as e:
@@ -252,7 +250,7 @@ def parse_policy(
     selector = _condition(spec.get("selector"), TRACE_VARIABLES, f"{label}: spec.selector", problems)
     always: list[Condition | LatencyAbove] = []
     for i, text in enumerate(_items(spec.get("sampling"), "always")):
-        m = _LATENCY.fullmatch(text) if isinstance(text, str) else None
+        m = LATENCY.fullmatch(text) if isinstance(text, str) else None
         if m is not None:
             q = float(m.group(1))
             if not 0 < q < 100:

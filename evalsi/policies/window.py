@@ -1,4 +1,5 @@
-"""Tumbling windows of scores per policy, evaluator and score name, and the alerts checked over them.
+"""Tumbling windows of scores per policy, evaluator and score name, and the alerts checked over them (the alert
+conditions themselves are in `conditions.py`); in a pipeline worker, a window that only records what it is given.
 
 Only `scored` scores count toward n, means, intervals and percentiles (skipped and error scores are counted
 beside them). A window closes when time passes its end; an alert fires at most once per window per condition, and
@@ -7,38 +8,24 @@ stays firing until a window closes in which it did not fire (then it resolves).
 
 from __future__ import annotations
 
-import ast
 import math
 import random
-import re
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from evalsi import cel
+from evalsi.policies.conditions import AlertRule, spelled_values, window_variable
 from evalsi.policies.intervals import mean_interval, percentile, wilson_interval
 from evalsi.policies.notify import AlertEvent
 from evalsi.score import Score
 
-__all__ = ["AlertRule", "PolicyWindow", "Series", "WindowStats", "compile_alert"]
+__all__ = ["PolicyWindow", "RecordingWindow", "Series", "WindowRecord", "WindowStats"]
 
 RESERVOIR = 10_000
 """Values kept per series and window for percentiles; past it, a uniform sample of this size (reservoir)."""
 EXAMPLES = 5
 CONFIDENCE = 0.95
-
-# `mean('x')` and friends are shorthand for `window.<map>["x"]`; string literals are matched first so that a
-# name inside a string is never rewritten.
-_FUNCTIONS = {"mean": "mean", "rate": "rate", "count": "n", "p50": "p50", "p90": "p90", "p95": "p95", "p99": "p99"}
-_SPELLED = {key: fn for fn, key in _FUNCTIONS.items()}  # how `values` names an aggregate: "n" -> count('x')
-_STRING = r"""[rRbB]{0,2}(?:'''[\s\S]*?'''|\"\"\"[\s\S]*?\"\"\"|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*")"""
-_ALERT_TOKEN = re.compile(
-    rf"(?P<string>{_STRING})"
-    rf"|(?<![\w.])(?P<fn>{'|'.join(_FUNCTIONS)})\s*\(\s*(?P<arg>'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\")\s*\)"
-    r"|(?<![\w.])(?P<count>count)\b"
-    r"|(?<![\w.])(?P<window>window)\b"
-)
 
 
 @dataclass(slots=True)
@@ -188,51 +175,6 @@ class Series:
         )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class AlertRule:
-    """A compiled alert: the condition as written, the CEL program over `window`, and which aggregates it reads."""
-
-    name: str
-    condition: str
-    program: cel.Program
-    uses: tuple[tuple[str, str], ...]  # (window map, score name) pairs, e.g. ("rate", "contains")
-    whole: bool  # names `window` itself: hand over every aggregate
-    notify: str | None = None
-
-
-def compile_alert(when: str, *, name: str | None = None, notify: str | None = None) -> AlertRule:
-    """Compile an alert condition; raises ValueError with CEL's message. `mean('x')` becomes `window.mean["x"]`."""
-    uses: dict[tuple[str, str], None] = {}
-    whole = False
-
-    def rewrite(m: re.Match[str]) -> str:
-        nonlocal whole
-        if m.group("string") is not None:
-            return m.group(0)
-        if m.group("fn") is not None:
-            key = _FUNCTIONS[m.group("fn")]
-            arg = m.group("arg")
-            uses[(key, ast.literal_eval(arg))] = None
-            return f"window.{key}[{arg}]"
-        if m.group("count") is not None:
-            return "window.count"
-        whole = True
-        return m.group(0)
-
-    if not isinstance(when, str) or not when.strip():
-        raise ValueError("empty alert condition")
-    try:
-        rewritten = _ALERT_TOKEN.sub(rewrite, when)
-    except (SyntaxError, ValueError) as e:
-        raise ValueError(f"invalid alert condition: {e}") from None
-    try:
-        program = cel.compile(rewritten, variables=("window",))
-    except ValueError as e:
-        shown = "" if rewritten == when else f" (read as {rewritten!r})"
-        raise ValueError(f"{e}{shown}") from None
-    return AlertRule(name or when, when, program, tuple(uses), whole, notify)
-
-
 _BODY_FIELDS = (
     "evaluator", "kind", "n", "mean", "low", "high", "method", "pass_rate", "pass_low", "pass_high", "p50", "p95"
 )  # fmt: skip
@@ -313,7 +255,10 @@ class PolicyWindow:
                 self.by_name.setdefault(s.name, series)
             series.add(s)
 
-    def _aggregate(self, series: Series, key: str) -> float | int | None:
+    def _aggregate(self, key: str, name: str) -> float | int | None:
+        series = self.by_name.get(name)
+        if series is None or not series.n:
+            return None  # no data: the key is missing, so the condition cannot hold
         if key == "mean":
             return series.mean
         if key == "rate":
@@ -323,19 +268,7 @@ class PolicyWindow:
         return series.percentile(float(key[1:]))
 
     def _activation(self, rule: AlertRule) -> dict[str, Any]:
-        window: dict[str, Any] = {"count": self.count, "shed": self.shed, **{k: {} for k in _FUNCTIONS.values()}}
-        if rule.whole:
-            wanted = [(k, name) for name in self.by_name for k in _FUNCTIONS.values()]
-        else:
-            wanted = list(rule.uses)
-        for key, name in wanted:
-            series = self.by_name.get(name)
-            if series is None or not series.n:
-                continue  # no data: the key is missing, so the condition cannot hold
-            value = self._aggregate(series, key)
-            if value is not None:
-                window[key][name] = value
-        return {"window": window}
+        return {"window": window_variable(rule, self.count, self.shed, self.by_name, self._aggregate)}
 
     def check(self, now: float, final: bool = False) -> list[AlertEvent]:
         """Evaluate the alerts not yet fired in this window; at most once per `check_interval` unless final."""
@@ -363,14 +296,7 @@ class PolicyWindow:
 
     def _values(self, rule: AlertRule) -> dict[str, float | int | None]:
         """The aggregates `rule` reads, as its condition spells them."""
-        window = self._activation(rule)["window"]
-        out: dict[str, float | int | None] = {"count": self.count}
-        if self.shed:
-            out["shed"] = self.shed
-        for key in _FUNCTIONS.values():
-            for name, value in window[key].items():
-                out[f"{_SPELLED[key]}({name!r})"] = value
-        return out
+        return spelled_values(self._activation(rule)["window"])
 
     def _resolution(self, fired: AlertEvent) -> AlertEvent:
         """A window closed without `fired`'s condition holding: what it read then."""
@@ -413,3 +339,41 @@ class PolicyWindow:
     def add_shed(self, trace_id: str) -> None:
         """A trace evaluation shed: counted in the window (`window.shed`), so its aggregates say what they miss."""
         self.shed += 1
+
+
+@dataclass(slots=True)
+class WindowRecord:
+    """What a pipeline worker's policy put in its window for one trace: sent to the collector process, whose windows
+    see every worker's traces (so alerts fire once, over all of them)."""
+
+    policy: str
+    trace_id: str
+    new_trace: bool
+    scores: list[Score]
+    shed: bool = False
+
+
+class RecordingWindow:
+    """Stands for a policy's window in a pipeline worker: records what would be added, aggregates nothing."""
+
+    def __init__(self, policy: str, sink: list[WindowRecord]) -> None:
+        self.policy = policy
+        self.sink = sink
+
+    def add(self, trace_id: str, scores: Iterable[Score], *, new_trace: bool = True) -> None:
+        self.sink.append(WindowRecord(self.policy, trace_id, new_trace, list(scores)))
+
+    def add_shed(self, trace_id: str) -> None:
+        self.sink.append(WindowRecord(self.policy, trace_id, False, [], shed=True))
+
+    def check(self, now: float, final: bool = False) -> list[AlertEvent]:
+        return []
+
+    def roll(self, now: float) -> tuple[list[WindowStats], list[AlertEvent]]:
+        return [], []
+
+    def take_resolved(self) -> list[AlertEvent]:
+        return []
+
+    def snapshot(self) -> list[WindowStats]:
+        return []

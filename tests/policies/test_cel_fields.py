@@ -1,4 +1,4 @@
-"""Fields of the CEL variables (`engine.SCHEMA`): a field `trace`, `span`, `session`, `feedback` or a score does not
+"""Fields of the CEL variables (`conditions.SCHEMA`): a field `trace`, `span`, `session`, `feedback` or a score does not
 have is refused with a did-you-mean, at `evalsi validate`, at policy load and reload; attribute maps stay open; the
 schema is the keys of the maps the code builds, and the fields docs/policies.md lists."""
 
@@ -18,8 +18,9 @@ from typer.testing import CliRunner
 from evalsi import cel, cli
 from evalsi.component import Next, Settings
 from evalsi.evaluators import load_evaluators
-from evalsi.policies.engine import SCHEMA, SCORE_SHAPE, SessionView, TraceView, _summary
+from evalsi.policies.conditions import SCHEMA, SCORE_SHAPE, score_summary as _summary
 from evalsi.policies.load import PolicyError, load_policies, parse_policy
+from evalsi.policies.trace_view import SessionView, TraceView
 from evalsi.processors.evaluate import Evaluate, EvaluateConfig
 from evalsi.score import Score
 from evalsi.telemetry import SelfMetrics

@@ -18,9 +18,9 @@ import pytest
 from policy_helpers import policy_doc, span, write
 
 from evalsi.policies import Notifier, load_policies
+from evalsi.policies.conditions import compile_alert
 from evalsi.policies.intervals import percentile, t_interval, t_quantile, wilson_interval
 from evalsi.policies.notify import AlertEvent
-from evalsi.policies.window import compile_alert
 
 # scipy 1.17.1: stats.t.ppf(p, df) for p = 0.975, 0.995, 0.9 (scipy is not a dependency of evalsi)
 T_PPF = {

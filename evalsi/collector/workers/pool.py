@@ -25,7 +25,7 @@ from evalsi.encoded import EncodedBatch
 from evalsi.evaluators.judge_client import LocalLedger
 from evalsi.held import earliest
 from evalsi.log_record import LogBatch
-from evalsi.policies.engine import WindowRecord
+from evalsi.policies.window import WindowRecord
 from evalsi.score import Score, scores_from_rows
 from evalsi.span import SpanBatch, trace_shard
 from evalsi.store import RowKind, StoreExporter

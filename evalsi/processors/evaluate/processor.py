@@ -14,7 +14,7 @@ from evalsi.component import Next, Refused, Settings, processor
 from evalsi.evaluators.judge_client import Judges
 from evalsi.log_record import LogBatch
 from evalsi.policies import PolicySet
-from evalsi.policies.engine import WindowRecord
+from evalsi.policies.window import WindowRecord
 from evalsi.processors.evaluate.alerts import Alerts
 from evalsi.processors.evaluate.config import EvaluateConfig, load_policy_set
 from evalsi.processors.evaluate.duplicate_calls import DuplicateCalls

@@ -18,7 +18,7 @@ from typing import Literal, TypeVar
 
 from evalsi.component import Next, Refused, Settings
 from evalsi.policies import PolicySet
-from evalsi.policies.engine import WindowRecord
+from evalsi.policies.window import WindowRecord
 from evalsi.processors.evaluate.alerts import Alerts
 from evalsi.processors.evaluate.config import EvaluateConfig
 from evalsi.processors.evaluate.late_feedback import LateFeedback
