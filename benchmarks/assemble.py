@@ -31,11 +31,11 @@ sys.path.insert(0, str(ROOT.parent))
 from ingest import build_payloads, build_template  # noqa: E402
 
 from evalsi.component import Next, Settings  # noqa: E402
+from evalsi.model.span import BatchKind, Span, SpanBatch  # noqa: E402
 from evalsi.processors.normalize import normalize_span  # noqa: E402
 from evalsi.processors.tail_sampling import TailSampling, TailSamplingConfig  # noqa: E402
 from evalsi.receivers.otlp.decode import decode_traces_protobuf  # noqa: E402
-from evalsi.span import BatchKind, Span, SpanBatch  # noqa: E402
-from evalsi.telemetry import SelfMetrics  # noqa: E402
+from evalsi.runtime.telemetry import SelfMetrics  # noqa: E402
 
 SPANS_PER_REQUEST = 500
 POLICY_SETS: dict[str, list[dict[str, Any]]] = {

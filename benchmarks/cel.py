@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from evalsi.cel import compile, trace_activation
-from evalsi.span import Span
+from evalsi.model.span import Span
 
 SELECTOR = (
     'trace.root.step_type == "agent" && trace.spans.exists(s, s.step_type == "llm" && s.model.startsWith("gpt-4o") '

@@ -36,9 +36,9 @@ from ingest import build_payloads, build_template  # noqa: E402
 from evalsi.exporters.clickhouse.backend import ChdbBackend  # noqa: E402
 from evalsi.exporters.clickhouse.rows import to_arrow  # noqa: E402
 from evalsi.exporters.clickhouse.store import TraceStore  # noqa: E402
+from evalsi.model.span import Span  # noqa: E402
 from evalsi.processors.normalize import normalize_span  # noqa: E402
 from evalsi.receivers.otlp.decode import decode_traces_protobuf  # noqa: E402
-from evalsi.span import Span  # noqa: E402
 
 CONTENT_ATTRIBUTES = ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions")
 BATCH = 5_000

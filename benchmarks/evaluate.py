@@ -44,10 +44,10 @@ from ingest import (  # noqa: E402
     start_collector,
 )
 
+from evalsi.model.span import Span  # noqa: E402
+from evalsi.model.trajectory import build_trajectory  # noqa: E402
 from evalsi.processors.normalize import normalize_span  # noqa: E402
 from evalsi.receivers.otlp.decode import decode_traces_protobuf  # noqa: E402
-from evalsi.span import Span  # noqa: E402
-from evalsi.trajectory import build_trajectory  # noqa: E402
 
 if TYPE_CHECKING:
     from evalsi.policies import PolicySet

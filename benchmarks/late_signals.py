@@ -28,11 +28,11 @@ FIXTURES = ROOT / "tests" / "fixtures"
 
 import evalsi.processors  # noqa: E402,F401  (before evalsi.policies: the import cycle note in collector/score_api)
 from evalsi.component import Next, Settings  # noqa: E402
+from evalsi.model.score import Score  # noqa: E402
+from evalsi.model.span import Span  # noqa: E402
 from evalsi.processors.evaluate import Evaluate, EvaluateConfig, Work  # noqa: E402
 from evalsi.processors.normalize.files import normalize_files  # noqa: E402
-from evalsi.score import Score  # noqa: E402
-from evalsi.span import Span  # noqa: E402
-from evalsi.telemetry import SelfMetrics  # noqa: E402
+from evalsi.runtime.telemetry import SelfMetrics  # noqa: E402
 
 POLICY = """\
 apiVersion: evals.si/v1alpha1

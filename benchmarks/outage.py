@@ -51,7 +51,7 @@ from ingest import (  # noqa: E402
 )
 
 from evalsi.exporters.langfuse import score_id  # noqa: E402
-from evalsi.score import Score  # noqa: E402
+from evalsi.model.score import Score  # noqa: E402
 
 POLICY_NAME = "bench-outage"
 POLICY = """\

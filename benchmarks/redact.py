@@ -38,11 +38,11 @@ from running_collector import serve_config, start_collector  # noqa: E402
 
 from evalsi.component import Next, Settings  # noqa: E402
 from evalsi.exporters.clickhouse.rows import to_arrow  # noqa: E402
+from evalsi.model.span import Span, SpanBatch  # noqa: E402
 from evalsi.processors.normalize import normalize_span  # noqa: E402
 from evalsi.processors.redact import Redact, RedactConfig  # noqa: E402
 from evalsi.receivers.otlp.decode import decode_traces_protobuf  # noqa: E402
-from evalsi.span import Span, SpanBatch  # noqa: E402
-from evalsi.telemetry import SelfMetrics  # noqa: E402
+from evalsi.runtime.telemetry import SelfMetrics  # noqa: E402
 
 PII = " Contact me at jane.doe@example.com or +1 415 555 0134, and charge my card 4111 1111 1111 1111."
 INPUT_MESSAGES = 12  # index of gen_ai.input.messages in ingest.build_template's attributes

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from evalsi.score import Score
-from evalsi.span import Span
+from evalsi.model.score import Score
+from evalsi.model.span import Span
 
 # --- every process: the service's lifecycle -------------------------------------------------------------------------
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from cel_expr_python import cel as _cel
 
-from evalsi.span import Span
-from evalsi.trajectory import call_usage, counted_once
+from evalsi.model.span import Span
+from evalsi.model.trajectory import call_usage, counted_once
 
 __all__ = [
     "ITEM", "SCHEMA", "SPAN_FIELDS", "SPAN_SHAPE", "TRACE_SHAPE", "VARIABLES", "Entries", "FieldError", "Fields",

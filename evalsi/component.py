@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_check
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo
 
-from evalsi.encoded import Decoder, EncodedConsumer
-from evalsi.log_record import LogBatch
-from evalsi.score import ScoreBatch
-from evalsi.span import BatchKind, SpanBatch
+from evalsi.model.encoded import Decoder, EncodedConsumer
+from evalsi.model.log_record import LogBatch
+from evalsi.model.score import ScoreBatch
+from evalsi.model.span import BatchKind, SpanBatch
+from evalsi.runtime.telemetry import SelfMetrics
 from evalsi.store import StoreType
-from evalsi.telemetry import SelfMetrics
 
 if TYPE_CHECKING:
-    from evalsi.auth import Authenticator
+    from evalsi.auth.authenticator import Authenticator
 
 Kind = Literal["receiver", "processor", "exporter"]
 Signal = Literal["traces", "logs", "scores"]

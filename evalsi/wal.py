@@ -24,9 +24,9 @@ from typing import Any, Literal, Protocol
 from pydantic import Field, field_validator
 
 from evalsi.component import ComponentConfig, Refused
-from evalsi.score import DEFAULT_PROJECT
-from evalsi.span import PROJECT_ATTRIBUTE
-from evalsi.telemetry import SelfMetrics
+from evalsi.model.score import DEFAULT_PROJECT
+from evalsi.model.span import PROJECT_ATTRIBUTE
+from evalsi.runtime.telemetry import SelfMetrics
 
 log = logging.getLogger("evalsi.wal")
 

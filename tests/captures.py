@@ -6,9 +6,9 @@ from typing import Any
 
 from running_collector import FIXTURES
 
+from evalsi.model.span import Span
 from evalsi.processors.normalize import normalize_span
 from evalsi.receivers.otlp.decode import decode_traces_json, decode_traces_protobuf
-from evalsi.span import Span
 
 
 def any_value(value: dict[str, Any]) -> Any:

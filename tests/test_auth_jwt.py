@@ -48,7 +48,7 @@ from evalsi.auth import (
     principal_from_metadata,
 )
 from evalsi.collector.config import ConfigError, parse_config
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 ISSUER = "https://issuer.test"
 AUDIENCE = "evalsi"

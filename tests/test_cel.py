@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from evalsi import cel
-from evalsi.span import Span
+from evalsi.model.span import Span
 
 T0 = 1_700_000_000_000_000_000
 

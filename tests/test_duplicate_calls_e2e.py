@@ -14,7 +14,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from running_collector import FIXTURES, Collector, serve_config, start_collector, wait_until
 
-from evalsi.span import trace_shard
+from evalsi.model.span import trace_shard
 
 POLICY = """apiVersion: evals.si/v1alpha1
 kind: OnlineEvalPolicy

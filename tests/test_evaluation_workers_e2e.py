@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from running_collector import Collector, serve_config, start_collector, wait_until
 
-from evalsi.span import trace_shard
+from evalsi.model.span import trace_shard
 
 POLICIES = """
 apiVersion: evals.si/v1alpha1

@@ -1,4 +1,4 @@
-"""The ports `evalsi serve` checks before it imports its components (`evalsi.ports.claimed`) are the ones the
+"""The ports `evalsi serve` checks before it imports its components (`evalsi.runtime.ports.claimed`) are the ones the
 validated config listens on (`config.listeners`), for every shape of config that sets one."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from evalsi.auth import new_key
 from evalsi.collector.config import DEFAULT_CONFIG, listeners, load_config, parse_config
-from evalsi.ports import DEFAULT_LISTENING, claimed, claimed_in
+from evalsi.runtime.ports import DEFAULT_LISTENING, claimed, claimed_in
 
 ROOT = Path(__file__).resolve().parents[1]
 _, KEY_HASH = new_key()

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.tree import Tree
 from running_collector import FIXTURES, serve_config, start_collector
 
-from evalsi.transcript import INPUT_MESSAGES, conversation
+from evalsi.cli.transcript import INPUT_MESSAGES, conversation
 
 CAPTURE = FIXTURES / "otel-openai-v2-latest" / "chat_tools.json"
 

@@ -1,8 +1,8 @@
 """Fuzz finding: on a kept-alive connection, every answer of the OTLP/HTTP port or the API that has a body waits ~40 ms.
 
-uvicorn writes an answer's head and its body in two writes; the listening sockets (evalsi/serving.py `bind`) do not
-set TCP_NODELAY, so Nagle's algorithm holds the body until the head is acknowledged, and the client acknowledges it
-only when its delayed-ACK timer fires (40 ms on Linux). Empty answers (a 200 to an OTLP export without partial
+uvicorn writes an answer's head and its body in two writes; the listening sockets (evalsi/runtime/serving.py `bind`)
+do not set TCP_NODELAY, so Nagle's algorithm holds the body until the head is acknowledged, and the client acknowledges
+it only when its delayed-ACK timer fires (40 ms on Linux). Empty answers (a 200 to an OTLP export without partial
 success) are not affected; errors, partial successes and every API answer are: one connection gets ~23 of them a
 second. A client that sets TCP_QUICKACK before reading sees ~1 ms.
 

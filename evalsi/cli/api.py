@@ -8,11 +8,11 @@ from typing import Any
 
 from evalsi.cli.render import fail
 
-KEY_ENV = "EVALSI_API_KEY"  # evalsi.auth.KEY_ENV, named here so `--api` need not import auth (grpc, pydantic)
+KEY_ENV = "EVALSI_API_KEY"  # evalsi.auth.keys.KEY_ENV, named here so `--api` need not import auth (grpc, pydantic)
 
 
 def api_headers() -> dict[str, str]:
-    """`evalsi.auth.api_headers`: the key in `EVALSI_API_KEY`, if set."""
+    """`evalsi.auth.keys.api_headers`: the key in `EVALSI_API_KEY`, if set."""
     key = os.environ.get(KEY_ENV, "").strip()
     return {"Authorization": f"Bearer {key}"} if key else {}
 

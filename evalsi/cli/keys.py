@@ -33,7 +33,8 @@ def keys_new(
     """Make an API key: the key (give it to the sender, once) and its hash (for the config's `auth.api_keys`)."""
     import shlex
 
-    from evalsi.auth import KEY_ENV, PROJECT_PATTERN, new_key
+    from evalsi.auth.keys import KEY_ENV, new_key
+    from evalsi.auth.principal import PROJECT_PATTERN
 
     if not PROJECT_PATTERN.fullmatch(project):
         raise typer.BadParameter(

@@ -24,8 +24,8 @@ def normalize_command(
     """Show the canonical view of OTLP files, without a collector: how evalsi reads your instrumentation."""
     from rich.tree import Tree
 
+    from evalsi.model.trajectory import build_trajectories
     from evalsi.processors.normalize.files import normalize_files
-    from evalsi.trajectory import build_trajectories
 
     missing = [str(f) for f in files if not f.exists()]
     if missing:

@@ -16,7 +16,7 @@ def serve(config: ConfigOpt = None) -> None:
     """Run the collector until SIGTERM or Ctrl-C, then drain every buffer to the store."""
     import asyncio
 
-    from evalsi.ports import claimed_in, taken
+    from evalsi.runtime.ports import claimed_in, taken
 
     found = find_config(config)
     busy = taken(claimed_in(found.path))  # before the imports and the config's components: a second serve fails at once

@@ -129,7 +129,7 @@ def traces_show(
     count = f"{total:,} spans" if not doc["truncated"] else f"spans {offset + 1:,}-{offset + len(spans):,} of {total:,}"
     tree = Tree(f"trace [bold]{trace_id}[/]  {count}  {escape(spans[0]['service_name'])}")
 
-    from evalsi.transcript import conversation
+    from evalsi.cli.transcript import conversation
 
     def add(node: Tree, parent: str) -> None:
         for s in children.get(parent, []):

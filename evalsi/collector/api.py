@@ -16,7 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.routing import Match
 
-from evalsi.auth import PRINCIPAL_SCOPE_KEY, Authenticator
+from evalsi.auth.asgi_gate import PRINCIPAL_SCOPE_KEY
+from evalsi.auth.authenticator import Authenticator
 from evalsi.capabilities import BodyAdmitter
 from evalsi.collector import query, run_api, score_api
 from evalsi.collector.body_limit import BodyLimit, Scope, limit_bodies
@@ -24,8 +25,8 @@ from evalsi.collector.config import ApiConfig
 from evalsi.component import Refused, ScoreConsumer
 from evalsi.duration import parse_duration
 from evalsi.evaluators.judge_client import Judges
-from evalsi.ids import is_trace_id
-from evalsi.score import DEFAULT_PROJECT, Score, ScoreBatch
+from evalsi.model.ids import is_trace_id
+from evalsi.model.score import DEFAULT_PROJECT, Score, ScoreBatch
 from evalsi.store import TraceQueries
 
 OPEN_PATHS = ("/healthz", "/readyz")

@@ -13,12 +13,12 @@ from urllib.parse import quote, unquote
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from evalsi.auth import AuthConfig, is_loopback
+from evalsi.auth.config import AuthConfig, is_loopback
 from evalsi.collector.builtin import load_builtin_components
 from evalsi.component import REGISTRY, SIGNALS, ComponentConfig, Kind
 from evalsi.env_vars import unset_variable
 from evalsi.limits import MIB, at_least_one, not_bool
-from evalsi.ports import API_ENDPOINT, METRICS_ADDRESS
+from evalsi.runtime.ports import API_ENDPOINT, METRICS_ADDRESS
 from evalsi.wal import DurabilityConfig
 
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from evalsi.component import Consumer, LogConsumer, Refused, ScoreConsumer, Signal
-from evalsi.held import arrived_of, earliest
-from evalsi.log_record import LogBatch
-from evalsi.score import ScoreBatch
-from evalsi.span import SpanBatch
+from evalsi.model.log_record import LogBatch
+from evalsi.model.score import ScoreBatch
+from evalsi.model.span import SpanBatch
+from evalsi.runtime.held import arrived_of, earliest
 
 log = logging.getLogger("evalsi.service")
 

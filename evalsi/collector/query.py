@@ -12,7 +12,7 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from evalsi import duration
-from evalsi.auth import KEY_ENV, api_headers
+from evalsi.auth.keys import KEY_ENV, api_headers
 from evalsi.collector.config import Config, is_store, type_of
 from evalsi.component import REGISTRY
 from evalsi.duration import parse_duration
@@ -288,9 +288,9 @@ def search_traces(store: TraceQueries, params: Mapping[str, Any], project: str |
     where = params.get("where")
     if not where:
         return {"traces": _store_search(searchable.search_traces, limit=limit, project=project, **filters)}
+    from evalsi.model.span import span_from_canonical
     from evalsi.policies.conditions import TRACE_VARIABLES, Condition
     from evalsi.policies.trace_view import TraceView
-    from evalsi.span import span_from_canonical
 
     try:
         condition = Condition(str(where), TRACE_VARIABLES)

@@ -19,12 +19,12 @@ from evalsi import cel
 from evalsi.collector.score_api import score_record
 from evalsi.evaluators import Evaluator, Params, Target, load_evaluators, run
 from evalsi.evaluators.judge_client import Judges
-from evalsi.ids import is_trace_id
 from evalsi.json_codec import not_text_at
-from evalsi.score import Score
-from evalsi.span import Span, span_from_canonical
+from evalsi.model.ids import is_trace_id
+from evalsi.model.score import Score
+from evalsi.model.span import Span, span_from_canonical
+from evalsi.model.trajectory import build_trajectory
 from evalsi.store import TraceQueries
-from evalsi.trajectory import build_trajectory
 
 MAX_TRACES = 1000
 RUN_ID = re.compile(r"^[A-Za-z0-9._-]{1,200}$")  # use fullmatch: re's $ also matches before a final newline

@@ -17,12 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evalsi.evaluators import Evaluator, Params, Target, load_evaluators, parse_params, run
 from evalsi.evaluators.judge_client import Judges
-from evalsi.ids import is_span_id, is_trace_id
 from evalsi.json_codec import not_text_at
+from evalsi.model.ids import is_span_id, is_trace_id
+from evalsi.model.score import Score
+from evalsi.model.span import Span
+from evalsi.model.trajectory import build_trajectory
 from evalsi.policies.intervals import mean_interval, wilson_interval
-from evalsi.score import Score
-from evalsi.span import Span
-from evalsi.trajectory import build_trajectory
 
 MAX_RECORDS = 1000
 MAX_EVALUATORS = 50

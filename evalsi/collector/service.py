@@ -13,7 +13,8 @@ from typing import Any
 from prometheus_client import make_asgi_app
 
 from evalsi import __version__
-from evalsi.auth import Authenticator, gate
+from evalsi.auth.asgi_gate import gate
+from evalsi.auth.authenticator import Authenticator
 from evalsi.capabilities import (
     Admitter,
     BodyAdmitter,
@@ -39,16 +40,16 @@ from evalsi.collector.workers.link import StoreLink
 from evalsi.collector.workers.metrics import merged_registry
 from evalsi.collector.workers.pool import WorkerPool
 from evalsi.component import REGISTRY, Kind, Next, ScoreConsumer, Settings, Signal
-from evalsi.encoded import EncodedBatch
 from evalsi.evaluators.judge_client import Judges
-from evalsi.held import InFlight, earliest
-from evalsi.log_record import LogBatch
-from evalsi.ports import taken
-from evalsi.serving import AsgiServer
-from evalsi.span import SpanBatch
+from evalsi.model.encoded import EncodedBatch
+from evalsi.model.log_record import LogBatch
+from evalsi.model.span import SpanBatch
+from evalsi.runtime.held import InFlight, earliest
+from evalsi.runtime.ports import taken
+from evalsi.runtime.serving import AsgiServer
+from evalsi.runtime.supervise import supervise
+from evalsi.runtime.telemetry import SelfMetrics
 from evalsi.store import StoreExporter, TraceQueries
-from evalsi.supervise import supervise
-from evalsi.telemetry import SelfMetrics
 from evalsi.wal import WriteAheadLog, without_stored_spans
 
 log = logging.getLogger("evalsi.service")

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
-from evalsi.content import last_text
 from evalsi.evaluators.params import NoParams, Params
-from evalsi.score import Score
-from evalsi.span import TRAJECTORY_STEP_TYPES, Span
-from evalsi.trajectory import build_trajectory, retrieved_documents, span_tree
+from evalsi.model.content import last_text
+from evalsi.model.score import Score
+from evalsi.model.span import TRAJECTORY_STEP_TYPES, Span
+from evalsi.model.trajectory import build_trajectory, retrieved_documents, span_tree
 
 if TYPE_CHECKING:
     from evalsi.evaluators.judge_client import Judges

@@ -23,11 +23,11 @@ from typing import Any, Protocol
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-from evalsi.backoff import Backoff, retry_after
 from evalsi.duration import Duration
 from evalsi.evaluators.params import Params
-from evalsi.score import Score
-from evalsi.telemetry import SelfMetrics
+from evalsi.model.score import Score
+from evalsi.runtime.backoff import Backoff, retry_after
+from evalsi.runtime.telemetry import SelfMetrics
 
 # --- prompt templates ----------------------------------------------------------------------------------------
 
@@ -174,8 +174,8 @@ class JudgeConfig(Params):
     retries: int = Field(3, ge=0, le=10)
     """Retries after a 5xx, 429 or timeout, before `error: judge unavailable`."""
     backoff_s: Duration = Field(0.5, ge=0)
-    """First retry delay; doubles each retry (capped at 30s, each wait within ±20%: `evalsi.backoff.Backoff`); a
-    Retry-After header (seconds or an HTTP date, at most 30s) wins."""
+    """First retry delay; doubles each retry (capped at 30s, each wait within ±20%:
+    `evalsi.runtime.backoff.Backoff`); a Retry-After header (seconds or an HTTP date, at most 30s) wins."""
     threshold: float = Field(0.5, ge=0, le=1)
     """`passed` when the verdict gives none: score >= threshold."""
     budget: Budget = Budget()

@@ -11,11 +11,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from evalsi.backoff import RETRYABLE_HTTP, Backoff, retry_after
 from evalsi.component import ComponentConfig, Settings
 from evalsi.duration import Duration
-from evalsi.span import BatchKind, Span, SpanBatch
-from evalsi.telemetry import items_refused_counter
+from evalsi.model.span import BatchKind, Span, SpanBatch
+from evalsi.runtime.backoff import RETRYABLE_HTTP, Backoff, retry_after
+from evalsi.runtime.telemetry import items_refused_counter
 
 
 class RetryConfig(ComponentConfig):

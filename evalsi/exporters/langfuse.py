@@ -56,9 +56,9 @@ from evalsi.exporters.delivery import (
 )
 from evalsi.exporters.otlp_encode import rejected_in_answer, traces_request
 from evalsi.exporters.sending import Lane, SendQueue, score_lane, span_lane
-from evalsi.ids import is_canonical_trace_id
-from evalsi.score import Score, ScoreBatch
-from evalsi.span import Span, SpanBatch
+from evalsi.model.ids import is_canonical_trace_id
+from evalsi.model.score import Score, ScoreBatch
+from evalsi.model.span import Span, SpanBatch
 
 SCORES_PATH = "/api/public/scores"
 TRACES_PATH = "/api/public/otel/v1/traces"

@@ -59,9 +59,9 @@ from evalsi.exporters.delivery import (
 )
 from evalsi.exporters.otlp_encode import traces_request
 from evalsi.exporters.sending import Lane, SendQueue, score_lane, span_lane
-from evalsi.ids import is_canonical_trace_id
-from evalsi.score import Score, ScoreBatch
-from evalsi.span import Span, SpanBatch
+from evalsi.model.ids import is_canonical_trace_id
+from evalsi.model.score import Score, ScoreBatch
+from evalsi.model.span import Span, SpanBatch
 
 OTLP_TRACES_PATH = "/v1/traces"
 EXPERIMENT_HEADER = "x-mlflow-experiment-id"

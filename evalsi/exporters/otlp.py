@@ -25,7 +25,7 @@ import httpx
 from google.rpc import error_details_pb2, status_pb2
 from pydantic import Field, field_validator
 
-from evalsi.auth import without_password
+from evalsi.auth.keys import without_password
 from evalsi.component import ComponentConfig, Settings, exporter
 from evalsi.duration import Duration
 from evalsi.exporters.delivery import (
@@ -44,8 +44,8 @@ from evalsi.exporters.delivery import (
 )
 from evalsi.exporters.otlp_encode import logs_request, rejected_in_answer, traces_request
 from evalsi.exporters.sending import Lane, SendQueue
-from evalsi.score import Score, ScoreBatch
-from evalsi.span import Span, SpanBatch
+from evalsi.model.score import Score, ScoreBatch
+from evalsi.model.span import Span, SpanBatch
 
 LOGS_METHOD = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
 TRACES_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"

@@ -16,8 +16,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import SEVERITY_NUMBER_INFO, SEVERITY_NUMBER_WARN, LogRecord
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
-from evalsi.score import Score
-from evalsi.span import SPAN_KINDS, STATUS_CODES, Span
+from evalsi.model.score import Score
+from evalsi.model.span import SPAN_KINDS, STATUS_CODES, Span
 
 EVENT_NAME = "gen_ai.evaluation.result"
 SCOPE_NAME = "evalsi"

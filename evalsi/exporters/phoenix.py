@@ -45,8 +45,8 @@ from evalsi.exporters.delivery import (
     log_refused,
 )
 from evalsi.exporters.sending import Lane, SendQueue, score_lane
-from evalsi.ids import is_canonical_trace_id
-from evalsi.score import Score, ScoreBatch
+from evalsi.model.ids import is_canonical_trace_id
+from evalsi.model.score import Score, ScoreBatch
 
 SPAN_ANNOTATIONS_PATH = "/v1/span_annotations"
 TRACE_ANNOTATIONS_PATH = "/v1/trace_annotations"

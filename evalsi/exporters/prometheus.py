@@ -13,13 +13,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, make_asgi_a
 from prometheus_client.core import GaugeMetricFamily, Metric
 from pydantic import Field, field_validator
 
-from evalsi.auth import gate
+from evalsi.auth.asgi_gate import gate
 from evalsi.component import ComponentConfig, Refused, Settings, exporter
 from evalsi.duration import Duration
+from evalsi.model.score import Outcome, Score, ScoreBatch
 from evalsi.policies.intervals import mean_interval, wilson_interval
-from evalsi.ports import PROMETHEUS_ENDPOINT, parse_endpoint
-from evalsi.score import Outcome, Score, ScoreBatch
-from evalsi.serving import AsgiServer
+from evalsi.runtime.ports import PROMETHEUS_ENDPOINT, parse_endpoint
+from evalsi.runtime.serving import AsgiServer
 
 CONFIDENCE = 0.95
 SERIES = ["policy", "evaluator", "name"]

@@ -12,7 +12,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from evalsi.component import Refused, Settings
 from evalsi.exporters.delivery import ExporterCounters, sender_errors_counter
-from evalsi.supervise import supervise
+from evalsi.runtime.supervise import supervise
 
 T = TypeVar("T")
 

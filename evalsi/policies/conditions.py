@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from evalsi import cel
+from evalsi.model.score import Score
+from evalsi.model.span import Span
 from evalsi.policies.intervals import percentile
 from evalsi.policies.trace_view import SessionView, TraceView
-from evalsi.score import Score
-from evalsi.span import Span
 
 __all__ = [
     "AGGREGATES", "ALWAYS_VARIABLES", "LATENCY", "SCHEMA", "SCORE_SHAPE", "SPAN_VARIABLES", "TRACE_VARIABLES",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from evalsi.score import Score
+from evalsi.model.score import Score
 
 __all__ = [
     "EMPTY", "FEEDBACK_SOURCES", "NEGATIVE_BELOW", "NEGATIVE_LABELS", "POSITIVE_LABELS", "feedback_variable",

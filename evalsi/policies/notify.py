@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from evalsi.backoff import Backoff, retry_after
+from evalsi.runtime.backoff import Backoff, retry_after
 
 __all__ = ["AlertEvent", "AlertRecorder", "Notifier"]
 
@@ -63,9 +63,9 @@ class AlertEvent:
 
 class Notifier:
     """Sends alert webhooks from one background thread, so the caller never waits: a JSON POST per alert, retried
-    on connection errors, 429 and 5xx with the shared backoff policy (`evalsi.backoff`: exponential with jitter, a
-    `Retry-After` in seconds or as an HTTP date honoured up to `max_retry_after`). Other 4xx answers are not
-    retried."""
+    on connection errors, 429 and 5xx with the shared backoff policy (`evalsi.runtime.backoff`: exponential with
+    jitter, a `Retry-After` in seconds or as an HTTP date honoured up to `max_retry_after`). Other 4xx answers are
+    not retried."""
 
     def __init__(
         self,

@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from evalsi.score import Score
-from evalsi.span import DEFAULT_PROJECT, TraceKey
+from evalsi.model.score import Score
+from evalsi.model.span import DEFAULT_PROJECT, TraceKey
 
 log = logging.getLogger("evalsi.policies")
 

@@ -12,11 +12,11 @@ from evalsi import cel
 from evalsi.evaluators import Target
 from evalsi.evaluators.base import FROM_SPANS
 from evalsi.evaluators.judge_client import Judges
-from evalsi.ids import SOURCE_SPAN_ID, SOURCE_TRACE_ID
+from evalsi.model.ids import SOURCE_SPAN_ID, SOURCE_TRACE_ID
+from evalsi.model.score import Score
+from evalsi.model.span import Span, project_of
+from evalsi.model.trajectory import build_trajectory, counted_once
 from evalsi.policies.feedback import NEGATIVE_BELOW, feedback_variable
-from evalsi.score import Score
-from evalsi.span import Span, project_of
-from evalsi.trajectory import build_trajectory, counted_once
 
 __all__ = ["SessionView", "TraceView"]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from evalsi.span import Span, TraceKey, trace_key
-from evalsi.trajectory import lone_sdk_call, same_call_across_traces, twin_candidates
+from evalsi.model.span import Span, TraceKey, trace_key
+from evalsi.model.trajectory import lone_sdk_call, same_call_across_traces, twin_candidates
 
 
 @dataclass

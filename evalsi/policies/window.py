@@ -15,10 +15,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from evalsi.model.score import Score
 from evalsi.policies.conditions import AlertRule, spelled_values, window_variable
 from evalsi.policies.intervals import mean_interval, percentile, wilson_interval
 from evalsi.policies.notify import AlertEvent
-from evalsi.score import Score
 
 __all__ = ["PolicyWindow", "RecordingWindow", "Series", "WindowRecord", "WindowStats"]
 

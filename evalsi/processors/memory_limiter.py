@@ -22,9 +22,9 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from evalsi.component import ComponentConfig, Next, Refused, Settings, processor
 from evalsi.duration import Duration
-from evalsi.log_record import LogBatch
-from evalsi.span import SpanBatch
-from evalsi.supervise import supervise
+from evalsi.model.log_record import LogBatch
+from evalsi.model.span import SpanBatch
+from evalsi.runtime.supervise import supervise
 
 MIB = 1 << 20
 # cgroup v1 writes a page-rounded 2^63 for "no limit"; nothing real comes near 2^60 bytes

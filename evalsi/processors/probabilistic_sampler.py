@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import field_validator, model_validator
 
 from evalsi.component import ComponentConfig, Next, Settings, processor
-from evalsi.span import BatchKind, Span, SpanBatch
+from evalsi.model.span import BatchKind, Span, SpanBatch
 
 # Randomness and rejection thresholds are 56-bit numbers: the 7 random bytes W3C Trace Context Level 2 puts at
 # the end of a trace id. A span is kept when its randomness R >= the threshold T (T out of 2^56 are rejected).

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-from evalsi.auth import api_headers
+from evalsi.auth.keys import api_headers
 from evalsi.collector.config import DEFAULT_CONFIG, Config, parse_config, type_of
 
 

@@ -223,9 +223,9 @@ def _report_trajectories(api: str, scores: list[dict[str, Any]]) -> dict[str, di
     MAX_REPORTED_TRAJECTORIES)."""
     import httpx
 
-    from evalsi.auth import api_headers
-    from evalsi.span import span_from_canonical
-    from evalsi.trajectory import build_trajectory
+    from evalsi.auth.keys import api_headers
+    from evalsi.model.span import span_from_canonical
+    from evalsi.model.trajectory import build_trajectory
 
     failing = [s["trace_id"] for s in scores if s.get("passed") is False or s.get("outcome") == "error"]
     wanted = list(dict.fromkeys([*failing, *(s["trace_id"] for s in scores)]))
@@ -270,7 +270,7 @@ class _Runs:
     def _get(self, path: str) -> Any:
         import httpx
 
-        from evalsi.auth import api_headers
+        from evalsi.auth.keys import api_headers
 
         assert self.api is not None
         try:

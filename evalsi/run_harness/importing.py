@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from evalsi import __version__
-from evalsi.auth import api_headers
+from evalsi.auth.keys import api_headers
 from evalsi.run_harness.atif import AtifError, convert
 from evalsi.run_harness.collector import CollectorLink
 from evalsi.run_harness.model import Attempt, DatasetError, Task

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from evalsi import __version__
-from evalsi.auth import api_headers
+from evalsi.auth.keys import api_headers
 from evalsi.run_harness.collector import CollectorLink
 from evalsi.run_harness.dataset import load_dataset
 from evalsi.run_harness.gates import check_gates, compile_gate

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from evalsi import __version__
-from evalsi.auth import api_headers
+from evalsi.auth.keys import api_headers
 from evalsi.run_harness.cassette import Cassette
 from evalsi.run_harness.collector import CollectorLink
 from evalsi.run_harness.compare import compare_scores

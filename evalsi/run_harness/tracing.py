@@ -18,7 +18,7 @@ from opentelemetry.trace import Span as OtelSpan, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from evalsi import __version__
-from evalsi.auth import api_headers
+from evalsi.auth.keys import api_headers
 from evalsi.run_harness.model import Attempt, LlmCall, Step, SubAgent, ToolCall, UserTurn, text_message
 from evalsi.run_harness.run_metrics import attempt_measures, root_attributes
 

@@ -1,8 +1,9 @@
 """The layer contract: imports go down the layers only, and no module imports itself through others.
 
-Layers, bottom up: the core types and domain code (`evalsi.span`, `evalsi.trajectory`, `evalsi.component`, ...),
-the evaluators, the policies, the components (receivers, processors, exporters), the collector and the harness,
-the CLI. A function-level import counts like any other: it must not dodge a cycle. Imports under
+Layers, bottom up: the data model (`evalsi.model`: spans, scores, trajectories, ...), the runtime (`evalsi.runtime`:
+retries, supervised tasks, serving, self-metrics, ports), the rest of the core (the component model, the store port,
+auth, CEL, ...), the evaluators, the policies, the components (receivers, processors, exporters), the collector and
+the harness, the CLI. A function-level import counts like any other: it must not dodge a cycle. Imports under
 `if TYPE_CHECKING:` are left out of the layers (they never run) but not out of the cycles: a circle through types
 still ties two modules so that neither can be read or moved without the other. A package's `__init__` importing
 its own submodules is an import like any other too: a submodule that imports its package (or, through others,
@@ -17,7 +18,9 @@ import grimp
 import pytest
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    (),  # core: every top-level module and package not named below
+    ("model",),
+    ("runtime",),
+    (),  # the rest of the core: every top-level module and package not named here
     ("evaluators",),
     ("policies",),
     ("receivers", "processors", "exporters"),
@@ -28,10 +31,13 @@ COMPONENT_PACKAGES = ("evalsi.receivers", "evalsi.processors", "evalsi.exporters
 REGISTRY_OF_BUILTINS = "evalsi.collector.builtin"
 
 
+CORE = LAYERS.index(())
+
+
 def layer_of(module: str) -> int:
     parts = module.split(".")
     top = parts[1] if len(parts) > 1 else ""
-    return next((i for i, names in enumerate(LAYERS) if top in names), 0)
+    return next((i for i, names in enumerate(LAYERS) if top in names), CORE)
 
 
 def upward_imports(graph: grimp.ImportGraph) -> list[str]:
@@ -99,7 +105,8 @@ def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
 def component_imports_in_collector(graph: grimp.ImportGraph) -> list[str]:
     """The collector names no component: only the list of built-ins imports their modules (to register them)."""
     found = []
-    for importer in sorted(m for m in graph.modules if layer_of(m) == 4 and m != REGISTRY_OF_BUILTINS):
+    collector = layer_of(REGISTRY_OF_BUILTINS)
+    for importer in sorted(m for m in graph.modules if layer_of(m) == collector and m != REGISTRY_OF_BUILTINS):
         for imported in sorted(graph.find_modules_directly_imported_by(importer)):
             if imported.startswith(tuple(p + "." for p in COMPONENT_PACKAGES)):
                 found.append(f"{importer} -> {imported}")
@@ -132,13 +139,24 @@ def test_the_collector_names_no_component(graph: grimp.ImportGraph) -> None:
 def test_the_contract_fails_on_an_upward_import_and_on_a_cycle(graph: grimp.ImportGraph) -> None:
     """The checks above can fail: add an upward import and a cycle to a copy of the real graph."""
     g = copy.deepcopy(graph)
-    g.add_import(importer="evalsi.span", imported="evalsi.processors.normalize", line_number=7, line_contents="x")
-    assert "evalsi.span -> evalsi.processors.normalize (line 7)" in upward_imports(g)
-    g.add_import(importer="evalsi.score", imported="evalsi.trajectory", line_number=3, line_contents="x")
-    g.add_import(importer="evalsi.trajectory", imported="evalsi.score", line_number=3, line_contents="x")
-    assert any({"evalsi.score", "evalsi.trajectory"} <= set(c) for c in import_cycles(g))
+    g.add_import(importer="evalsi.model.span", imported="evalsi.processors.normalize", line_number=7, line_contents="x")
+    assert "evalsi.model.span -> evalsi.processors.normalize (line 7)" in upward_imports(g)
+    g.add_import(importer="evalsi.model.score", imported="evalsi.model.trajectory", line_number=3, line_contents="x")
+    g.add_import(importer="evalsi.model.trajectory", imported="evalsi.model.score", line_number=3, line_contents="x")
+    assert any({"evalsi.model.score", "evalsi.model.trajectory"} <= set(c) for c in import_cycles(g))
     g.add_import(importer="evalsi.collector.service", imported="evalsi.exporters.clickhouse")
     assert "evalsi.collector.service -> evalsi.exporters.clickhouse" in component_imports_in_collector(g)
+
+
+def test_the_core_is_layered_too(graph: grimp.ImportGraph) -> None:
+    """The data model sits below the runtime, and both below the rest of the core: an import of the runtime from the
+    model, or of the component model from the runtime, is upward."""
+    g = copy.deepcopy(graph)
+    g.add_import(importer="evalsi.model.span", imported="evalsi.runtime.telemetry", line_number=5, line_contents="x")
+    g.add_import(importer="evalsi.runtime.held", imported="evalsi.component", line_number=6, line_contents="x")
+    found = upward_imports(g)
+    assert "evalsi.model.span -> evalsi.runtime.telemetry (line 5)" in found
+    assert "evalsi.runtime.held -> evalsi.component (line 6)" in found
 
 
 def test_a_cycle_through_a_package_init_or_a_function_level_import_is_found() -> None:

@@ -27,7 +27,7 @@ from evalsi.collector.api import BULK_ROUTES, build_api
 from evalsi.collector.config import ApiConfig, ConfigError, parse_config
 from evalsi.component import Refused, Settings
 from evalsi.processors.memory_limiter import MIB, Limiter, Limits, MemoryLimiter, MemoryLimiterConfig
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 USUAL, BULK = 4 * MIB, 20 * MIB  # the defaults
 USUAL_KEY, BULK_KEY = "service.api.max_request_body_size", "service.api.max_bulk_request_body_size"

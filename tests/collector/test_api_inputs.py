@@ -24,8 +24,8 @@ from running_collector import Collector, serve_config, start_collector
 
 from evalsi.exporters.clickhouse.backend import open_backend
 from evalsi.exporters.clickhouse.store import TraceStore
-from evalsi.score import Score
-from evalsi.span import Span
+from evalsi.model.score import Score
+from evalsi.model.span import Span
 
 # services the collector stores, one trace each: look-alikes of one another once escapes are read
 SERVICES = ["sec-svc", "\\x73ec-svc", "back\\slash", "\\", "\\\\", "tab\\tsvc", "ünï ✈ 🚀", "' OR 1=1 --"]

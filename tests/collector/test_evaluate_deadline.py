@@ -15,7 +15,7 @@ import pytest
 from evalsi.collector import score_api
 from evalsi.collector.api import build_api
 from evalsi.evaluators.base import evaluator
-from evalsi.score import Score
+from evalsi.model.score import Score
 
 RELEASE = threading.Event()
 STARTED = threading.Semaphore(0)

@@ -9,9 +9,9 @@ import pytest
 
 from evalsi.collector.fanout import FanOut, LogFanOut, ScoreFanOut
 from evalsi.component import Refused
-from evalsi.log_record import LogBatch, LogRecord
-from evalsi.score import Score, ScoreBatch
-from evalsi.span import BatchKind, Span, SpanBatch
+from evalsi.model.log_record import LogBatch, LogRecord
+from evalsi.model.score import Score, ScoreBatch
+from evalsi.model.span import BatchKind, Span, SpanBatch
 
 
 class Store:

@@ -16,8 +16,8 @@ import pytest
 
 from evalsi.collector.workers.link import StoreLink
 from evalsi.exporters.clickhouse.rows import ArrowRows
-from evalsi.span import Span, SpanBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.model.span import Span, SpanBatch
+from evalsi.runtime.telemetry import SelfMetrics
 
 T0 = time.time_ns()
 

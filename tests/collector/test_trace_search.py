@@ -17,8 +17,8 @@ from evalsi.collector import query
 from evalsi.collector.api import build_api
 from evalsi.exporters.clickhouse.backend import open_backend
 from evalsi.exporters.clickhouse.store import TraceStore
-from evalsi.score import Score
-from evalsi.span import Span
+from evalsi.model.score import Score
+from evalsi.model.span import Span
 
 NOW = time.time_ns()
 HOUR = 3600 * 10**9

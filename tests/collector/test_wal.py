@@ -28,10 +28,10 @@ from running_collector import Collector, serve_config, start_collector, wait_unt
 
 from evalsi.collector.config import ConfigError, parse_config
 from evalsi.component import Next, Refused, Settings
+from evalsi.model.span import SpanBatch
 from evalsi.receivers.otlp import OtlpReceiver
 from evalsi.receivers.otlp.config import OtlpReceiverConfig
-from evalsi.span import SpanBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 from evalsi.wal import (
     Disk,
     DurabilityConfig,

@@ -11,11 +11,11 @@ import pytest
 from running_collector import FIXTURES
 
 from evalsi.evaluators import REGISTRY, Target, load_evaluators, parse_params, run
+from evalsi.model.score import Score
+from evalsi.model.span import Span
+from evalsi.model.trajectory import build_trajectory
 from evalsi.processors.normalize.files import normalize_files
 from evalsi.receivers.otlp.decode import decode_traces_json, decode_traces_protobuf
-from evalsi.score import Score
-from evalsi.span import Span
-from evalsi.trajectory import build_trajectory
 
 load_evaluators()
 

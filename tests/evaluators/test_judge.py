@@ -18,11 +18,11 @@ from running_collector import FIXTURES
 from evalsi.evaluators import REGISTRY, Target, judge_client, load_evaluators, parse_params, run
 from evalsi.evaluators.judge_client import Judges
 from evalsi.evaluators.packs import judge
+from evalsi.model.score import Score
+from evalsi.model.span import Span
+from evalsi.model.trajectory import build_trajectory
 from evalsi.processors.normalize.files import normalize_files
-from evalsi.score import Score
-from evalsi.span import Span
-from evalsi.telemetry import SelfMetrics
-from evalsi.trajectory import build_trajectory
+from evalsi.runtime.telemetry import SelfMetrics
 
 load_evaluators()
 JUDGE = REGISTRY["builtin/llm-judge"]

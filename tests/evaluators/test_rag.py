@@ -31,14 +31,14 @@ from running_collector import FIXTURES
 from evalsi.evaluators import REGISTRY, Target, load_evaluators, parse_params, run
 from evalsi.evaluators.judge_client import Judges
 from evalsi.evaluators.packs import rag
+from evalsi.model.score import Score
+from evalsi.model.span import Span
+from evalsi.model.trajectory import retrieved_documents
 from evalsi.policies import load_policies
 from evalsi.processors.normalize import normalize_span
 from evalsi.processors.normalize.files import normalize_files
 from evalsi.receivers.otlp.decode import decode_traces_protobuf
-from evalsi.score import Score
-from evalsi.span import Span
-from evalsi.telemetry import SelfMetrics
-from evalsi.trajectory import retrieved_documents
+from evalsi.runtime.telemetry import SelfMetrics
 
 load_evaluators()
 FAITHFULNESS = REGISTRY["builtin/faithfulness"]

@@ -30,9 +30,9 @@ from evalsi.exporters.clickhouse.backend import ServerOptions, error_reason, is_
 from evalsi.exporters.clickhouse.rows import logs_to_arrow, to_arrow
 from evalsi.exporters.clickhouse.schema import SCHEMA_VERSION, runs_by_project, schema_versions_ddl, table_keys_sql
 from evalsi.exporters.clickhouse.store import TraceStore
-from evalsi.log_record import LogRecord
-from evalsi.score import Score
-from evalsi.span import Span, SpanEvent, SpanLink
+from evalsi.model.log_record import LogRecord
+from evalsi.model.score import Score
+from evalsi.model.span import Span, SpanEvent, SpanLink
 from evalsi.store import StoreError
 
 SERVER_URL = os.environ.get("EVALSI_TEST_CLICKHOUSE_URL", "")

@@ -28,10 +28,10 @@ from running_collector import FIXTURES, serve_config, start_collector
 from evalsi.collector.builtin import load_builtin_components
 from evalsi.component import REGISTRY, Settings
 from evalsi.exporters.langfuse import LangfuseConfig, LangfuseExporter, score_id
+from evalsi.model.score import Score, ScoreBatch
+from evalsi.model.span import BatchKind, Span, SpanBatch
 from evalsi.receivers.otlp.decode import decode_traces_protobuf
-from evalsi.score import Score, ScoreBatch
-from evalsi.span import BatchKind, Span, SpanBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 SPAN = "b7ad6b7169203331"

@@ -27,9 +27,9 @@ from evalsi.collector.builtin import load_builtin_components
 from evalsi.component import REGISTRY, Settings
 from evalsi.exporters import mlflow as mlflow_exporter
 from evalsi.exporters.mlflow import KEY_METADATA, MlflowConfig, MlflowExporter, score_key
-from evalsi.score import Score, ScoreBatch
-from evalsi.span import Span, SpanBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.model.score import Score, ScoreBatch
+from evalsi.model.span import Span, SpanBatch
+from evalsi.runtime.telemetry import SelfMetrics
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

@@ -30,12 +30,12 @@ from running_collector import serve_config, start_collector
 from evalsi.component import REGISTRY, Settings
 from evalsi.exporters.otlp import OtlpExporter, OtlpExporterConfig
 from evalsi.exporters.otlp_encode import traces_request
+from evalsi.model.score import Score, ScoreBatch
+from evalsi.model.span import BatchKind, Span, SpanBatch, SpanLink
 from evalsi.processors.normalize import normalize_span
 from evalsi.receivers.otlp.decode import any_value, decode_traces_protobuf
 from evalsi.receivers.otlp.status import status_message
-from evalsi.score import Score, ScoreBatch
-from evalsi.span import BatchKind, Span, SpanBatch, SpanLink
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TRACE = "0af7651916cd43dd8448eb211c80319c"

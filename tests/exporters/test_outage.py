@@ -21,11 +21,11 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from otlp_logs_backend import OtlpLogsBackend
 from running_collector import Collector, serve_config, start_collector
 
-from evalsi import backoff
 from evalsi.exporters import delivery
 from evalsi.exporters.delivery import RetryConfig, SendFailed, deliver
 from evalsi.exporters.langfuse import score_id
-from evalsi.score import Score
+from evalsi.model.score import Score
+from evalsi.runtime import backoff
 
 OUTAGE_S = 30.0
 

@@ -18,9 +18,9 @@ from running_collector import serve_config, start_collector
 
 from evalsi.component import Settings
 from evalsi.exporters.prometheus import PrometheusConfig, PrometheusExporter
+from evalsi.model.score import Score, ScoreBatch
 from evalsi.policies.intervals import log_interval, t_interval, wilson_interval
-from evalsi.score import Score, ScoreBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 OPENMETRICS = {"Accept": "application/openmetrics-text; version=1.0.0"}
 T0 = 1_800_000_000.0  # on a 5m boundary

@@ -19,9 +19,9 @@ from running_collector import serve_config, start_collector
 
 from evalsi.component import Settings
 from evalsi.exporters.prometheus import PrometheusConfig, PrometheusExporter
+from evalsi.model.score import Score, ScoreBatch
 from evalsi.policies.intervals import wilson_interval
-from evalsi.score import Score, ScoreBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason=MISSING)
 

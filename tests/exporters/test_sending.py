@@ -13,7 +13,7 @@ import pytest
 
 from evalsi.component import Refused, Settings
 from evalsi.exporters.sending import FullPolicy, Lane, SendQueue
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 LOGGER = "test.sending"
 

@@ -19,10 +19,10 @@ import evalsi.exporters.clickhouse as clickhouse_exporter
 from evalsi.component import Refused, Settings
 from evalsi.exporters.clickhouse import ClickHouseConfig, ClickHouseExporter
 from evalsi.exporters.clickhouse.backend import ChdbBackend, error_reason, is_data_error
-from evalsi.log_record import LogBatch, LogRecord
-from evalsi.score import Score, ScoreBatch
-from evalsi.span import Span, SpanBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.model.log_record import LogBatch, LogRecord
+from evalsi.model.score import Score, ScoreBatch
+from evalsi.model.span import Span, SpanBatch
+from evalsi.runtime.telemetry import SelfMetrics
 
 DISK_FULL = "Code: 243. DB::Exception: Cannot reserve 1.00 MiB, not enough space. (NOT_ENOUGH_SPACE)"
 TYPE_MISMATCH = "Code: 53. DB::Exception: Type mismatch in IN or VALUES section. (TYPE_MISMATCH)"

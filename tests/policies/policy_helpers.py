@@ -9,9 +9,9 @@ import yaml
 from running_collector import FIXTURES
 
 from evalsi.evaluators import REGISTRY, NoParams, Params, Target, evaluator
+from evalsi.model.score import Score
+from evalsi.model.span import Span
 from evalsi.processors.normalize.files import normalize_files
-from evalsi.score import Score
-from evalsi.span import Span
 
 
 class KeywordParams(Params):

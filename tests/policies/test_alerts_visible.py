@@ -19,8 +19,8 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from policy_helpers import policy_doc, span, write
 from running_collector import Collector, serve_config, start_collector, wait_until
 
+from evalsi.model.span import trace_shard
 from evalsi.policies import AlertEvent, AlertRecorder, load_policies
-from evalsi.span import trace_shard
 
 # --- the engine: what fired, with which values, and when it resolved ----------------------------------------------
 

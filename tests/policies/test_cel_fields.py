@@ -18,12 +18,12 @@ from typer.testing import CliRunner
 from evalsi import cel, cli
 from evalsi.component import Next, Settings
 from evalsi.evaluators import load_evaluators
+from evalsi.model.score import Score
 from evalsi.policies.conditions import SCHEMA, SCORE_SHAPE, score_summary as _summary
 from evalsi.policies.load import PolicyError, load_policies, parse_policy
 from evalsi.policies.trace_view import SessionView, TraceView
 from evalsi.processors.evaluate import Evaluate, EvaluateConfig
-from evalsi.score import Score
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 DOCS = Path(__file__).parents[2] / "docs" / "policies.md"
 

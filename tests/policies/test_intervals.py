@@ -13,9 +13,9 @@ import pytest
 from policy_helpers import policy_doc, span, write
 
 from evalsi.collector.score_api import aggregate, window_stats
+from evalsi.model.score import Score
 from evalsi.policies import load_policies
 from evalsi.policies.intervals import log_interval, mean_interval, t_interval, wilson_interval
-from evalsi.score import Score
 
 # latencies (ms) of a quiet window: one slow trace among fast ones. Their t interval reaches below zero.
 LATENCIES = [5.0, 8.0, 12.0, 250.0]

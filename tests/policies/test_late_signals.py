@@ -12,11 +12,11 @@ from typing import Any
 from policy_helpers import policy_doc, span, write
 
 from evalsi.component import Next, Settings
-from evalsi.log_record import LogBatch, LogRecord
+from evalsi.model.log_record import LogBatch, LogRecord
+from evalsi.model.score import Score, ScoreBatch
+from evalsi.model.span import BatchKind, Span, SpanBatch
 from evalsi.processors.evaluate import Evaluate, EvaluateConfig
-from evalsi.score import Score, ScoreBatch
-from evalsi.span import BatchKind, Span, SpanBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 LATE = policy_doc(
     "late", sampling={"rate": 0, "always": ["feedback.negative"]}, cascade=[{"ref": "test/echo"}]

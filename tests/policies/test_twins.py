@@ -13,10 +13,10 @@ from running_collector import FIXTURES
 
 from evalsi.evaluators import REGISTRY, Target, load_evaluators, parse_params
 from evalsi.evaluators.base import run
+from evalsi.model.span import VENDOR_SDK, Span
+from evalsi.model.trajectory import build_trajectory
 from evalsi.policies.twins import ARMED_S, TwinBuffer
 from evalsi.processors.normalize.files import normalize_files
-from evalsi.span import VENDOR_SDK, Span
-from evalsi.trajectory import build_trajectory
 
 TWINS = [
     ("anthropic-sdk/openllmetry", "chat_simple"),

@@ -15,9 +15,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 import evalsi.processors.normalize.agentgateway  # noqa: F401  (registers the mapper)
 from evalsi.exporters.clickhouse.rows import attribute_string
+from evalsi.model.span import Span
 from evalsi.processors.normalize import MAPPERS, normalize_span
 from evalsi.receivers.otlp.decode import decode_traces_json, decode_traces_protobuf
-from evalsi.span import Span
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "agentgateway" / "example-otlp.json"
 

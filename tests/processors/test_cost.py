@@ -20,10 +20,10 @@ from running_collector import serve_config, start_collector, wait_until
 
 from evalsi.collector.config import ConfigError, parse_config
 from evalsi.component import Settings
+from evalsi.model.span import Span, SpanBatch
 from evalsi.processors.normalize import Normalize, NormalizeConfig
 from evalsi.processors.normalize.cost import MAX_UNKNOWN_LABELS, CostConfig, Pricer, library_rates, span_cost
-from evalsi.span import Span, SpanBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "conventions.md"
 UNKNOWN = "evalsi_normalize_cost_unknown_models_total"

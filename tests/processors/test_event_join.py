@@ -12,9 +12,9 @@ import pytest
 from running_collector import FIXTURES, Collector, serve_config, start_collector
 
 from evalsi.exporters.clickhouse.backend import open_backend
-from evalsi.log_record import LogRecord
+from evalsi.model.log_record import LogRecord
+from evalsi.model.span import Span
 from evalsi.processors.normalize.events import EventJoin
-from evalsi.span import Span
 
 FOLDER = FIXTURES / "otel-openai-v2"
 META = json.loads((FOLDER / "meta.json").read_text())

@@ -12,10 +12,10 @@ import pytest
 from running_collector import FIXTURES
 
 from evalsi import cel
+from evalsi.model.span import PLUMBING, VENDOR_SDK, Span
+from evalsi.model.trajectory import build_trajectories, join_twins
 from evalsi.policies.trace_view import TraceView
 from evalsi.processors.normalize.files import normalize_files
-from evalsi.span import PLUMBING, VENDOR_SDK, Span
-from evalsi.trajectory import build_trajectories, join_twins
 
 STACKS = [
     "langgraph-openinference",

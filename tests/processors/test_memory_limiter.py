@@ -31,7 +31,8 @@ from running_collector import Collector, serve_config, start_collector, wait_unt
 
 from evalsi.collector.config import ConfigError, parse_config
 from evalsi.component import Next, Refused, Settings
-from evalsi.log_record import LogBatch, LogRecord
+from evalsi.model.log_record import LogBatch, LogRecord
+from evalsi.model.span import Span, SpanBatch
 from evalsi.processors.memory_limiter import (
     ITEMS_PER_CHECK,
     MIB,
@@ -43,8 +44,7 @@ from evalsi.processors.memory_limiter import (
     limits,
     total_memory,
 )
-from evalsi.span import Span, SpanBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 

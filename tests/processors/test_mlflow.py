@@ -11,8 +11,8 @@ import pytest
 from captures import normalized_capture, parts, texts
 
 import evalsi.processors.normalize.mlflow  # noqa: F401  (registers the mapper)
+from evalsi.model.span import Span
 from evalsi.processors.normalize import normalize_span
-from evalsi.span import Span
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FOLDER = FIXTURES / "mlflow"

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from evalsi.component import REGISTRY, Settings
 from evalsi.exporters.clickhouse.rows import attribute_string
+from evalsi.model.span import Span, SpanBatch, SpanEvent
 from evalsi.processors.normalize import MAPPERS, Normalize, NormalizeConfig, mapper as mapper_registry, normalize_span
 from evalsi.processors.normalize.mapper import register_mapper
 from evalsi.processors.normalize.messages import (
@@ -25,8 +26,7 @@ from evalsi.processors.normalize.messages import (
     system_message,
 )
 from evalsi.receivers.otlp.decode import decode_traces_json
-from evalsi.span import Span, SpanBatch, SpanEvent
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LEGACY = "otel-openai-v2"

@@ -10,8 +10,8 @@ import pytest
 from captures import any_value, normalized_capture, parts, texts
 
 import evalsi.processors.normalize.openinference  # noqa: F401  (registers the mapper)
+from evalsi.model.span import Span, SpanEvent
 from evalsi.processors.normalize import normalize_span
-from evalsi.span import Span, SpanEvent
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FOLDER = FIXTURES / "openinference"

@@ -18,6 +18,7 @@ from running_collector import serve_config, start_collector
 
 from evalsi.collector.config import ConfigError, parse_config
 from evalsi.component import Next, Refused, Settings
+from evalsi.model.span import Span, SpanBatch
 from evalsi.processors.probabilistic_sampler import (
     ConsistentSampler,
     ProbabilisticSampler,
@@ -28,8 +29,7 @@ from evalsi.processors.probabilistic_sampler import (
     probability_to_threshold,
     th_to_probability,
 )
-from evalsi.span import Span, SpanBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 ALWAYS_KEPT_ID = "0" * 18 + "f" * 14  # randomness 2^56-1: kept at every probability
 HALF_ID = "fefefefefefefefefe80000000000000"  # randomness exactly 0x80000000000000: kept at 50%, not at 49%

@@ -16,13 +16,13 @@ import pytest
 
 from evalsi.collector.config import ConfigError, parse_config
 from evalsi.component import Next, Settings
-from evalsi.log_record import LogBatch, LogRecord
+from evalsi.model.log_record import LogBatch, LogRecord
+from evalsi.model.span import Span, SpanBatch, SpanEvent
 from evalsi.processors.normalize import normalize_span
 from evalsi.processors.redact import Redact, RedactConfig
 from evalsi.processors.redact.rules import RuleSet, content_rules, hasher_of
 from evalsi.receivers.otlp.decode import decode_logs_json, decode_traces_json
-from evalsi.span import Span, SpanBatch, SpanEvent
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 PII_FOLDERS = sorted(p.parent.name for p in FIXTURES.glob("*/chat_pii.json"))

@@ -12,11 +12,11 @@ import pytest
 
 from evalsi.collector.config import ConfigError, parse_config
 from evalsi.component import Next, Refused, Settings
+from evalsi.model.span import BatchKind, Span, SpanBatch
 from evalsi.processors.tail_sampling import TailSampling, TailSamplingConfig
 from evalsi.processors.tail_sampling.buffer import Trace, span_size
 from evalsi.processors.tail_sampling.policies import PolicySet, _fnv1a, probability_threshold
-from evalsi.span import BatchKind, Span, SpanBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 T0 = 1_700_000_000_000_000_000
 

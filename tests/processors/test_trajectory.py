@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from running_collector import FIXTURES
 
+from evalsi.model.trajectory import build_trajectories
 from evalsi.processors.normalize.files import normalize_files
-from evalsi.trajectory import build_trajectories
 
 TOOL_LOOP_FOLDERS = [
     "otel-openai-v2",

@@ -25,10 +25,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from evalsi.component import Next, Refused, Settings
+from evalsi.model.span import SpanBatch
 from evalsi.receivers.otlp import OtlpReceiver
 from evalsi.receivers.otlp.config import OtlpReceiverConfig
-from evalsi.span import SpanBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"

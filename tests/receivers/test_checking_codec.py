@@ -8,7 +8,7 @@ import os
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from evalsi.encoded import EncodedBatch
+from evalsi.model.encoded import EncodedBatch
 from evalsi.receivers.otlp.decode import TRACES, checking_codec, shard_of, spans_from_request
 
 GOOD_TRACE = bytes.fromhex("0af7651916cd43dd8448eb211c80319c")

@@ -56,8 +56,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from running_collector import EVALSI, FIXTURES, Collector, serve_config, start_collector
 
 from evalsi.collector.config import ConfigError, parse_config
-from evalsi.encoded import EncodedBatch
 from evalsi.exporters.clickhouse.backend import open_backend
+from evalsi.model.encoded import EncodedBatch
 from evalsi.receivers.otlp.config import Limits
 from evalsi.receivers.otlp.decode import (
     LOGS,
@@ -67,7 +67,7 @@ from evalsi.receivers.otlp.decode import (
     limited,
     split_limits,
 )
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "receivers" / "otlp.md"

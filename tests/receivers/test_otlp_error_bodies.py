@@ -32,11 +32,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from evalsi.auth import ApiKeyConfig, AuthConfig, Authenticator, hash_of
 from evalsi.component import Next, Refused, Settings
-from evalsi.log_record import LogBatch
+from evalsi.model.log_record import LogBatch
+from evalsi.model.span import SpanBatch
 from evalsi.receivers.otlp import OtlpReceiver
 from evalsi.receivers.otlp.config import OtlpReceiverConfig
-from evalsi.span import SpanBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"

@@ -27,9 +27,9 @@ from captures import texts
 from running_collector import Collector, serve_config, start_collector, wait_until
 
 import evalsi.processors.normalize.mlflow  # noqa: F401  (registers the mapper)
+from evalsi.model.span import Span
 from evalsi.processors.normalize import normalize_span
 from evalsi.receivers.otlp.decode import decode_traces_protobuf
-from evalsi.span import Span
 
 POLICY = """apiVersion: evals.si/v1alpha1
 kind: OnlineEvalPolicy

@@ -31,9 +31,9 @@ from running_collector import Collector, serve_config, start_collector, wait_unt
 from evalsi.collector.builtin import load_builtin_components
 from evalsi.component import REGISTRY, Settings
 from evalsi.exporters.phoenix import PhoenixConfig, PhoenixExporter, annotation_identifier
+from evalsi.model.score import Score, ScoreBatch
 from evalsi.receivers.pull.phoenix import PhoenixReceiver, PhoenixReceiverConfig, attributes, otlp_span
-from evalsi.score import Score, ScoreBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 POLICY = """apiVersion: evals.si/v1alpha1
 kind: OnlineEvalPolicy

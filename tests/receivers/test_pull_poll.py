@@ -18,10 +18,10 @@ from pydantic import ValidationError
 
 from evalsi.collector.builtin import load_builtin_components
 from evalsi.component import REGISTRY, Next, Settings
+from evalsi.model.span import SpanBatch
 from evalsi.receivers.pull.mlflow import MlflowReceiverConfig
 from evalsi.receivers.pull.poll import Listed, Page, PullConfig, PullReceiver, Watermark, check_response
-from evalsi.span import SpanBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 NOW_MS = int(time.time() * 1000)
 

@@ -15,8 +15,8 @@ import pytest
 import yaml
 from running_collector import Collector
 
-from evalsi.span import span_from_canonical
-from evalsi.trajectory import build_trajectory
+from evalsi.model.span import span_from_canonical
+from evalsi.model.trajectory import build_trajectory
 
 from .test_run_e2e import evalsi, run_json
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from evalsi.backoff import Backoff
 from evalsi.run_harness.model import Attempt, LlmCall, SubAgent, Task, ToolCall
 from evalsi.run_harness.spec import HttpTarget
 from evalsi.run_harness.targets.base import AttemptContext, AttemptFailed, TargetError
 from evalsi.run_harness.targets.http import HttpAgent
+from evalsi.runtime.backoff import Backoff
 
 from .harness_server import Capabilities, HarnessServer
 

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from running_collector import Collector
 
-from evalsi.span import span_from_canonical
-from evalsi.trajectory import build_trajectory
+from evalsi.model.span import span_from_canonical
+from evalsi.model.trajectory import build_trajectory
 
 from .harness_server import atif_document
 from .test_inspect_import import logs  # noqa: F401  (the fixture: real Inspect logs written in a subprocess)

@@ -13,11 +13,11 @@ import yaml
 from running_collector import Collector
 
 from evalsi.evaluators import Target, load_evaluators, parse_params, run as evaluate
+from evalsi.model.score import Score
+from evalsi.model.span import Span
+from evalsi.model.trajectory import build_trajectory
 from evalsi.policies.window import Series
 from evalsi.run_harness.stats import Observation, aggregate
-from evalsi.score import Score
-from evalsi.span import Span
-from evalsi.trajectory import build_trajectory
 
 from .test_run_e2e import evalsi, run_file, run_json
 

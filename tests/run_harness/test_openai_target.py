@@ -16,13 +16,13 @@ from typing import Any
 import httpx
 import pytest
 
-from evalsi.backoff import Backoff
 from evalsi.run_harness.model import Attempt, LlmCall, Task, ToolCall
 from evalsi.run_harness.spec import OpenAITarget
 from evalsi.run_harness.stub_llm import StubLLM
 from evalsi.run_harness.targets.base import AttemptContext, AttemptFailed, TargetError
 from evalsi.run_harness.targets.openai import OpenAIAgent
 from evalsi.run_harness.tools import function_schema, type_schema
+from evalsi.runtime.backoff import Backoff
 
 from . import tools
 

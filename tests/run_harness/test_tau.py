@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from evalsi.evaluators import REGISTRY, Target, load_evaluators, parse_params, run
+from evalsi.model.span import Span
+from evalsi.model.trajectory import build_trajectory
 from evalsi.run_harness.dataset import DatasetError
 from evalsi.run_harness.model import Task
 from evalsi.run_harness.tau import load_tau_tasks
-from evalsi.span import Span
-from evalsi.trajectory import build_trajectory
 
 # two tasks as τ-bench's retail tasks are written (its `annotator` field included)
 CANCEL = {

@@ -10,13 +10,13 @@ import threading
 from typing import Any
 
 from evalsi.component import Refused
-from evalsi.held import arrived_of, earliest
-from evalsi.log_record import LogBatch, LogRecord
-from evalsi.score import ScoreBatch, score_rows
-from evalsi.span import BatchKind, Span, SpanBatch
+from evalsi.model.log_record import LogBatch, LogRecord
+from evalsi.model.score import ScoreBatch, score_rows
+from evalsi.model.span import BatchKind, Span, SpanBatch
+from evalsi.runtime.held import arrived_of, earliest
+from evalsi.runtime.supervise import supervise
+from evalsi.runtime.telemetry import SelfMetrics, items_refused_counter
 from evalsi.store import RowEncoder, RowKind, Rows
-from evalsi.supervise import supervise
-from evalsi.telemetry import SelfMetrics, items_refused_counter
 
 log = logging.getLogger("evalsi.workers")
 

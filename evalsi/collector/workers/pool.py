@@ -21,15 +21,15 @@ from evalsi.collector.config import Config
 from evalsi.collector.workers.pipe import receive_message, send_message, widen_pipe
 from evalsi.collector.workers.worker import PipelineFactory, worker_main
 from evalsi.component import Refused
-from evalsi.encoded import EncodedBatch
 from evalsi.evaluators.judge_client import LocalLedger
-from evalsi.held import earliest
-from evalsi.log_record import LogBatch
+from evalsi.model.encoded import EncodedBatch
+from evalsi.model.log_record import LogBatch
+from evalsi.model.score import Score, scores_from_rows
+from evalsi.model.span import SpanBatch, trace_shard
 from evalsi.policies.window import WindowRecord
-from evalsi.score import Score, scores_from_rows
-from evalsi.span import SpanBatch, trace_shard
+from evalsi.runtime.held import earliest
+from evalsi.runtime.telemetry import SelfMetrics
 from evalsi.store import RowKind, StoreExporter
-from evalsi.telemetry import SelfMetrics
 
 log = logging.getLogger("evalsi.workers")
 

@@ -19,11 +19,11 @@ from evalsi.collector.logs import configure
 from evalsi.collector.workers.link import LINK_TABLES_IN_FLIGHT, StoreLink, WorkerPeers
 from evalsi.collector.workers.pipe import receive_message, send_message
 from evalsi.component import REGISTRY, Refused
-from evalsi.encoded import Decoder, EncodedBatch
-from evalsi.held import stamp, stamp_project
+from evalsi.model.encoded import Decoder, EncodedBatch
+from evalsi.runtime.held import stamp, stamp_project
+from evalsi.runtime.supervise import supervise
+from evalsi.runtime.telemetry import SelfMetrics
 from evalsi.store import RowEncoder
-from evalsi.supervise import supervise
-from evalsi.telemetry import SelfMetrics
 
 log = logging.getLogger("evalsi.workers")
 

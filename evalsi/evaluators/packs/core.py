@@ -17,10 +17,10 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from evalsi.evaluators.base import Params, Target, evaluator
 from evalsi.evaluators.schema import compiled, json_type, violations
+from evalsi.model.score import Score
+from evalsi.model.span import Span
+from evalsi.model.trajectory import call_usage, counted_once
 from evalsi.pattern import Pattern, compile_pattern
-from evalsi.score import Score
-from evalsi.span import Span
-from evalsi.trajectory import call_usage, counted_once
 
 # --- text checks ---------------------------------------------------------------------------------------------
 

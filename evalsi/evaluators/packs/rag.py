@@ -12,7 +12,7 @@ from pydantic import Field
 
 from evalsi.evaluators.base import Target, evaluator
 from evalsi.evaluators.judge_client import VERDICT_FORMAT, JudgeConfig, PromptTemplate
-from evalsi.score import Score
+from evalsi.model.score import Score
 
 # --- the prompts ---------------------------------------------------------------------------------------------
 

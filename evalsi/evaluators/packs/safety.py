@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator
 
 from evalsi.evaluators.base import Params, Target, evaluator
+from evalsi.model.score import Score
 from evalsi.pii import (
     CARD_PATTERN,
     EMAIL_PATTERN,
@@ -27,7 +28,6 @@ from evalsi.pii import (
     iban_parts,
     phone_parts,
 )
-from evalsi.score import Score
 
 # --- PII leak ------------------------------------------------------------------------------------------------
 

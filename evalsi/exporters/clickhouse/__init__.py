@@ -12,7 +12,6 @@ from typing import Any
 import pyarrow as pa
 from pydantic import Field, field_validator, model_validator
 
-from evalsi.backoff import Backoff
 from evalsi.component import ComponentConfig, Refused, Settings, exporter
 from evalsi.duration import Duration
 from evalsi.exporters.clickhouse.backend import (
@@ -35,10 +34,11 @@ from evalsi.exporters.clickhouse.rows import (
 from evalsi.exporters.clickhouse.store import TraceStore
 from evalsi.exporters.delivery import items_refused_counter
 from evalsi.exporters.sending import Lane, SendQueue
-from evalsi.held import arrived_of, earliest
-from evalsi.log_record import LogBatch
-from evalsi.score import ScoreBatch
-from evalsi.span import BatchKind, SpanBatch
+from evalsi.model.log_record import LogBatch
+from evalsi.model.score import ScoreBatch
+from evalsi.model.span import BatchKind, SpanBatch
+from evalsi.runtime.backoff import Backoff
+from evalsi.runtime.held import arrived_of, earliest
 from evalsi.store import RowKind, Rows, StoreType
 
 

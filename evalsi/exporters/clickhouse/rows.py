@@ -11,9 +11,9 @@ import pyarrow as pa
 
 from evalsi import json_codec
 from evalsi.exporters.clickhouse.schema import LOGS_SCHEMA, SCORES_SCHEMA, TRACES_SCHEMA
-from evalsi.log_record import LogRecord
-from evalsi.score import Score
-from evalsi.span import Span
+from evalsi.model.log_record import LogRecord
+from evalsi.model.score import Score
+from evalsi.model.span import Span
 from evalsi.store import RowKind, Rows
 
 _COMPACT = (",", ":")

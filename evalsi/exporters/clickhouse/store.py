@@ -42,8 +42,8 @@ from evalsi.exporters.clickhouse.schema import (
     ttl_targets,
     watermark_sql,
 )
-from evalsi.score import DEFAULT_PROJECT, Score
-from evalsi.span import Span
+from evalsi.model.score import DEFAULT_PROJECT, Score
+from evalsi.model.span import Span
 
 if TYPE_CHECKING:
     from evalsi.policies.notify import AlertEvent

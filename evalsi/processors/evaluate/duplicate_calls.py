@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 
 from evalsi.component import Settings
+from evalsi.model.span import VENDOR_SDK_SCOPES, Span
+from evalsi.model.trajectory import lone_sdk_call
 from evalsi.policies.twins import TwinBuffer
 from evalsi.processors.evaluate.config import DuplicateCallsConfig
-from evalsi.span import VENDOR_SDK_SCOPES, Span
-from evalsi.trajectory import lone_sdk_call
 
 TICK_S = 0.1
 """How often traces whose twin did not come in `duplicate_calls.wait` go to evaluation alone."""

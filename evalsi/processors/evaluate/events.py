@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from evalsi.log_record import LogRecord
-from evalsi.score import Score
+from evalsi.model.log_record import LogRecord
+from evalsi.model.score import Score
 
 EVALUATION_EVENT = "gen_ai.evaluation.result"
 

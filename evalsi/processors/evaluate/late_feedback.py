@@ -17,12 +17,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from evalsi.component import Settings
+from evalsi.model.score import Score
+from evalsi.model.span import Span, TraceKey, trace_key
 from evalsi.policies import PolicySet
 from evalsi.policies.engine import PolicyDecision
 from evalsi.policies.feedback import is_feedback
 from evalsi.processors.evaluate.config import LateSignalsConfig
-from evalsi.score import Score
-from evalsi.span import Span, TraceKey, trace_key
 
 GONE_PER_TRACE = 10
 """Ids of traces that left the buffer are remembered (to count feedback for them as `expired`, not `unknown_trace`)

@@ -12,7 +12,10 @@ from pathlib import Path
 
 from evalsi.component import Next, Refused, Settings, processor
 from evalsi.evaluators.judge_client import Judges
-from evalsi.log_record import LogBatch
+from evalsi.model.log_record import LogBatch
+from evalsi.model.score import Score, ScoreBatch
+from evalsi.model.span import BatchKind, Span, SpanBatch, TraceKey, project_of, trace_key
+from evalsi.model.trajectory import lone_sdk_call
 from evalsi.policies import PolicySet
 from evalsi.policies.window import WindowRecord
 from evalsi.processors.evaluate.alerts import Alerts
@@ -23,10 +26,7 @@ from evalsi.processors.evaluate.late_feedback import EvaluatedHere, LateFeedback
 from evalsi.processors.evaluate.reload import PolicyReload
 from evalsi.processors.evaluate.sessions import SessionMeeting
 from evalsi.processors.evaluate.work_queue import EvaluationQueue
-from evalsi.score import Score, ScoreBatch
-from evalsi.span import BatchKind, Span, SpanBatch, TraceKey, project_of, trace_key
-from evalsi.supervise import supervise
-from evalsi.trajectory import lone_sdk_call
+from evalsi.runtime.supervise import supervise
 
 
 @processor("evaluate", config=EvaluateConfig, signals=("traces", "logs", "scores"), needs=BatchKind.TRACE, meets=True)

@@ -8,8 +8,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from evalsi.model.span import Span
 from evalsi.processors.tail_sampling.buffer import SessionBuffer, session_of
-from evalsi.span import Span
 
 SESSIONS_TICK_S = 0.25
 """How often quiet sessions go to evaluation."""

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from evalsi.component import Next, Refused, Settings
+from evalsi.model.score import Score, ScoreBatch
+from evalsi.model.span import Span, project_of
 from evalsi.policies import PolicySet
 from evalsi.policies.window import WindowRecord
 from evalsi.processors.evaluate.alerts import Alerts
 from evalsi.processors.evaluate.config import EvaluateConfig
 from evalsi.processors.evaluate.late_feedback import LateFeedback
-from evalsi.score import Score, ScoreBatch
-from evalsi.span import Span, project_of
 
 T = TypeVar("T")
 

@@ -10,8 +10,8 @@ from pydantic import field_validator
 
 from evalsi.component import ComponentConfig, Next, Refused, Settings, processor
 from evalsi.duration import Duration
-from evalsi.held import arrived_of, earliest
-from evalsi.log_record import LogBatch
+from evalsi.model.log_record import LogBatch
+from evalsi.model.span import Span, SpanBatch
 
 # each mapper registers itself with its precedence (lower is tried first): agentgateway 10, mlflow 20,
 # openinference 30, openllmetry 40, openlit 50, then the generic otel_genai 100
@@ -27,8 +27,8 @@ from evalsi.processors.normalize.cost import CostConfig, Pricer
 from evalsi.processors.normalize.events import EventJoin
 from evalsi.processors.normalize.mapper import MAPPERS, Mapper, register_mapper
 from evalsi.processors.normalize.values import MAX_TOKENS
-from evalsi.span import Span, SpanBatch
-from evalsi.supervise import supervise
+from evalsi.runtime.held import arrived_of, earliest
+from evalsi.runtime.supervise import supervise
 
 __all__ = ["MAPPERS", "Mapper", "Normalize", "NormalizeConfig", "normalize_span", "register_mapper"]
 

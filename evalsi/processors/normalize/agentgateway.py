@@ -17,6 +17,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from evalsi.model.span import Span
 from evalsi.processors.normalize.mapper import register_mapper
 from evalsi.processors.normalize.messages import Message, chat_message, chat_messages, tool_arguments
 from evalsi.processors.normalize.otel_genai import (
@@ -27,7 +28,6 @@ from evalsi.processors.normalize.otel_genai import (
     tool_messages,
 )
 from evalsi.processors.normalize.values import count, number, text
-from evalsi.span import Span
 
 SCOPE = "agentgateway"  # the instrumentation scope of every span agentgateway writes
 OUTBOUND_KIND = "agentgateway.outbound.kind"  # Primary, Policy, Mirror

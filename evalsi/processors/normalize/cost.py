@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evalsi.span import Span
+from evalsi.model.span import Span
 
 __all__ = ["CostConfig", "PriceOverride", "Pricer", "Rates", "library_rates", "span_cost"]
 

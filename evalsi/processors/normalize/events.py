@@ -13,8 +13,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from evalsi.held import arrived_of, earliest
-from evalsi.log_record import LogRecord
+from evalsi.model.log_record import LogRecord
+from evalsi.model.span import Span
 from evalsi.processors.normalize.messages import (
     CHOICE_EVENT,
     MESSAGE_EVENT_ROLES,
@@ -23,7 +23,7 @@ from evalsi.processors.normalize.messages import (
     semconv_messages,
     system_message,
 )
-from evalsi.span import Span
+from evalsi.runtime.held import arrived_of, earliest
 
 # The current semconv event: one record per call, with the messages as attributes (OpenLIT emits it).
 OPERATION_DETAILS_EVENT = "gen_ai.client.inference.operation.details"

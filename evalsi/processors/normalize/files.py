@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evalsi.log_record import LogBatch, LogRecord
+from evalsi.model.log_record import LogBatch, LogRecord
+from evalsi.model.span import Span, SpanBatch
 from evalsi.processors.normalize import normalize_span
 from evalsi.processors.normalize.events import apply_records, is_content_event, may_get_events
 from evalsi.receivers.otlp.decode import (
@@ -15,7 +16,6 @@ from evalsi.receivers.otlp.decode import (
     decode_traces_json,
     decode_traces_protobuf,
 )
-from evalsi.span import Span, SpanBatch
 
 
 @dataclass

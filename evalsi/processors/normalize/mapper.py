@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from evalsi.span import Span
+from evalsi.model.span import Span
 
 
 @runtime_checkable

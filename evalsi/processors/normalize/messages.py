@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from evalsi.model.span import SpanEvent
 from evalsi.processors.normalize.values import as_text, is_malformed, loads
-from evalsi.span import SpanEvent
 
 Message = dict[str, Any]
 Part = dict[str, Any]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from evalsi.model.span import Span, StepType
 from evalsi.processors.normalize.mapper import register_mapper
 from evalsi.processors.normalize.messages import Message, semconv_messages, tool_arguments, unparsed_message
 from evalsi.processors.normalize.openai_bodies import (
@@ -33,7 +34,6 @@ from evalsi.processors.normalize.otel_genai import (  # the semconv names this c
     span_error_type,
 )
 from evalsi.processors.normalize.values import count, first, is_malformed, loads, number, text, token_count
-from evalsi.span import Span, StepType
 
 SPAN_TYPE = "mlflow.spanType"
 TRACE_REQUEST_ID = "mlflow.traceRequestId"

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from evalsi.model.span import Span
 from evalsi.processors.normalize.messages import Message, Part, chat_message, chat_messages, tool_arguments
 from evalsi.processors.normalize.values import as_text, text
-from evalsi.span import Span
 
 
 def text_message(role: str, value: Any) -> Message:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from evalsi.model.span import Span, StepType
 from evalsi.processors.normalize.langchain import tool_message
 from evalsi.processors.normalize.mapper import register_mapper
 from evalsi.processors.normalize.messages import Message, Part, semconv_messages, tool_arguments, unparsed_message
@@ -30,7 +31,6 @@ from evalsi.processors.normalize.otel_genai import (  # the semconv names this c
     span_error_type,
 )
 from evalsi.processors.normalize.values import as_text, count, is_malformed, loads, number, text, token_count
-from evalsi.span import Span, StepType
 
 SPAN_KIND = "openinference.span.kind"
 MODEL_NAME = "llm.model_name"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from evalsi.model.span import Span, StepType
 from evalsi.processors.normalize.mapper import register_mapper
 from evalsi.processors.normalize.messages import (
     CONTENT_EVENTS,
@@ -35,7 +36,6 @@ from evalsi.processors.normalize.otel_genai import (  # the semconv names this c
     tool_messages,
 )
 from evalsi.processors.normalize.values import as_text, count, first, number, objects, text
-from evalsi.span import Span, StepType
 
 PRECEDENCE = 50
 

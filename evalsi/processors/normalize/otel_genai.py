@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from evalsi.model.span import PLUMBING, VENDOR_SDK, VENDOR_SDK_SCOPES, Span, StepType
 from evalsi.processors.normalize.langchain import callback_arguments, tool_message
 from evalsi.processors.normalize.mapper import GENERIC_PRECEDENCE, register_mapper
 from evalsi.processors.normalize.messages import (
@@ -26,7 +27,6 @@ from evalsi.processors.normalize.values import (
     text,
     token_count,
 )
-from evalsi.span import PLUMBING, VENDOR_SDK, VENDOR_SDK_SCOPES, Span, StepType
 
 OPERATION = "gen_ai.operation.name"
 PROVIDER = "gen_ai.provider.name"

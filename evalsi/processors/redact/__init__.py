@@ -10,7 +10,8 @@ from typing import Any
 
 from evalsi import json_codec
 from evalsi.component import Next, Settings, processor
-from evalsi.log_record import LogBatch, LogRecord
+from evalsi.model.log_record import LogBatch, LogRecord
+from evalsi.model.span import Span, SpanBatch, SpanEvent
 from evalsi.processors.redact.config import PresidioConfig, RedactConfig, RedactionRule
 from evalsi.processors.redact.presidio import PresidioEngine
 from evalsi.processors.redact.rules import (
@@ -28,7 +29,6 @@ from evalsi.processors.redact.rules import (
     hasher_of,
     value_rules,
 )
-from evalsi.span import Span, SpanBatch, SpanEvent
 
 __all__ = ["PresidioConfig", "Redact", "RedactConfig", "RedactionRule"]
 

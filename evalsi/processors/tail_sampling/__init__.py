@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from evalsi.component import Next, Refused, Settings, processor
-from evalsi.held import arrived_of, earliest
+from evalsi.model.span import BatchKind, Span, SpanBatch, trace_key
 from evalsi.processors.tail_sampling.buffer import (
     EVICTED,
     MAX_TRACE_DURATION,
@@ -25,7 +25,7 @@ from evalsi.processors.tail_sampling.buffer import (
 from evalsi.processors.tail_sampling.config import PolicyConfig, TailSamplingConfig
 from evalsi.processors.tail_sampling.decisions import DecidedTraces, DecisionCache
 from evalsi.processors.tail_sampling.policies import Decision, PolicySet
-from evalsi.span import BatchKind, Span, SpanBatch, trace_key
+from evalsi.runtime.held import arrived_of, earliest
 
 __all__ = ["PolicyConfig", "TailSampling", "TailSamplingConfig"]
 

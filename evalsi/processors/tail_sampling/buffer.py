@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evalsi.cel import trace_activation
-from evalsi.span import DEFAULT_PROJECT, SessionKey, Span, TraceKey, project_of, trace_key
+from evalsi.model.span import DEFAULT_PROJECT, SessionKey, Span, TraceKey, project_of, trace_key
 
 # reasons a trace or session is complete: the label values of the completion metrics
 QUIET = "quiet"

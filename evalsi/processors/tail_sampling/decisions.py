@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from evalsi.span import Span, trace_key
+from evalsi.model.span import Span, trace_key
 
 
 class DecisionCache:

@@ -9,9 +9,9 @@ from fractions import Fraction
 from typing import Any, Protocol
 
 from evalsi import cel
+from evalsi.model.span import Span
 from evalsi.processors.tail_sampling.buffer import Trace
 from evalsi.processors.tail_sampling.config import PolicyConfig
-from evalsi.span import Span
 
 
 class Decision(enum.Enum):

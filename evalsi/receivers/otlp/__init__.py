@@ -7,11 +7,13 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from evalsi.auth import Principal, gate
+from evalsi.auth.asgi_gate import gate
+from evalsi.auth.principal import Principal
 from evalsi.component import Next, Refused, Settings, receiver
-from evalsi.encoded import EncodedBatch
-from evalsi.held import stamp, stamp_project
-from evalsi.log_record import LogBatch
+from evalsi.model.encoded import EncodedBatch
+from evalsi.model.log_record import LogBatch
+from evalsi.model.score import DEFAULT_PROJECT
+from evalsi.model.span import SpanBatch, project_of
 from evalsi.receivers.otlp.config import MIB, OtlpReceiverConfig
 from evalsi.receivers.otlp.decode import (
     LOGS,
@@ -27,9 +29,8 @@ from evalsi.receivers.otlp.decode import (
 from evalsi.receivers.otlp.drain import Drain
 from evalsi.receivers.otlp.grpc_transport import GrpcTransport
 from evalsi.receivers.otlp.http_transport import build_app, otlp_refusal
-from evalsi.score import DEFAULT_PROJECT
-from evalsi.serving import AsgiServer
-from evalsi.span import SpanBatch, project_of
+from evalsi.runtime.held import stamp, stamp_project
+from evalsi.runtime.serving import AsgiServer
 from evalsi.wal import drop_spans, span_key
 
 

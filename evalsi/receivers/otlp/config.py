@@ -8,7 +8,7 @@ from pydantic import field_validator, model_validator
 
 from evalsi.component import ComponentConfig
 from evalsi.limits import MIB, at_least_one, not_bool
-from evalsi.ports import OTLP_GRPC_ENDPOINT, OTLP_HTTP_ENDPOINT, parse_endpoint
+from evalsi.runtime.ports import OTLP_GRPC_ENDPOINT, OTLP_HTTP_ENDPOINT, parse_endpoint
 
 
 def _endpoint(value: str) -> str:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from evalsi.model.span import SpanEvent, SpanLink
 from evalsi.receivers.otlp.attributes import attributes, shortened, sized_attributes
 from evalsi.receivers.otlp.config import Limits
 from evalsi.receivers.otlp.decoded import DROPPED, TRUNCATED, Cuts
-from evalsi.span import SpanEvent, SpanLink
 
 
 class ItemCut:

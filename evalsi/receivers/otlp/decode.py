@@ -15,8 +15,9 @@ from google.protobuf.message import Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from evalsi.encoded import EncodedBatch
-from evalsi.log_record import LogBatch
+from evalsi.model.encoded import EncodedBatch
+from evalsi.model.log_record import LogBatch
+from evalsi.model.span import SpanBatch
 from evalsi.receivers.otlp.attributes import any_value
 from evalsi.receivers.otlp.config import Limits
 from evalsi.receivers.otlp.decode_json import (
@@ -45,8 +46,7 @@ from evalsi.receivers.otlp.decoded import (
 from evalsi.receivers.otlp.request_check import Checked, check_log_count, check_logs, check_span_count, check_spans
 from evalsi.receivers.otlp.sharding import limits_trailer, shard_of, split_limits
 from evalsi.receivers.otlp.status import export_response, logs_export_response
-from evalsi.span import SpanBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 __all__ = [
     "CLAMPED",

@@ -10,7 +10,8 @@ from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from evalsi.log_record import LogBatch, LogRecord
+from evalsi.model.log_record import LogBatch, LogRecord
+from evalsi.model.span import SPAN_KINDS, STATUS_CODES, Span, SpanBatch, SpanEvent, SpanLink
 from evalsi.receivers.otlp.attributes import any_value, attributes, sized_attributes
 from evalsi.receivers.otlp.config import Limits
 from evalsi.receivers.otlp.cuts import ItemCut, cut_resource, cut_span, over_limits
@@ -24,7 +25,6 @@ from evalsi.receivers.otlp.request_check import (
     check_span_count,
 )
 from evalsi.receivers.otlp.sharding import shard_of
-from evalsi.span import SPAN_KINDS, STATUS_CODES, Span, SpanBatch, SpanEvent, SpanLink
 
 
 def _span_clamps(start: int, end: int, kind: int, code: int, event_times: Any) -> list[str]:

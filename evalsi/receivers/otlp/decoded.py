@@ -7,11 +7,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from evalsi.encoded import EncodedBatch
-from evalsi.log_record import LogBatch
+from evalsi.model.encoded import EncodedBatch
+from evalsi.model.log_record import LogBatch
+from evalsi.model.span import SpanBatch
 from evalsi.receivers.otlp.config import Limits
-from evalsi.span import SpanBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.runtime.telemetry import SelfMetrics
 
 # The latest time the store holds: ClickHouse's DateTime64(9) and Arrow's timestamp[ns] are signed 64-bit
 # nanoseconds since the epoch (2262-04-11T23:47:16.854775807Z); OTLP's fixed64 times go up to 2^64 - 1.

@@ -10,7 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from evalsi.auth import Authenticator, GrpcKeyCheck, Principal, Unauthenticated, principal_from_metadata
+from evalsi.auth.authenticator import Authenticator
+from evalsi.auth.grpc_gate import GrpcKeyCheck, principal_from_metadata
+from evalsi.auth.principal import Principal, Unauthenticated
 from evalsi.component import Refused
 from evalsi.receivers.otlp.decode import Codec, Decoded, DecodeFailed, OverLimit, ReceiverLimits
 from evalsi.receivers.otlp.drain import RETRY_AFTER, SHUTTING_DOWN, Drain

@@ -15,7 +15,8 @@ import zstandard
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from evalsi.auth import PRINCIPAL_SCOPE_KEY, Principal
+from evalsi.auth.asgi_gate import PRINCIPAL_SCOPE_KEY
+from evalsi.auth.principal import Principal
 from evalsi.component import Refused
 from evalsi.receivers.otlp.decode import Codec, Decoded, DecodeFailed, OverLimit, ReceiverLimits
 from evalsi.receivers.otlp.drain import RETRY_AFTER, SHUTTING_DOWN, Drain

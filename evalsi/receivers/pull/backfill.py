@@ -14,9 +14,9 @@ from typing import TypeVar
 import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from evalsi.auth import api_headers
-from evalsi.backoff import RETRYABLE_HTTP, Backoff, retry_after
+from evalsi.auth.keys import api_headers
 from evalsi.receivers.pull.poll import Listed, Source, SourceError, Unavailable
+from evalsi.runtime.backoff import RETRYABLE_HTTP, Backoff, retry_after
 from evalsi.wal import drop_spans
 
 FETCH_BATCH = 50

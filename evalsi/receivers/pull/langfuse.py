@@ -20,7 +20,7 @@ from pydantic import field_validator
 
 from evalsi.component import Next, Settings, receiver, server_url
 from evalsi.duration import Duration
-from evalsi.ids import SOURCE_SPAN_ID, SOURCE_TRACE_ID
+from evalsi.model.ids import SOURCE_SPAN_ID, SOURCE_TRACE_ID
 from evalsi.receivers.otlp.decode import decode_encoded
 from evalsi.receivers.pull.poll import Listed, Page, PullConfig, Source, SourcesReceiver, check_response
 

@@ -13,15 +13,15 @@ from typing import Any, Protocol
 import httpx
 from pydantic import Field, field_validator
 
-from evalsi.backoff import RETRYABLE_HTTP, Backoff, retry_after
 from evalsi.component import ComponentConfig, Next, Refused, Settings
 from evalsi.duration import Duration
-from evalsi.encoded import EncodedBatch
-from evalsi.held import stamp
+from evalsi.model.encoded import EncodedBatch
+from evalsi.model.span import SpanBatch
 from evalsi.receivers.otlp.config import Limits
 from evalsi.receivers.otlp.decode import TRACES, DecodeFailed, ReceiverLimits, checking_codec
-from evalsi.span import SpanBatch
-from evalsi.supervise import supervise
+from evalsi.runtime.backoff import RETRYABLE_HTTP, Backoff, retry_after
+from evalsi.runtime.held import stamp
+from evalsi.runtime.supervise import supervise
 from evalsi.wal import without_stored_spans
 
 log = logging.getLogger("evalsi.receivers.pull")

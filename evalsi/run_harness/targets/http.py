@@ -17,12 +17,12 @@ from urllib.parse import quote
 
 import httpx
 
-from evalsi.backoff import Backoff, retry_after
 from evalsi.evaluators.schema import compiled, json_type, violations
 from evalsi.run_harness.atif import AtifError, Trajectory, convert
 from evalsi.run_harness.model import Attempt, Task
 from evalsi.run_harness.spec import HttpTarget
 from evalsi.run_harness.targets.base import AttemptContext, AttemptFailed, TargetError
+from evalsi.runtime.backoff import Backoff, retry_after
 
 log = logging.getLogger("evalsi.run")
 
@@ -35,7 +35,8 @@ DEFAULT_INPUT_SCHEMA: dict[str, Any] = {
 
 REQUEST_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 RETRIES = 3
-"""Retries of a request answered 429/5xx or lost on the way (so 4 tries), with `evalsi.backoff.Backoff` waits."""
+"""Retries of a request answered 429/5xx or lost on the way (so 4 tries), with `evalsi.runtime.backoff.Backoff`
+waits."""
 STOP_ON_CANCEL_S = 2.0
 """How long a cancelled attempt spends telling the agent to stop its run."""
 BODY_SHOWN = 300

@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from evalsi.backoff import Backoff, retry_after
 from evalsi.run_harness.cassette import Kind
 from evalsi.run_harness.model import Attempt, LlmCall, Message, Task, ToolCall
 from evalsi.run_harness.spec import OpenAITarget
 from evalsi.run_harness.stub_llm import StubLLM
 from evalsi.run_harness.targets.base import AttemptContext, AttemptFailed, TargetError
 from evalsi.run_harness.tools import MockResults, Tool, json_safe, load_tool, result_text
+from evalsi.runtime.backoff import Backoff, retry_after
 
 if TYPE_CHECKING:
     from evalsi.run_harness.mcp_tools import McpTools

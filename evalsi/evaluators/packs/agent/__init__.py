@@ -1,4 +1,4 @@
-"""The `agent` pack: an agent's run judged from its trajectory (`evalsi/trajectory.py`) and spans; importing it
+"""The `agent` pack: an agent's run judged from its trajectory (`evalsi/model/trajectory.py`) and spans; importing it
 registers every `builtin/*` agent evaluator.
 
 `tools` judges tool calls one by one, `efficiency` how much the agent did, `reference` the run against an

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from evalsi.evaluators.base import Target
-from evalsi.score import Score
+from evalsi.model.score import Score
 
 SHOWN = 3  # problems an explanation lists before "and N more"
 

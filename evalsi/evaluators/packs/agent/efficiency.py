@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from evalsi.evaluators.base import Params, Target, evaluator
 from evalsi.evaluators.packs.agent.calls import arguments_text, skip, steps_of, tool_calls_of
-from evalsi.score import Score
+from evalsi.model.score import Score
 
 # --- builtin/loop-detection --------------------------------------------------------------------------------------
 

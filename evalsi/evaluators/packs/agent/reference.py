@@ -12,7 +12,7 @@ from pydantic import AliasChoices, Field, TypeAdapter, ValidationError, field_va
 from evalsi.evaluators.base import Params, Target, evaluator
 from evalsi.evaluators.packs.agent.calls import arguments_text, counted, json_text, skip, steps_of, tool_calls_of
 from evalsi.evaluators.schema import json_type
-from evalsi.score import Score
+from evalsi.model.score import Score
 
 # --- builtin/trajectory-match ------------------------------------------------------------------------------------
 

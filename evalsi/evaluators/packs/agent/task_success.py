@@ -8,9 +8,9 @@ from pydantic import field_validator
 
 from evalsi.evaluators.base import Params, Target, evaluator
 from evalsi.evaluators.packs.agent.calls import json_text, skip
+from evalsi.model.score import Score
+from evalsi.model.span import Span
 from evalsi.pattern import compile_pattern
-from evalsi.score import Score
-from evalsi.span import Span
 
 # --- builtin/task-success ----------------------------------------------------------------------------------------
 

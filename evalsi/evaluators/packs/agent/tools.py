@@ -13,8 +13,8 @@ from pydantic import Field, field_validator
 from evalsi.evaluators.base import Params, Target, evaluator
 from evalsi.evaluators.packs.agent.calls import SHOWN, counted, json_text, listing, skip, steps_of, tool_calls_of
 from evalsi.evaluators.schema import compiled, json_type, violations
-from evalsi.score import Score
-from evalsi.span import Span
+from evalsi.model.score import Score
+from evalsi.model.span import Span
 
 # --- builtin/tool-call-error-rate --------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from evalsi.span import DEFAULT_PROJECT  # the project of a score whose sender has none
+from evalsi.model.span import DEFAULT_PROJECT  # the project of a score whose sender has none
 
 Outcome = Literal["scored", "skipped", "error"]
 Source = Literal["code", "llm_judge", "human", "external", "checker", "imported"]

@@ -1,5 +1,5 @@
 """What pipeline components hold: when the oldest span or log record they hold reached a receiver, which tells the
-write-ahead log (`wal.py`) which of its segments nothing depends on any more."""
+write-ahead log (`evalsi/wal.py`) which of its segments nothing depends on any more."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def stamp_project(batch: Any, project: str) -> None:
     """Put every span or log record of a batch in `project` (the `evalsi.project` resource attribute), whatever
     project its sender named: a credential writes to its own project only. The `default` project is the attribute's
     absence, so a single-team collector stores what it was sent, attribute for attribute."""
-    from evalsi.span import PROJECT_ATTRIBUTE
+    from evalsi.model.span import PROJECT_ATTRIBUTE
 
     default = project == "default"
     for item in getattr(batch, "spans", None) or getattr(batch, "records", None) or ():

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from evalsi import content
-from evalsi.span import PLUMBING, TRAJECTORY_STEP_TYPES, VENDOR_SDK, Span
+from evalsi.model import content
+from evalsi.model.span import PLUMBING, TRAJECTORY_STEP_TYPES, VENDOR_SDK, Span
 
 
 def _step(span: Span, parent: str | None, depth: int) -> dict[str, Any]:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-from evalsi.log_record import LogBatch
-from evalsi.span import SpanBatch
-from evalsi.telemetry import SelfMetrics
+from evalsi.model.log_record import LogBatch
+from evalsi.model.span import SpanBatch
+
+if TYPE_CHECKING:  # the data model imports nothing above it at run time
+    from evalsi.runtime.telemetry import SelfMetrics
 
 
 @dataclass(slots=True, frozen=True)

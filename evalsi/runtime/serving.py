@@ -10,7 +10,7 @@ from typing import Any
 
 import uvicorn
 
-from evalsi.ports import parse_endpoint
+from evalsi.runtime.ports import parse_endpoint
 
 
 def bind(endpoint: str) -> socket.socket:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from evalsi.span import Span
+from evalsi.model.span import Span
 
 
 def last_text(messages: list[dict[str, Any]] | None) -> str | None:

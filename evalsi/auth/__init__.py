@@ -1,0 +1,27 @@
+"""Who may send and read: the `auth` section (`config`), API keys (`keys`), the issuer's public keys for JWT bearer
+tokens (`jwks`), the check of each request's credential (`authenticator`), and the gates in front of the HTTP
+(`asgi_gate`) and gRPC (`grpc_gate`) listeners; each request's `Principal` (who, and which project) in `principal`."""
+
+from evalsi.auth.asgi_gate import PRINCIPAL_SCOPE_KEY, gate, json_refusal
+from evalsi.auth.authenticator import Authenticator
+from evalsi.auth.config import ApiKeyConfig, AuthConfig, JwtConfig, is_loopback
+from evalsi.auth.grpc_gate import GrpcKeyCheck, principal_from_metadata
+from evalsi.auth.jwks import Jwks, parse_jwks, read_jwks_file
+from evalsi.auth.keys import KEY_ENV, api_headers, hash_of, new_key, without_password
+from evalsi.auth.principal import (
+    ANONYMOUS,
+    ANONYMOUS_PRINCIPAL,
+    PROJECT_PATTERN,
+    Caller,
+    Principal,
+    Refusal,
+    Surface,
+    Unauthenticated,
+)
+
+__all__ = [
+    "ANONYMOUS", "ANONYMOUS_PRINCIPAL", "KEY_ENV", "PRINCIPAL_SCOPE_KEY", "PROJECT_PATTERN", "ApiKeyConfig",
+    "AuthConfig", "Authenticator", "Caller", "GrpcKeyCheck", "Jwks", "JwtConfig", "Principal", "Refusal", "Surface",
+    "Unauthenticated", "api_headers", "gate", "hash_of", "is_loopback", "json_refusal", "new_key", "parse_jwks",
+    "principal_from_metadata", "read_jwks_file", "without_password",
+]  # fmt: skip
