@@ -265,8 +265,8 @@ def test_select_takes_a_cel_condition_and_refuses_anything_else(served: Served) 
 
 
 def test_bodies_that_json_allows_and_python_cannot_hold_are_refused(served: Served) -> None:
-    """Found by fuzzing (benchmarks/fuzz.py): an integer past a double's range, and a lone UTF-16 surrogate escape,
-    which JSON allows and UTF-8 cannot encode, answered 500."""
+    """JSON allows an integer past a double's range and a lone UTF-16 surrogate escape (which UTF-8 cannot encode);
+    the API answers them 400 naming the problem, not 500. Inputs of this shape come from benchmarks/fuzz.py."""
     trace_id = served.trace_of["sec-svc"]
     head = '{"trace_id": "' + trace_id + '", '
     evaluators = '"evaluators": [{"ref": "builtin/contains", "params": {"any": ["a"]}}]'
