@@ -25,6 +25,9 @@ VENDOR_SDK = "vendor_sdk"
 call once (`trajectory.py`)."""
 VENDOR_SDK_SCOPES: dict[str, str] = {"com.anthropic.sdk.python": "anthropic"}
 """Instrumentation scopes of vendor SDKs' own spans -> the provider (`details["vendor_sdk"]`)."""
+WORKFLOW = "workflow"
+"""`details["workflow"]`: the span runs a workflow (`invoke_workflow`): a `chain` step that carries the workflow's
+name, input and output, so a workflow around agents is a step of the hierarchy and its output the run's answer."""
 PLUMBING = "plumbing"
 """`details["plumbing"]`: the GenAI operation of a span that is no step of a run (`create_agent`, building an agent):
 the trajectory does not list it, and a trace of nothing else is no trajectory."""

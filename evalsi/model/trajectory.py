@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any
 
 from evalsi.model import content
-from evalsi.model.span import PLUMBING, TRAJECTORY_STEP_TYPES, VENDOR_SDK, Span
+from evalsi.model.span import PLUMBING, TRAJECTORY_STEP_TYPES, VENDOR_SDK, WORKFLOW, Span
 
 
 def _step(span: Span, parent: str | None, depth: int) -> dict[str, Any]:
@@ -42,6 +42,13 @@ def _step(span: Span, parent: str | None, depth: int) -> dict[str, Any]:
             output=span.output,
             tool_calls=content.tool_calls(span.output),
         )
+        # the newer semconv parts, listed only where a call has them
+        server_calls = content.server_tool_calls(span.output)
+        if server_calls:
+            step["server_tool_calls"] = server_calls
+        thought = content.reasoning(span.output)
+        if thought is not None:
+            step["reasoning"] = thought
     elif span.step_type == "tool":
         call = next(iter(content.tool_calls(span.input)), {})
         step.update(
@@ -56,6 +63,8 @@ def _step(span: Span, parent: str | None, depth: int) -> dict[str, Any]:
         step.update(output=span.output, text=content.last_text(span.output))
     elif span.step_type == "retriever":
         step.update(documents=span.details.get("documents"), input=span.input)
+    elif span.step_type == "chain" and span.details.get(WORKFLOW):
+        step.update(workflow_name=span.details.get("workflow_name"), input=span.input, output=span.output)
     return step
 
 
@@ -354,6 +363,9 @@ def build_trajectory(spans: list[Span]) -> dict[str, Any]:
                     id_less[call["name"]] -= 1
                     continue
                 tool_calls.append({**call, "error": None})
+            # tools the provider ran: no tool span records them, the model's output does
+            for call in s.get("server_tool_calls", ()):
+                tool_calls.append({k: call[k] for k in ("name", "id", "arguments")} | {"error": None, "server": True})
     llm_steps = [s for s in steps if s["type"] == "llm"]
     roots_with_output = [s for s in steps if s["depth"] == 0 and s.get("output")]
     final = content.last_text(roots_with_output[-1]["output"]) if roots_with_output else None

@@ -897,7 +897,7 @@ def test_malformed_retrieval_documents_are_kept_raw_and_flagged() -> None:
 def test_workflow_span() -> None:
     s = span({"gen_ai.operation.name": "invoke_workflow", "gen_ai.workflow.name": "multi_agent_rag"})
     normalize_span(s)
-    assert (s.step_type, s.details) == ("chain", {"workflow_name": "multi_agent_rag"})
+    assert (s.step_type, s.details) == ("chain", {"workflow_name": "multi_agent_rag", "workflow": True})
 
 
 def test_user_id_and_its_older_name() -> None:

@@ -71,11 +71,21 @@ def _semconv_part(part: Any) -> Part:
             "arguments": tool_arguments(part.get("arguments")),
         }
     if kind == "tool_call_response":
-        return {"type": "tool_call_response", "id": part.get("id"), "response": part.get("response")}
+        # the schema says `response`; the registry's example of gen_ai.input.messages says `result`
+        response = part["response"] if "response" in part else part.get("result")
+        return {"type": "tool_call_response", "id": part.get("id"), "response": response}
     if kind is None:
         # neither a type nor content: not a part of any known form, so its JSON is the text
         return _text_part(part)
-    # reasoning, blob, uri, file, server tool calls, vendor types: kept as sent
+    if kind == "reasoning":
+        content = part.get("content")
+        return {**part, "content": "" if content is None else as_text(content)}
+    if kind == "server_tool_call":
+        # a tool the provider ran (web search, code interpreter): its details under `server_tool_call`
+        return {**part, "id": part.get("id"), "name": as_text(part.get("name") or "")}
+    if kind == "server_tool_call_response":
+        return {**part, "id": part.get("id")}
+    # blob (inline data), file (a file id), uri, compaction, vendor types: kept as sent
     return dict(part)
 
 

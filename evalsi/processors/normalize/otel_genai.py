@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from evalsi.model.span import PLUMBING, VENDOR_SDK, VENDOR_SDK_SCOPES, Span, StepType
+from evalsi.model.span import PLUMBING, VENDOR_SDK, VENDOR_SDK_SCOPES, WORKFLOW, Span, StepType
 from evalsi.processors.normalize.langchain import callback_arguments, tool_message
 from evalsi.processors.normalize.mapper import GENERIC_PRECEDENCE, register_mapper
 from evalsi.processors.normalize.messages import (
@@ -40,8 +40,12 @@ OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"  # before semconv 1.27
 COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"  # before semconv 1.27
 CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
-CACHE_CREATION_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
-CACHE_WRITE_TOKENS = "gen_ai.usage.cache_write.input_tokens"  # the Anthropic SDK's spans: not in the semconv
+# the GenAI semconv renamed cache_creation to cache_write (semantic-conventions-genai #440); both are read, the
+# new name winning when a span carries both (the Anthropic SDK's spans wrote cache_write before the rename)
+CACHE_WRITE_TOKENS = "gen_ai.usage.cache_write.input_tokens"
+CACHE_CREATION_TOKENS = "gen_ai.usage.cache_creation.input_tokens"  # the name before the rename
+CACHE_READ_TOKENS_UNDERSCORED = "gen_ai.usage.cache_read_input_tokens"  # the names before semconv 1.37
+CACHE_CREATION_TOKENS_UNDERSCORED = "gen_ai.usage.cache_creation_input_tokens"
 REASONING_TOKENS = "gen_ai.usage.reasoning.output_tokens"
 REASONING_TOKENS_UNOFFICIAL = "gen_ai.usage.reasoning_tokens"  # agentgateway, OpenLLMetry: not in the semconv
 TOOL_NAME = "gen_ai.tool.name"
@@ -75,6 +79,7 @@ EXCEPTION_TYPE = "exception.type"
 OTHER_ERROR = "_OTHER"
 
 EXECUTE_TOOL = "execute_tool"
+INVOKE_WORKFLOW = "invoke_workflow"
 STEP_TYPE = "evalsi.step.type"
 """Set by evalsi's own harness on spans the GenAI conventions have no operation for (a user's turn)."""
 RETRIEVAL = "retrieval"
@@ -87,7 +92,7 @@ OPERATION_STEP_TYPES: dict[str, StepType] = {
     EXECUTE_TOOL: "tool",
     "invoke_agent": "agent",
     "create_agent": "agent",
-    "invoke_workflow": "chain",
+    INVOKE_WORKFLOW: "chain",
     RETRIEVAL: "retriever",
 }
 
@@ -253,9 +258,11 @@ def _detail_fields() -> dict[str, tuple[str | None, str, Callable[[Any], Any], i
     fields: dict[str, tuple[str | None, str, Callable[[Any], Any], int]] = {}
     for attribute, key in TEXT_DETAILS:
         fields[attribute] = (None, key, text, 0)
-    fields[CACHE_READ_TOKENS] = (None, "cache_read_input_tokens", count, 0)
-    fields[CACHE_CREATION_TOKENS] = (None, "cache_creation_input_tokens", count, 1)  # the semconv name wins over
-    fields[CACHE_WRITE_TOKENS] = (None, "cache_creation_input_tokens", count, 0)  # the Anthropic SDK's
+    fields[CACHE_READ_TOKENS] = (None, "cache_read_input_tokens", count, 1)
+    fields[CACHE_READ_TOKENS_UNDERSCORED] = (None, "cache_read_input_tokens", count, 0)
+    fields[CACHE_WRITE_TOKENS] = (None, "cache_creation_input_tokens", count, 2)  # the current name wins over
+    fields[CACHE_CREATION_TOKENS] = (None, "cache_creation_input_tokens", count, 1)  # the name before the rename,
+    fields[CACHE_CREATION_TOKENS_UNDERSCORED] = (None, "cache_creation_input_tokens", count, 0)  # and the older one
     fields[REASONING_TOKENS] = (None, "reasoning_tokens", count, 1)  # the semconv name wins over
     fields[REASONING_TOKENS_UNOFFICIAL] = (None, "reasoning_tokens", count, 0)  # the name some emit
     fields[FINISH_REASONS] = (None, "finish_reasons", strings, 0)
@@ -298,12 +305,16 @@ def fill_details(span: Span, attributes: dict[str, Any]) -> None:
 
 
 def mark_framework_spans(span: Span, operation: Any) -> None:
-    """Per-span facts the trajectory needs to count each call once and to skip plumbing (`VENDOR_SDK`, `PLUMBING`)."""
+    """Per-span facts the trajectory needs to count each call once, to skip plumbing and to show workflows
+    (`VENDOR_SDK`, `PLUMBING`, `WORKFLOW`)."""
     vendor = VENDOR_SDK_SCOPES.get(span.scope_name)
     if vendor is not None:
         span.details[VENDOR_SDK] = vendor
-    if isinstance(operation, str) and operation in PLUMBING_OPERATIONS:
-        span.details[PLUMBING] = operation
+    if isinstance(operation, str):
+        if operation in PLUMBING_OPERATIONS:
+            span.details[PLUMBING] = operation
+        elif operation == INVOKE_WORKFLOW:
+            span.details[WORKFLOW] = True
 
 
 class OtelGenAI:
