@@ -25,6 +25,7 @@ STACKS = [
     "anthropic-sdk/openinference",
     "google-genai",
     "crewai",
+    "pydantic-ai",
 ]
 
 AUTOMATIC_FUNCTION_CALLING = (
@@ -214,3 +215,65 @@ def test_failed_sibling_calls_without_response_ids_pair_by_time() -> None:
     ]
     assert trajectory["llm_calls"] == 3
     assert trajectory["errors"] == 1
+
+
+def test_a_tool_spans_bare_input_gets_the_named_arguments_of_the_models_call() -> None:
+    """LangGraph + OpenInference: the tool span's input is LangChain's bare value (`Paris`), the named arguments are on
+    the parent model call's tool call. The tool step carries the named arguments (linked by the call id its
+    serialized ToolMessage holds) and the tool's result."""
+    spans = _spans("langgraph-openinference", "chat_tools")
+    (tool_span,) = [s for s in spans if s.step_type == "tool"]
+    assert tool_span.attributes["input.value"] == "Paris"
+    (trajectory,) = build_trajectories(spans)
+    (call,) = [c for s in trajectory["steps"] if s["type"] == "llm" for c in s["tool_calls"]]
+    (step,) = [s for s in trajectory["steps"] if s["type"] == "tool"]
+    assert call["arguments"] == {"location": "Paris"}
+    assert (step["call_id"], step["arguments"]) == (call["id"], {"location": "Paris"})
+    (execution,) = _expected("langgraph-openinference", "chat_tools")["tool_executions"]
+    assert step["result"] == execution["result"]
+
+
+def test_pydantic_ai_agents_are_a_hierarchy_of_steps_with_their_prompt_and_answer() -> None:
+    """A coordinator agent whose tool runs a weather agent: each `invoke_agent` span is an agent step with the run's
+    prompt and final result (`pydantic_ai.all_messages`, `final_result`), the sub-agent under the tool that ran it."""
+    (trajectory,) = build_trajectories(_spans("pydantic-ai", "multi_agent"))
+    steps = trajectory["steps"]
+    assert [(s["type"], s["depth"]) for s in steps] == [
+        ("agent", 0),
+        ("llm", 1),
+        ("tool", 1),
+        ("agent", 2),
+        ("llm", 3),
+        ("tool", 3),
+        ("llm", 3),
+        ("llm", 1),
+    ]
+    coordinator, delegate = steps[0], steps[3]
+    assert (coordinator["agent_name"], delegate["agent_name"]) == ("coordinator", "weather_agent")
+    assert delegate["parent_span_id"] == steps[2]["span_id"] and steps[2]["tool_name"] == "ask_weather_agent"
+    assert coordinator["input"][-1]["parts"][0]["content"] == "Plan my day in Paris: what is the weather like there?"
+    assert delegate["input"][-1]["parts"][0]["content"] == "What is the weather like in Paris today?"
+    assert delegate["output"][0]["parts"][0]["content"] == steps[2]["result"]
+    assert trajectory["final_output"] == coordinator["output"][0]["parts"][0]["content"]
+
+
+@pytest.mark.parametrize("scenario", ["chat_tools", "multi_agent"])
+def test_pydantic_ai_cost_is_each_model_calls_once(scenario: str) -> None:
+    """Pydantic AI prices each model call itself (`operation.cost`, genai-prices) and sums usage on the agent span
+    (`gen_ai.aggregated_usage.*`): the calls carry the cost, the agent spans none, so a trace counts it once; and it
+    is what evalsi's own table gives for the same tokens."""
+    from evalsi.processors.normalize.cost import CostConfig, Pricer
+
+    spans = _spans("pydantic-ai", scenario)
+    (trajectory,) = build_trajectories(spans)
+    llm_steps = [s for s in trajectory["steps"] if s["type"] == "llm"]
+    assert all(s["cost_usd"] for s in llm_steps)
+    assert [s.cost_usd for s in spans if s.step_type != "llm"] == [None] * sum(1 for s in spans if s.step_type != "llm")
+    assert sum(1 for s in spans if s.step_type == "agent" and "gen_ai.aggregated_usage.input_tokens" in s.attributes)
+    pricer = Pricer(CostConfig())
+    for step in llm_steps:
+        tokens = {"input_tokens": step["input_tokens"], "output_tokens": step["output_tokens"]}
+        fresh = Span("t" * 32, "s" * 16, None, "chat", "CLIENT", 0, 1, step_type="llm", model=step["model"], **tokens)
+        fresh.provider = "openai"
+        pricer.price(fresh)
+        assert fresh.cost_usd == pytest.approx(step["cost_usd"])

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from evalsi.model.span import PLUMBING, VENDOR_SDK, VENDOR_SDK_SCOPES, WORKFLOW, Span, StepType
+from evalsi.processors.normalize import pydantic_ai
 from evalsi.processors.normalize.langchain import callback_arguments, tool_message
 from evalsi.processors.normalize.mapper import GENERIC_PRECEDENCE, register_mapper
 from evalsi.processors.normalize.messages import (
@@ -363,6 +364,10 @@ class OtelGenAI:
             output_messages = semconv_messages(get(OUTPUT_MESSAGES), "assistant")
         if input_messages is None and output_messages is None and span.events:
             input_messages, output_messages = messages_from_span_events(span.events)
+        if input_messages is None and output_messages is None and pydantic_ai.is_agent_run(attributes):
+            input_messages, output_messages = pydantic_ai.agent_messages(attributes)
+        if step_type == "llm" and pydantic_ai.OPERATION_COST in attributes:
+            span.cost_usd = pydantic_ai.operation_cost(attributes)
         if operation == RETRIEVAL or RETRIEVAL_DOCUMENTS in attributes:
             query = text(get(RETRIEVAL_QUERY))
             if input_messages is None and query is not None:
