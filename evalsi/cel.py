@@ -12,7 +12,7 @@ from typing import Any
 from cel_expr_python import cel as _cel
 
 from evalsi.model.span import Span
-from evalsi.model.trajectory import call_usage, counted_once
+from evalsi.model.trajectory import aggregate_usage, call_usage, counted_once
 
 __all__ = [
     "ITEM", "SCHEMA", "SPAN_FIELDS", "SPAN_SHAPE", "TRACE_SHAPE", "VARIABLES", "Entries", "FieldError", "Fields",
@@ -165,8 +165,9 @@ def trace_activation(
     the earliest; a canonical span dict), `duration_ns` (latest end minus earliest start), `start_time_unix_nano`,
     `span_count`, `error_count` (spans with status ERROR), `session_id` / `user_id` / `service_name` (the root's,
     else the first span's that has one), `llm_calls`, `tool_calls`, `input_tokens`, `output_tokens`, `cost_usd`
-    (sums over the spans, a model call recorded twice counted once: see `trajectory.counted_once`), `models` and
-    `tool_names` (distinct, in first-seen order).
+    (sums over the spans, a model call recorded twice counted once: see `trajectory.counted_once`; an agent span whose
+    usage sums the calls below it left out: `trajectory.aggregate_usage`), `models` and `tool_names` (distinct, in
+    first-seen order).
     """
     ordered = sorted(spans, key=lambda s: s.start_time_unix_nano)
     root_at = next((i for i, s in enumerate(ordered) if not s.parent_span_id), 0)
@@ -179,6 +180,7 @@ def trace_activation(
     errors = llm = tool = tokens_in = tokens_out = 0
     cost = 0.0
     folded, usage = counted_once(ordered)
+    aggregates = aggregate_usage(ordered, folded)
     for s in ordered:
         if s.span_id in folded:  # a vendor SDK's record of a call an instrumentation's span records too
             continue
@@ -192,6 +194,8 @@ def trace_activation(
             models[s.model] = None
         if s.tool_name:
             tools[s.tool_name] = None
+        if s.span_id in aggregates:  # its usage is that of the calls below it, counted there
+            continue
         used_in, used_out, used_usd = call_usage(s, usage.get(s.span_id))
         tokens_in += used_in or 0
         tokens_out += used_out or 0

@@ -239,6 +239,30 @@ def counted_once(spans: list[Span]) -> tuple[set[str], dict[str, Span]]:
     return set(folded), {inst: by_id[sdk] for sdk, inst in folded.items()}
 
 
+MODEL_CALLS = frozenset(("llm", "embedding"))
+
+
+def aggregate_usage(spans: list[Span], folded: set[str] | dict[str, str] = frozenset()) -> set[str]:
+    """Spans whose token counts or cost sum those of spans below them (an `invoke_agent` span with the run's usage, as
+    the Vercel AI SDK's GenAI spans and the semconv's agent spans carry): left out of a trace's sums, which count each
+    model call once. A model call's span always counts (the Vercel AI SDK runs a call's tools, and the agents they
+    run, below it), as does a span with usage and nothing below it that has any (a remote agent's only record)."""
+    by_id = {s.span_id: s for s in spans}
+    covered: set[str] = set()
+    for s in spans:
+        if s.span_id in folded:
+            continue
+        if s.input_tokens is None and s.output_tokens is None and s.cost_usd is None:
+            continue
+        parent, seen = by_id.get(s.parent_span_id), set()
+        while parent is not None and parent.span_id not in seen:
+            seen.add(parent.span_id)
+            if parent.step_type not in MODEL_CALLS:  # a model call's usage is its own, whatever runs below it
+                covered.add(parent.span_id)
+            parent = by_id.get(parent.parent_span_id)
+    return covered
+
+
 def _is_step(span: Span) -> bool:
     return span.step_type in TRAJECTORY_STEP_TYPES and not span.details.get(PLUMBING)
 

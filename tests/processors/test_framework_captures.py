@@ -26,6 +26,8 @@ STACKS = [
     "google-genai",
     "crewai",
     "pydantic-ai",
+    "vercel-ai-sdk/legacy",
+    "vercel-ai-sdk/otel",
 ]
 
 AUTOMATIC_FUNCTION_CALLING = (
@@ -277,3 +279,54 @@ def test_pydantic_ai_cost_is_each_model_calls_once(scenario: str) -> None:
         fresh.provider = "openai"
         pricer.price(fresh)
         assert fresh.cost_usd == pytest.approx(step["cost_usd"])
+
+
+def test_vercel_ai_sdk_ai_spans_count_each_call_once_and_nest_its_agents() -> None:
+    """The `ai.*` spans: the model-call spans (`ai.generateText.doGenerate`) also carry `gen_ai.*` and are read once by
+    the `vercel_ai` mapper; the top-level `ai.generateText` span's `ai.usage.*` (the sum of its calls) is not read; a
+    tool runs under the model call that asked for it, and an agent the tool runs under the tool."""
+    spans = _spans("vercel-ai-sdk/legacy", "multi_agent")
+    assert {s.convention for s in spans} == {"vercel_ai"}
+    roots = [s for s in spans if s.attributes.get("ai.operationId") == "ai.generateText"]
+    assert len(roots) == 2 and all(s.attributes.get("ai.usage.inputTokens") for s in roots)
+    assert all(s.input_tokens is None and s.step_type == "agent" for s in roots)
+    (trajectory,) = build_trajectories(spans)
+    assert [(s["type"], s["depth"]) for s in trajectory["steps"]] == [
+        ("agent", 0),
+        ("llm", 1),
+        ("tool", 2),
+        ("agent", 3),
+        ("llm", 4),
+        ("tool", 5),
+        ("llm", 4),
+        ("llm", 1),
+    ]
+    assert [s["agent_name"] for s in trajectory["steps"] if s["type"] == "agent"] == ["coordinator", "weather-agent"]
+    expected = _expected("vercel-ai-sdk/legacy", "multi_agent")
+    assert (
+        trajectory["final_output"]
+        == expected["final_answer"]
+        == trajectory["steps"][0]["output"][0]["parts"][0]["content"]
+    )
+
+
+def test_vercel_ai_sdk_genai_agent_spans_usage_is_not_counted_or_priced_again() -> None:
+    """@ai-sdk/otel's GenAI spans: each `invoke_agent` span carries the run's summed `gen_ai.usage.*` and a model; the
+    trace counts every call once and the pricer prices the calls, not the agents."""
+    from evalsi.processors.normalize.cost import CostConfig, Pricer
+
+    spans = _spans("vercel-ai-sdk/otel", "multi_agent")
+    agents = [s for s in spans if s.step_type == "agent"]
+    assert len(agents) == 2 and all(s.input_tokens and s.model for s in agents)
+    pricer = Pricer(CostConfig())
+    for span in spans:
+        pricer.price(span)
+    assert [s.cost_usd for s in agents] == [None, None]
+    calls = [s for s in spans if s.step_type == "llm"]
+    (trace,) = [cel.trace_activation(spans)["trace"]]
+    assert (
+        trace["input_tokens"]
+        == sum(s.input_tokens or 0 for s in calls)
+        == _expected("vercel-ai-sdk/otel", "multi_agent")["input_tokens"]
+    )
+    assert trace["cost_usd"] == pytest.approx(sum(s.cost_usd or 0 for s in calls)) and trace["cost_usd"] > 0

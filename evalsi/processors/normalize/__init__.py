@@ -14,7 +14,7 @@ from evalsi.model.log_record import LogBatch
 from evalsi.model.span import Span, SpanBatch
 
 # each mapper registers itself with its precedence (lower is tried first): agentgateway 10, mlflow 20,
-# openinference 30, openllmetry 40, openlit 50, then the generic otel_genai 100
+# openinference 30, vercel_ai 35, openllmetry 40, openlit 50, then the generic otel_genai 100
 from evalsi.processors.normalize import (  # noqa: F401
     agentgateway,
     mlflow,
@@ -22,6 +22,7 @@ from evalsi.processors.normalize import (  # noqa: F401
     openlit,
     openllmetry,
     otel_genai,
+    vercel_ai,
 )
 from evalsi.processors.normalize.cost import CostConfig, Pricer
 from evalsi.processors.normalize.events import EventJoin

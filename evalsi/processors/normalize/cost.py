@@ -196,7 +196,8 @@ class Pricer:
         return rates
 
     def price(self, span: Span) -> None:
-        if span.cost_usd is not None or not span.model:
+        # model calls only: an agent span's token counts (the semconv's invoke_agent may carry them) sum its calls'
+        if span.cost_usd is not None or not span.model or span.step_type not in ("llm", "embedding"):
             return
         input_tokens, output_tokens = span.input_tokens, span.output_tokens
         if input_tokens is None and output_tokens is None:

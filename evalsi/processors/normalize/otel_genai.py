@@ -194,6 +194,16 @@ def retrieval_documents(value: Any) -> tuple[list[dict[str, Any]] | None, bool]:
     return [_document(item) for item in value] or None, True
 
 
+def json_string(value: Any) -> Any:
+    """A value that is a JSON-encoded string (`"\"sunny\""`, as the Vercel AI SDK records a tool's string result) as
+    that string; anything else as given (a JSON object's text stays text: the span recorded it so)."""
+    if isinstance(value, str) and len(value) > 1 and value[0] == '"' and value[-1] == '"':
+        parsed = loads(value)
+        if isinstance(parsed, str):
+            return parsed
+    return value
+
+
 def anthropic_tool_result(value: Any) -> Any:
     """`anthropic.tool_result.content`: the tool_result block's content, a JSON list of content blocks; text blocks
     alone are their text (what the tool returned), anything else is kept as given."""
@@ -220,7 +230,7 @@ def tool_messages(span: Span, attributes: dict[str, Any]) -> tuple[list[Message]
     result: Any = None
     has_result = False
     if TOOL_CALL_RESULT in attributes:
-        result, has_result = attributes[TOOL_CALL_RESULT], True
+        result, has_result = json_string(attributes[TOOL_CALL_RESULT]), True
     elif ANTHROPIC_TOOL_RESULT in attributes:
         result, has_result = anthropic_tool_result(attributes[ANTHROPIC_TOOL_RESULT]), True
     if has_result:
