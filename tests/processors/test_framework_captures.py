@@ -28,6 +28,8 @@ STACKS = [
     "pydantic-ai",
     "vercel-ai-sdk/legacy",
     "vercel-ai-sdk/otel",
+    "strands/default",
+    "strands/latest",
 ]
 
 AUTOMATIC_FUNCTION_CALLING = (
@@ -143,7 +145,9 @@ def test_tool_steps_carry_named_arguments_and_the_tools_result(stack: str, scena
 @pytest.mark.parametrize(("stack", "scenario"), _params())
 def test_final_output_is_the_answer(stack: str, scenario: str) -> None:
     trajectories = build_trajectories(_spans(stack, scenario))
-    assert [t["final_output"] for t in trajectories] == [_expected(stack, scenario)["final_answer"]]
+    # Strands records its agent's answer as str(AgentResult), which ends in a newline
+    finals = [t["final_output"].strip() if t["final_output"] else t["final_output"] for t in trajectories]
+    assert finals == [_expected(stack, scenario)["final_answer"]]
 
 
 @pytest.mark.parametrize("stack", ["anthropic-sdk/openllmetry", "anthropic-sdk/openinference"])
@@ -330,3 +334,22 @@ def test_vercel_ai_sdk_genai_agent_spans_usage_is_not_counted_or_priced_again() 
         == _expected("vercel-ai-sdk/otel", "multi_agent")["input_tokens"]
     )
     assert trace["cost_usd"] == pytest.approx(sum(s.cost_usd or 0 for s in calls)) and trace["cost_usd"] > 0
+
+
+MULTI_AGENT = [key for key in SCENARIOS if key[1] == "multi_agent"]
+
+
+@pytest.mark.parametrize(("stack", "scenario"), MULTI_AGENT, ids=["/".join(k) for k in MULTI_AGENT])
+def test_a_sub_agent_is_a_step_under_the_tool_that_ran_it(stack: str, scenario: str) -> None:
+    """Agent delegation (a coordinator whose tool runs a weather agent): two agent steps, the weather agent's below
+    the coordinator's `ask_weather_agent` tool step, and the coordinator's answer the final output."""
+    (trajectory,) = build_trajectories(_spans(stack, scenario))
+    steps = {s["span_id"]: s for s in trajectory["steps"]}
+    agents = [s for s in trajectory["steps"] if s["type"] == "agent"]
+    assert len(agents) == 2 and agents[0]["depth"] == 0
+    above = steps[agents[1]["parent_span_id"]]
+    while above["type"] != "tool":
+        above = steps[above["parent_span_id"]]
+    assert above["tool_name"] == "ask_weather_agent"
+    assert steps[above["parent_span_id"]]["type"] in ("agent", "llm")
+    assert (trajectory["final_output"] or "").strip() == _expected(stack, scenario)["final_answer"]

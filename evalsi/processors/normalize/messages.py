@@ -30,7 +30,9 @@ COMPLETION_EVENT = "gen_ai.content.completion"
 PROMPT_EVENT_ATTRIBUTE = "gen_ai.prompt"
 COMPLETION_EVENT_ATTRIBUTE = "gen_ai.completion"
 
-CONTENT_EVENTS = frozenset((*MESSAGE_EVENT_ROLES, PROMPT_EVENT, COMPLETION_EVENT))
+DETAILS_EVENT = "gen_ai.client.inference.operation.details"  # a log record, or (Strands) a span event
+
+CONTENT_EVENTS = frozenset((*MESSAGE_EVENT_ROLES, PROMPT_EVENT, COMPLETION_EVENT, DETAILS_EVENT))
 
 # Some emitters (Semantic Kernel for .NET) put the event body as JSON into one span-event attribute.
 EVENT_BODY_ATTRIBUTE = "gen_ai.event.content"
@@ -73,6 +75,9 @@ def _semconv_part(part: Any) -> Part:
     if kind == "tool_call_response":
         # the schema says `response`; the registry's example of gen_ai.input.messages says `result`
         response = part["response"] if "response" in part else part.get("result")
+        blocks = converse_blocks(response)  # Strands records a tool's result as Converse content blocks
+        if blocks is not None:
+            response = converse_text(blocks) or response
         return {"type": "tool_call_response", "id": part.get("id"), "response": response}
     if kind is None:
         # neither a type nor content: not a part of any known form, so its JSON is the text
@@ -173,9 +178,63 @@ def with_system_instructions(messages: list[Message] | None, instructions: Any) 
 # --- OpenAI-style messages: the body of per-message events and of gen_ai.prompt / gen_ai.completion ---
 
 
+# Bedrock Converse content blocks (`[{"text": ...}, {"toolUse": {...}}, {"toolResult": {...}}]`), which Strands Agents
+# records as the content of its per-message events and tool results: each block is a dict with one of these keys.
+CONVERSE_BLOCKS = frozenset(("text", "toolUse", "toolResult", "reasoningContent", "image", "document", "video"))
+
+
+def converse_blocks(value: Any) -> list[dict[str, Any]] | None:
+    """`value` (a list, or its JSON text) as Converse content blocks, or None when it is not a list of them."""
+    if isinstance(value, str):
+        if not value.startswith("[{"):
+            return None
+        value = loads(value)
+    if not isinstance(value, list) or not value:
+        return None
+    if all(isinstance(b, dict) and len(b) == 1 and next(iter(b)) in CONVERSE_BLOCKS for b in value):
+        return value
+    return None
+
+
+def converse_text(blocks: list[dict[str, Any]]) -> str | None:
+    """The text of blocks that are all text blocks (a tool's result as Strands records it), else None."""
+    if all(isinstance(b.get("text"), str) for b in blocks):
+        return "".join(b["text"] for b in blocks)
+    return None
+
+
+def _converse_part(block: dict[str, Any]) -> Part:
+    ((kind, body),) = block.items()
+    if kind == "text":
+        return {"type": "text", "content": as_text(body)}
+    if kind == "toolUse" and isinstance(body, dict):
+        return {
+            "type": "tool_call",
+            "id": body.get("toolUseId"),
+            "name": as_text(body.get("name") or ""),
+            "arguments": tool_arguments(body.get("input")),
+        }
+    if kind == "toolResult" and isinstance(body, dict):
+        inner = converse_blocks(body.get("content"))
+        result = converse_text(inner) if inner else None
+        return {
+            "type": "tool_call_response",
+            "id": body.get("toolUseId"),
+            "response": body.get("content") if result is None else result,
+        }
+    if kind == "reasoningContent" and isinstance(body, dict):
+        reasoning = body.get("reasoningText")
+        content = reasoning.get("text") if isinstance(reasoning, dict) else None
+        return {"type": "reasoning", "content": as_text(content or "")}
+    return {"type": kind, "content": body}
+
+
 def _content_parts(content: Any) -> list[Part]:
     if content is None or content == "":
         return []
+    blocks = converse_blocks(content)
+    if blocks is not None:
+        return [_converse_part(b) for b in blocks]
     if isinstance(content, str):
         return [{"type": "text", "content": content}]
     if isinstance(content, list):
@@ -220,11 +279,14 @@ def chat_message(role: str, body: Mapping[str, Any]) -> Message:
     if isinstance(body_role, str) and body_role:
         role = body_role
     content = body.get("content")
-    if role == "tool":
+    blocks = converse_blocks(content) if role == "tool" else None
+    if blocks is not None and any("toolResult" in b for b in blocks):
+        parts: list[Part] = [_converse_part(b) for b in blocks]
+    elif role == "tool":
         call_id = body.get("id")
         if call_id is None:
             call_id = body.get("tool_call_id")
-        parts: list[Part] = [{"type": "tool_call_response", "id": call_id, "response": content}]
+        parts = [{"type": "tool_call_response", "id": call_id, "response": content}]
     else:
         parts = _content_parts(content)
         tool_calls = body.get("tool_calls")
@@ -269,7 +331,7 @@ def message_from_event(name: str, body: Any) -> Message | None:
     if name == CHOICE_EVENT:
         message = body.get("message")
         if isinstance(message, str):
-            parsed = loads(message)
+            parsed = loads(message) if message[:1] in ("{", "[") else None
             message = parsed if isinstance(parsed, dict) else {"content": message}
         if not isinstance(message, Mapping):
             # content at the top level, as some emitters do
@@ -350,12 +412,18 @@ def chat_messages(value: Any, default_role: str) -> list[Message] | None:
 def messages_from_span_events(
     events: Iterable[SpanEvent],
 ) -> tuple[list[Message] | None, list[Message] | None]:
-    """(input, output) from a span's content events: per-message, prompt/completion, or both."""
+    """(input, output) from a span's content events: per-message, prompt/completion, or both; or the
+    `gen_ai.client.inference.operation.details` events (Strands writes one per attribute) with the semconv's
+    message attributes."""
     per_message: list[tuple[str, Any]] = []
     prompt: list[Message] | None = None
     completion: list[Message] | None = None
+    details: dict[str, Any] = {}
     for event in events:
         name = event.name
+        if name == DETAILS_EVENT:
+            details.update(event.attributes)
+            continue
         if name in MESSAGE_EVENT_ROLES:
             per_message.append((name, event.attributes))
         elif name == PROMPT_EVENT:
@@ -366,6 +434,15 @@ def messages_from_span_events(
             found = chat_messages(event.attributes.get(COMPLETION_EVENT_ATTRIBUTE), "assistant")
             if found:
                 completion = (completion or []) + found
+    if details:
+        inputs = with_system_instructions(
+            semconv_messages(details.get("gen_ai.input.messages"), "user"), details.get("gen_ai.system_instructions")
+        )
+        outputs = semconv_messages(details.get("gen_ai.output.messages"), "assistant")
+        if inputs:
+            prompt = (prompt or []) + inputs
+        if outputs:
+            completion = (completion or []) + outputs
     if per_message:
         inputs, outputs = messages_from_events(per_message)
         if inputs:

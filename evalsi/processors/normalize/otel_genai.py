@@ -12,6 +12,8 @@ from evalsi.processors.normalize.mapper import GENERIC_PRECEDENCE, register_mapp
 from evalsi.processors.normalize.messages import (
     CONTENT_EVENTS,
     Message,
+    converse_blocks,
+    converse_text,
     messages_from_span_events,
     semconv_messages,
     tool_arguments,
@@ -234,6 +236,9 @@ def tool_messages(span: Span, attributes: dict[str, Any]) -> tuple[list[Message]
     elif ANTHROPIC_TOOL_RESULT in attributes:
         result, has_result = anthropic_tool_result(attributes[ANTHROPIC_TOOL_RESULT]), True
     if has_result:
+        blocks = converse_blocks(result)  # Strands: the result as Converse content blocks
+        if blocks is not None:
+            result = converse_text(blocks) or result
         unwrapped = tool_message(result)
         if unwrapped is not None:
             result = unwrapped[0]
@@ -255,6 +260,30 @@ def tool_messages(span: Span, attributes: dict[str, Any]) -> tuple[list[Message]
 
 
 _tool_messages = tool_messages  # the name other mappers may already import
+
+
+def tool_event_messages(
+    span: Span, inputs: list[Message] | None, outputs: list[Message] | None
+) -> tuple[list[Message] | None, list[Message] | None]:
+    """A tool span's call and result from its content events, as Strands writes them by default: a
+    `gen_ai.tool.message` whose content is the arguments (read as a tool response: turned into the call) and a
+    `gen_ai.choice` whose message is the result (read as assistant text: turned into the response)."""
+    parts = [p for m in inputs or () for p in m["parts"]]
+    call_id = span.details.get("tool_call_id")
+    if parts and not any(p["type"] == "tool_call" for p in parts):
+        sent = next((p for p in parts if p["type"] == "tool_call_response"), None)
+        if sent is not None:
+            call_id = call_id or sent.get("id")
+            call = {"type": "tool_call", "id": call_id, "name": span.tool_name or "",
+                    "arguments": tool_arguments(sent.get("response"))}  # fmt: skip
+            inputs = [{"role": "assistant", "parts": [call]}]
+    out_parts = [p for m in outputs or () for p in m["parts"]]
+    if out_parts and not any(p["type"] == "tool_call_response" for p in out_parts):
+        texts = [p["content"] for p in out_parts if p["type"] == "text" and isinstance(p.get("content"), str)]
+        if texts:
+            response = {"type": "tool_call_response", "id": call_id, "response": "".join(texts)}
+            outputs = [{"role": "tool", "parts": [response]}]
+    return inputs, outputs
 
 
 def fill_provider_and_tokens(span: Span, get: Callable[[str], Any]) -> None:
@@ -374,6 +403,8 @@ class OtelGenAI:
             output_messages = semconv_messages(get(OUTPUT_MESSAGES), "assistant")
         if input_messages is None and output_messages is None and span.events:
             input_messages, output_messages = messages_from_span_events(span.events)
+            if operation == EXECUTE_TOOL:
+                input_messages, output_messages = tool_event_messages(span, input_messages, output_messages)
         if input_messages is None and output_messages is None and pydantic_ai.is_agent_run(attributes):
             input_messages, output_messages = pydantic_ai.agent_messages(attributes)
         if step_type == "llm" and pydantic_ai.OPERATION_COST in attributes:
