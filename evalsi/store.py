@@ -43,8 +43,17 @@ class TraceQueries(Protocol):
     ) -> list[dict[str, Any]]: ...
 
     def score_window_stats(
-        self, *, since_ns: int, policy: str | None = None, project: str | None = None
-    ) -> list[dict[str, Any]]: ...
+        self,
+        *,
+        since_ns: int,
+        policy: str | None = None,
+        project: str | None = None,
+        until_ns: int | None = None,
+        run_id: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Aggregates per (policy, evaluator, name) of the scored scores since `since_ns`, before `until_ns`, of one
+        offline run with `run_id`."""
+        ...
 
     def span_counts(self, trace_ids: list[str], *, since_ns: int = 0, project: str | None = None) -> dict[str, int]:
         """Stored spans of each trace started since `since_ns` (a trace with none is left out)."""

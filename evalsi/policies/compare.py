@@ -174,8 +174,8 @@ class Comparison:
     """The current window against a baseline: the difference (current - baseline) with its interval, the test that
     gave it (`newcombe` for rates, `welch` for means), and whether it shows a regression beyond `margin`."""
 
-    current: float
-    baseline: float
+    current_mean: float
+    baseline_mean: float
     current_n: int
     baseline_n: int
     difference: float
@@ -245,6 +245,7 @@ def compare(
         test = "welch"
     regressed = high < -margin if worse == "lower" else low > margin
     return Comparison(
-        current=c_mean, baseline=b_mean, current_n=current.n, baseline_n=baseline.n, difference=c_mean - b_mean,
-        low=low, high=high, method=test, margin=margin, worse=worse, confidence=confidence, regressed=regressed,
+        current_mean=c_mean, baseline_mean=b_mean, current_n=current.n, baseline_n=baseline.n,
+        difference=c_mean - b_mean, low=low, high=high, method=test, margin=margin, worse=worse,
+        confidence=confidence, regressed=regressed,
     )  # fmt: skip

@@ -20,6 +20,7 @@ from typing import Any
 from evalsi import cel
 from evalsi.model.score import Score
 from evalsi.model.span import Span
+from evalsi.policies.baseline import Regression, parse_regressed
 from evalsi.policies.intervals import percentile
 from evalsi.policies.trace_view import SessionView, TraceView
 
@@ -161,11 +162,15 @@ SCHEMA = _schema()
 
 # `mean('x')` and friends are shorthand for `window.<map>["x"]`; string literals are matched first so that a
 # name inside a string is never rewritten.
-AGGREGATES = {"mean": "mean", "rate": "rate", "count": "n", "p50": "p50", "p90": "p90", "p95": "p95", "p99": "p99"}
+AGGREGATES = {
+    "mean": "mean", "rate": "rate", "count": "n", "p50": "p50", "p90": "p90", "p95": "p95", "p99": "p99", "low": "low",
+    "high": "high",
+}  # fmt: skip
 _SPELLED = {key: fn for fn, key in AGGREGATES.items()}  # how `values` names an aggregate: "n" -> count('x')
 _STRING = r"""[rRbB]{0,2}(?:'''[\s\S]*?'''|\"\"\"[\s\S]*?\"\"\"|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*")"""
 _ALERT_TOKEN = re.compile(
     rf"(?P<string>{_STRING})"
+    rf"|(?<![\w.])regressed\s*\((?P<regressed>(?:{_STRING}|[^()'\"])*)\)"
     rf"|(?<![\w.])(?P<fn>{'|'.join(AGGREGATES)})\s*\(\s*(?P<arg>'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\")\s*\)"
     r"|(?<![\w.])(?P<count>count)\b"
     r"|(?<![\w.])(?P<window>window)\b"
@@ -182,17 +187,24 @@ class AlertRule:
     uses: tuple[tuple[str, str], ...]  # (window map, score name) pairs, e.g. ("rate", "contains")
     whole: bool  # names `window` itself: hand over every aggregate
     notify: str | None = None
+    regressions: tuple[Regression, ...] = ()
+    """Its `regressed(...)` terms, each read as `window.regressed[<key>]`."""
 
 
 def compile_alert(when: str, *, name: str | None = None, notify: str | None = None) -> AlertRule:
     """Compile an alert condition; raises ValueError with CEL's message. `mean('x')` becomes `window.mean["x"]`."""
     uses: dict[tuple[str, str], None] = {}
+    regressions: dict[str, Regression] = {}
     whole = False
 
     def rewrite(m: re.Match[str]) -> str:
         nonlocal whole
         if m.group("string") is not None:
             return m.group(0)
+        if m.group("regressed") is not None:
+            found = parse_regressed(m.group("regressed"))
+            regressions.setdefault(found.key, found)
+            return f"window.regressed[{found.key!r}]"
         if m.group("fn") is not None:
             key = AGGREGATES[m.group("fn")]
             arg = m.group("arg")
@@ -214,7 +226,7 @@ def compile_alert(when: str, *, name: str | None = None, notify: str | None = No
     except ValueError as e:
         shown = "" if rewritten == when else f" (read as {rewritten!r})"
         raise ValueError(f"{e}{shown}") from None
-    return AlertRule(name or when, when, program, tuple(uses), whole, notify)
+    return AlertRule(name or when, when, program, tuple(uses), whole, notify, tuple(regressions.values()))
 
 
 def window_variable(
@@ -223,7 +235,9 @@ def window_variable(
     """The `window` an alert condition sees: the window's trace and shed counts, and each aggregate the rule reads
     (every one of every score name in `names` when it names `window` itself), from `aggregate(key, name)`; an
     aggregate without data is left out, so a condition on it cannot hold."""
-    window: dict[str, Any] = {"count": count, "shed": shed, **{k: {} for k in AGGREGATES.values()}}
+    window: dict[str, Any] = {
+        "count": count, "shed": shed, "regressed": {}, **{k: {} for k in AGGREGATES.values()}
+    }  # fmt: skip
     if rule.whole:
         wanted = [(k, name) for name in names for k in AGGREGATES.values()]
     else:

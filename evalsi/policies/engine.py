@@ -29,6 +29,7 @@ from evalsi.evaluators import Evaluator, Params, Target, run
 from evalsi.evaluators.judge_client import Judges
 from evalsi.model.score import Score
 from evalsi.model.span import Span, project_of
+from evalsi.policies.baseline import Baselines
 from evalsi.policies.conditions import Condition, LatencyAbove, score_summary
 from evalsi.policies.feedback import NEGATIVE_BELOW
 from evalsi.policies.notify import AlertEvent
@@ -166,6 +167,7 @@ class Policy:
         labels: dict[str, str] | None = None,
         source: str = "",
         alert_check_interval: float = 1.0,
+        interval: str = "fixed",
     ) -> None:
         self.name = name
         self.labels = dict(labels or {})
@@ -179,7 +181,7 @@ class Policy:
         self.session_stages = [s for s in stages if s.scope == "session"]
         self.stages = stages
         self.promote = promote
-        self.window = PolicyWindow(name, window, list(alerts or []), self.labels, alert_check_interval)
+        self.window = PolicyWindow(name, window, list(alerts or []), self.labels, alert_check_interval, interval)
         self.stats = PolicyStats()
         self.feedback_always = [a for a in self.always if isinstance(a, Condition) and a.reads_feedback]
         self.late = any(c.reads_feedback for c in self.conditions())
@@ -580,7 +582,7 @@ class PolicySet:
             before = old.by_name.get(p.name)
             if before is None or isinstance(p.window, RecordingWindow) or isinstance(before.window, RecordingWindow):
                 continue  # (a pipeline worker's windows only record: the collector process's hold the counts)
-            if before.window.seconds != p.window.seconds:
+            if before.window.seconds != p.window.seconds or before.window.interval != p.window.interval:
                 continue
             rules = [(a.name, a.condition, a.notify) for a in p.window.alerts]
             if rules != [(a.name, a.condition, a.notify) for a in before.window.alerts]:
@@ -599,6 +601,14 @@ class PolicySet:
         if hasattr(self, "_records"):
             self._records.extend(getattr(old, "_records", []))
         return kept
+
+    # --- baselines of `regressed(...)` ----------------------------------------------------------------------------
+
+    def use_baselines(self, baselines: Baselines | None) -> None:
+        """Where every policy's window reads the baselines of its `regressed(...)` alerts."""
+        for p in self.policies:
+            if isinstance(p.window, PolicyWindow):
+                p.window.baselines = baselines
 
     def drain_windows(self) -> list[WindowStats]:
         out = list(self._windows)

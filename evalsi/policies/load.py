@@ -244,7 +244,13 @@ def parse_policy(
     except ValidationError as e:
         for err in e.errors():
             msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-            problems.append(f"{label}: {_path(err['loc'])}: {msg}")
+            loc = tuple(err["loc"])
+            raw_spec = doc.get("spec")
+            if loc == ("spec", "window", "length") and not (
+                isinstance(raw_spec, dict) and isinstance(raw_spec.get("window"), dict)
+            ):
+                loc = loc[:2]  # `window: 5m` names no `length`
+            problems.append(f"{label}: {_path(loc)}: {msg}")
     # meaning, checked on the raw document so that a shape error elsewhere does not hide it
     spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
     selector = _condition(spec.get("selector"), TRACE_VARIABLES, f"{label}: spec.selector", problems)
@@ -306,7 +312,8 @@ def parse_policy(
         selector=selector,
         rate=model.spec.sampling.rate,
         always=always,
-        window=model.spec.window,
+        window=model.spec.window.length,
+        interval=model.spec.window.interval,
         alerts=alerts,
         promote=promote,
         labels=model.metadata.labels,

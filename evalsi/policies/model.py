@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from evalsi.duration import Duration
 
@@ -75,7 +75,8 @@ class Alert(_Strict):
     name: str | None = None
     """What the notification calls this alert (default: the condition text)."""
     when: str
-    """CEL over the window's aggregates: `mean('name')`, `rate('name')`, `count`, `count('name')`, `p95('name')`."""
+    """CEL over the window's aggregates: `mean('name')`, `rate('name')`, `count`, `count('name')`, `p95('name')`,
+    `low('name')`, `high('name')`, `regressed('name', baseline: '7d', margin: 0.02)`."""
     notify: str | None = None
     """A webhook URL (http or https) that gets a JSON POST, or `env:VAR` naming one; without it the alert is only
     recorded."""
@@ -102,22 +103,37 @@ class Promote(_Strict):
         return _nonempty(value)
 
 
+class Window(_Strict):
+    """`window: 5m`, or with options `window: {length: 5m, interval: anytime}`."""
+
+    length: Duration = 300.0
+    """Tumbling window of the aggregates and alerts (default 5m)."""
+    interval: Literal["fixed", "anytime"] = "fixed"
+    """`fixed`: intervals valid for one look (Wilson, t); `anytime`: confidence sequences for pass rates and values
+    within [0, 1], valid however often the alerts look (docs/policies.md, *Which interval*)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _length_alone(cls, value: Any) -> Any:
+        return value if isinstance(value, dict) else {"length": value}
+
+    @field_validator("length")
+    @classmethod
+    def _length(cls, value: float) -> float:
+        if value < 1:
+            raise ValueError("must be at least 1s")
+        return value
+
+
 class Spec(_Strict):
     selector: str | None = None
     """CEL: the traces this policy looks at (default: every trace)."""
     sampling: Sampling = Field(default_factory=Sampling)
     cascade: list[Stage] = Field(min_length=1)
-    window: Duration = 300.0
-    """Tumbling window of the aggregates and alerts (default 5m)."""
+    window: Window = Field(default_factory=Window)
+    """Tumbling window of the aggregates and alerts (default 5m), and its intervals."""
     alerts: list[Alert] = Field(default_factory=list)
     promote: Promote | None = None
-
-    @field_validator("window")
-    @classmethod
-    def _window(cls, value: float) -> float:
-        if value < 1:
-            raise ValueError("must be at least 1s")
-        return value
 
 
 class OnlineEvalPolicy(_Strict):

@@ -29,7 +29,8 @@ def _iso(seconds: float) -> str:
 class AlertEvent:
     """An alert that fired (or resolved): what the webhook gets (`body()`), and where it goes (`notify`, None:
     recorded only). `values` are the window aggregates the condition read when it held (or, resolved, when the
-    window closed), e.g. `{"count": 12, "rate('contains')": 0.25}`; `fired_at` is when it fired (resolved: when the
+    window closed), e.g. `{"count": 12, "rate('contains')": 0.25}`, a `regressed(...)` as its comparison (difference,
+    interval, test); `fired_at` is when it fired (resolved: when the
     window without it closed)."""
 
     policy: str
@@ -43,7 +44,7 @@ class AlertEvent:
     example_trace_ids: list[str]
     labels: dict[str, str]
     fired_at: float
-    values: dict[str, float | int | None] = field(default_factory=dict)
+    values: dict[str, Any] = field(default_factory=dict)
     state: str = "firing"
     """`firing`, or `resolved`: a whole window closed without the condition holding (never sent to a webhook)."""
 

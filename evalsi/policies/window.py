@@ -4,6 +4,10 @@ conditions themselves are in `conditions.py`); in a pipeline worker, a window th
 Only `scored` scores count toward n, means, intervals and percentiles (skipped and error scores are counted
 beside them). A window closes when time passes its end; an alert fires at most once per window per condition, and
 stays firing until a window closes in which it did not fire (then it resolves).
+
+A window's intervals are `fixed` (valid for one look: Wilson, t) or, with `interval: anytime`, confidence sequences
+(valid however often the alerts look: `sequences.BoundedMeanSequence`) for pass rates and values within [0, 1].
+`regressed(...)` compares the window with a baseline read through `baseline.Baselines`.
 """
 
 from __future__ import annotations
@@ -16,9 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evalsi.model.score import Score
+from evalsi.policies.baseline import Baselines, Regression
+from evalsi.policies.compare import Comparison, Sample, compare
 from evalsi.policies.conditions import AlertRule, spelled_values, window_variable
 from evalsi.policies.intervals import mean_interval, percentile, wilson_interval
 from evalsi.policies.notify import AlertEvent
+from evalsi.policies.sequences import BoundedMeanSequence
 
 __all__ = ["PolicyWindow", "RecordingWindow", "Series", "WindowRecord", "WindowStats"]
 
@@ -26,6 +33,8 @@ RESERVOIR = 10_000
 """Values kept per series and window for percentiles; past it, a uniform sample of this size (reservoir)."""
 EXAMPLES = 5
 CONFIDENCE = 0.95
+ANYTIME = "eb-cs"
+"""The `method` of an anytime-valid interval: the empirical-Bernstein confidence sequence."""
 
 
 @dataclass(slots=True)
@@ -73,10 +82,11 @@ class Series:
 
     __slots__ = (
         "_rng", "_sorted", "errors", "evaluator", "examples", "failures", "m2", "n", "name", "pass_n", "passed",
-        "seen_values", "skipped", "value_binary", "value_max", "value_mean", "value_min", "value_n", "values",
+        "seen_values", "sequences", "skipped", "value_binary", "value_max", "value_mean", "value_min", "value_n",
+        "values",
     )  # fmt: skip
 
-    def __init__(self, evaluator: str, name: str) -> None:
+    def __init__(self, evaluator: str, name: str, *, anytime: bool = False) -> None:
         self.evaluator = evaluator
         self.name = name
         self.n = self.value_n = self.pass_n = self.passed = self.skipped = self.errors = self.seen_values = 0
@@ -89,6 +99,15 @@ class Series:
         self._rng: random.Random | None = None
         self.examples: deque[str] = deque(maxlen=EXAMPLES)
         self.failures: deque[str] = deque(maxlen=EXAMPLES)
+        self.sequences: dict[str, BoundedMeanSequence] | None = None
+        """With `interval: anytime`: confidence sequences of the values (while all lie in [0, 1]) and of the verdicts,
+        at the window's level and at half its alpha (for `regressed`)."""
+        if anytime:
+            alpha = 1 - CONFIDENCE
+            self.sequences = {
+                "value": BoundedMeanSequence(alpha), "value/2": BoundedMeanSequence(alpha / 2),
+                "pass": BoundedMeanSequence(alpha), "pass/2": BoundedMeanSequence(alpha / 2),
+            }  # fmt: skip
 
     def add(self, score: Score) -> None:
         if score.outcome != "scored":
@@ -108,7 +127,13 @@ class Series:
             self.value_max = max(self.value_max, value)
             self.value_binary += value in (0, 1)
             self._keep(float(value))
+            if self.sequences is not None and self.value_min >= 0 and self.value_max <= 1:
+                self.sequences["value"].add(value)
+                self.sequences["value/2"].add(value)
         if score.passed is not None:
+            if self.sequences is not None:
+                self.sequences["pass"].add(1.0 if score.passed else 0.0)
+                self.sequences["pass/2"].add(1.0 if score.passed else 0.0)
             self.pass_n += 1
             if score.passed:
                 self.passed += 1
@@ -149,22 +174,57 @@ class Series:
     def percentile(self, q: float) -> float | None:
         return percentile(self.ordered, q)
 
+    def _anytime(self, kind: str, half: bool = False) -> tuple[float, float] | None:
+        """The confidence sequence's interval of the values (`value`) or verdicts (`pass`); None without one (a fixed
+        window, no observation, or values outside [0, 1])."""
+        if self.sequences is None:
+            return None
+        if kind == "value" and (self.value_min < 0 or self.value_max > 1):
+            return None
+        found = self.sequences[f"{kind}/2" if half else kind]
+        return (float(found.low), float(found.high)) if found.n else None
+
+    def interval(self) -> tuple[tuple[float, float] | None, str]:
+        """The headline's interval and its method: the mean value's when the score has values, else the pass
+        rate's; a confidence sequence's (`eb-cs`) in an anytime window, where it applies."""
+        if self.value_n:
+            anytime = self._anytime("value")
+            if anytime is not None:
+                return anytime, ANYTIME
+            sd = math.sqrt(max(self.m2, 0.0) / (self.value_n - 1)) if self.value_n > 1 else 0.0
+            return mean_interval(
+                self.value_n, self.value_mean, sd, minimum=self.value_min, maximum=self.value_max,
+                binary=self.value_binary, confidence=CONFIDENCE,
+            )  # fmt: skip
+        return self.pass_interval()
+
+    def pass_interval(self) -> tuple[tuple[float, float] | None, str]:
+        anytime = self._anytime("pass")
+        if anytime is not None:
+            return anytime, ANYTIME
+        return wilson_interval(self.passed, self.pass_n, CONFIDENCE), "wilson"
+
+    def sample(self) -> Sample:
+        """What `compare` needs of this series."""
+        sd = math.sqrt(max(self.m2, 0.0) / (self.value_n - 1)) if self.value_n > 1 else 0.0
+        return Sample(
+            value_n=self.value_n, value_mean=self.value_mean, value_sd=sd, value_binary=self.value_binary,
+            value_min=self.value_min if self.value_n else None, value_max=self.value_max if self.value_n else None,
+            pass_n=self.pass_n, passed=self.passed,
+        )  # fmt: skip
+
+    def anytime_half(self) -> tuple[float, float] | None:
+        """The headline's confidence sequence at half the window's alpha (for `regressed` in an anytime window)."""
+        return self._anytime("value" if self.value_n else "pass", half=True)
+
     def example_ids(self) -> list[str]:
         return list(dict.fromkeys([*self.failures, *self.examples]))[:EXAMPLES]
 
     def stats(self, policy: str, start: float, end: float) -> WindowStats:
         rate = self.pass_rate
-        wilson = wilson_interval(self.passed, self.pass_n, CONFIDENCE)
-        if self.value_n:
-            kind = "numeric"
-            mean: float | None = self.value_mean
-            sd = math.sqrt(max(self.m2, 0.0) / (self.value_n - 1)) if self.value_n > 1 else 0.0
-            interval, method = mean_interval(
-                self.value_n, self.value_mean, sd, minimum=self.value_min, maximum=self.value_max,
-                binary=self.value_binary, confidence=CONFIDENCE,
-            )  # fmt: skip
-        else:
-            kind, mean, interval, method = "pass_fail", rate, wilson, "wilson"
+        wilson, _ = self.pass_interval()
+        interval, method = self.interval()
+        kind, mean = ("numeric", self.value_mean) if self.value_n else ("pass_fail", rate)
         return WindowStats(
             policy=policy, evaluator=self.evaluator, name=self.name, start=start, end=end, kind=kind, n=self.n,
             mean=mean, low=interval[0] if interval else None, high=interval[1] if interval else None,
@@ -193,9 +253,16 @@ class PolicyWindow:
         alerts: list[AlertRule],
         labels: dict[str, str] | None = None,
         check_interval: float = 1.0,
+        interval: str = "fixed",
     ) -> None:
         self.policy = policy
         self.seconds = seconds
+        self.interval = interval
+        """`fixed` or `anytime` (confidence sequences, valid however often the alerts look)."""
+        self.baselines: Baselines | None = None
+        """Where `regressed(...)` reads its baselines (None: no store, so it never holds)."""
+        self.comparisons: dict[str, tuple[Regression, Comparison]] = {}
+        """The latest comparison of each `regressed(...)` term, by its key (for metrics)."""
         self.alerts = alerts
         self.labels = dict(labels or {})
         self.check_interval = check_interval
@@ -251,7 +318,7 @@ class PolicyWindow:
             key = (s.evaluator, s.name)
             series = self.series.get(key)
             if series is None:
-                series = self.series[key] = Series(s.evaluator, s.name)
+                series = self.series[key] = Series(s.evaluator, s.name, anytime=self.interval == "anytime")
                 self.by_name.setdefault(s.name, series)
             series.add(s)
 
@@ -265,10 +332,36 @@ class PolicyWindow:
             return series.pass_rate
         if key == "n":
             return series.n
+        if key in ("low", "high"):
+            found, _ = series.interval()
+            return None if found is None else found[key == "high"]
         return series.percentile(float(key[1:]))
 
+    def compare(self, regression: Regression) -> Comparison | None:
+        """The current window against `regression`'s baseline; None without both (no scores yet, or the baseline
+        not read yet)."""
+        series = self.by_name.get(regression.name)
+        if series is None or not series.n or self.baselines is None or self.start is None:
+            return None
+        baseline = self.baselines.sample(self.policy, regression, self.start)
+        if baseline is None:
+            return None
+        anytime = series.anytime_half() if self.interval == "anytime" else None
+        found = compare(
+            series.sample(), baseline, margin=regression.margin, worse=regression.worse, confidence=CONFIDENCE,
+            current_interval=anytime, method=ANYTIME if anytime is not None else None,
+        )  # fmt: skip
+        if found is not None:
+            self.comparisons[regression.key] = (regression, found)
+        return found
+
     def _activation(self, rule: AlertRule) -> dict[str, Any]:
-        return {"window": window_variable(rule, self.count, self.shed, self.by_name, self._aggregate)}
+        window = window_variable(rule, self.count, self.shed, self.by_name, self._aggregate)
+        for regression in rule.regressions:
+            found = self.compare(regression)
+            if found is not None:  # not known: the key is missing, so the condition cannot hold
+                window["regressed"][regression.key] = found.regressed
+        return {"window": window}
 
     def check(self, now: float, final: bool = False) -> list[AlertEvent]:
         """Evaluate the alerts not yet fired in this window; at most once per `check_interval` unless final."""
@@ -294,9 +387,17 @@ class PolicyWindow:
         self.resolved += [self._resolution(self.firing.pop(i)) for i in list(self.firing)]
         return self.take_resolved()
 
-    def _values(self, rule: AlertRule) -> dict[str, float | int | None]:
-        """The aggregates `rule` reads, as its condition spells them."""
-        return spelled_values(self._activation(rule)["window"])
+    def _values(self, rule: AlertRule) -> dict[str, Any]:
+        """The aggregates `rule` reads, as its condition spells them; a `regressed(...)` as its comparison: the
+        difference (current - baseline), its interval, the test, the margin and whether it regressed."""
+        window = self._activation(rule)["window"]
+        out: dict[str, Any] = dict(spelled_values(window))
+        for regression in rule.regressions:
+            found = self.comparisons.get(regression.key)
+            if regression.key in window["regressed"] and found is not None:
+                out[regression.text] = {"score": regression.name, "baseline": regression.baseline,
+                                        **found[1].as_dict()}  # fmt: skip
+        return out
 
     def _resolution(self, fired: AlertEvent) -> AlertEvent:
         """A window closed without `fired`'s condition holding: what it read then."""

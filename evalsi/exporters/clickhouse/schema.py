@@ -643,13 +643,20 @@ LIMIT {{limit:UInt32}}
 """
 
 
-def score_window_stats_sql(table: str, *, with_policy: bool, with_project: bool = False) -> str:
+def score_window_stats_sql(
+    table: str, *, with_policy: bool, with_project: bool = False, with_until: bool = False, with_run: bool = False
+) -> str:
     """Per (policy, evaluator, name): scored scores since {since_ns:Int64}, each key once (FINAL): n, the values'
     count, mean, sample sd and p50/p95 (linear interpolation, as numpy), and pass counts. Optional
-    {policy_hex:String} (see `store.hex_param`)."""
+    {policy_hex:String} (see `store.hex_param`), {until_ns:Int64} (before it) and {run_id_hex:String} (one offline
+    run's scores)."""
     policy = "AND Policy = unhex({policy_hex:String})" if with_policy else ""
     if with_project:
         policy += f" AND {SCORE_PROJECT}"
+    if with_until:
+        policy += " AND Timestamp < fromUnixTimestamp64Nano({until_ns:Int64})"
+    if with_run:
+        policy += " AND RunId = unhex({run_id_hex:String})"
     return f"""
 SELECT Policy AS policy, Evaluator AS evaluator, Name AS name, count() AS n,
     count(Value) AS value_n, avg(Value) AS value_mean, stddevSamp(Value) AS value_sd,

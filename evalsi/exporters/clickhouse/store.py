@@ -273,15 +273,28 @@ class TraceStore:
         return [_score_row(r) for r in self.backend.query(sql, params)]
 
     def score_window_stats(
-        self, *, since_ns: int, policy: str | None = None, project: str | None = None
+        self,
+        *,
+        since_ns: int,
+        policy: str | None = None,
+        project: str | None = None,
+        until_ns: int | None = None,
+        run_id: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Per (policy, evaluator, name), the scored scores since `since_ns`: n, value_n, value_mean, value_sd,
-        p50, p95, value_min, value_max, value_binary (values that are 0 or 1), pass_n, passed (None where a series
-        has no values)."""
+        """Per (policy, evaluator, name), the scored scores since `since_ns` (and before `until_ns`; of one offline
+        run with `run_id`): n, value_n, value_mean, value_sd, p50, p95, value_min, value_max, value_binary (values
+        that are 0 or 1), pass_n, passed (None where a series has no values)."""
         params: dict[str, Any] = {"since_ns": _since(since_ns), **_project(project)}
         if policy:
             params["policy_hex"] = hex_param("policy", policy)
-        sql = score_window_stats_sql(self.scores_table, with_policy=bool(policy), with_project=project is not None)
+        if until_ns is not None:
+            params["until_ns"] = _since(until_ns)
+        if run_id:
+            params["run_id_hex"] = hex_param("run_id", run_id)
+        sql = score_window_stats_sql(
+            self.scores_table, with_policy=bool(policy), with_project=project is not None,
+            with_until=until_ns is not None, with_run=bool(run_id),
+        )  # fmt: skip
         rows = self.backend.query(sql, params)
         for r in rows:
             for key in ("n", "value_n", "pass_n", "passed", "value_binary"):

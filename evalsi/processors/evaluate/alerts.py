@@ -1,6 +1,7 @@
 """Alerts sending: the alert events the policies' windows raise go to the log, the metrics, the notifier (webhooks)
 and the store. With pipeline workers only the collector process's instance sends (a worker's windows only record).
-Its metrics: `evalsi_alerts_fired`, `evalsi_alert_firing`, `evalsi_alerts_unrecorded`."""
+Its metrics: `evalsi_alerts_fired`, `evalsi_alert_firing`, `evalsi_alerts_unrecorded`, and for `regressed(...)`
+conditions `evalsi_policy_difference` (with `_low`, `_high`), `evalsi_policy_regressed`, `evalsi_baseline_reads`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from evalsi.component import Settings
 from evalsi.policies import AlertEvent, AlertRecorder, Notifier, PolicySet
+from evalsi.policies.window import PolicyWindow
 
 
 class Alerts:
@@ -41,6 +43,33 @@ class Alerts:
             ["processor", "reason"],
         )
 
+        comparison = ["processor", "policy", "score", "baseline"]
+        self._difference = m.gauge(
+            "evalsi_policy_difference",
+            "regressed(...) alerts: the score's mean (or pass rate) in the current window minus its baseline's, as "
+            "last compared.",
+            comparison,
+        )
+        self._difference_low = m.gauge(
+            "evalsi_policy_difference_low", "regressed(...) alerts: the low end of the difference's interval.",
+            comparison,
+        )  # fmt: skip
+        self._difference_high = m.gauge(
+            "evalsi_policy_difference_high", "regressed(...) alerts: the high end of the difference's interval.",
+            comparison,
+        )  # fmt: skip
+        self._regressed = m.gauge(
+            "evalsi_policy_regressed",
+            "regressed(...) alerts: 1 when the difference's interval lies wholly beyond the margin on the worse side.",
+            [*comparison, "test"],
+        )
+        self.baseline_reads = m.counter(
+            "evalsi_baseline_reads",
+            "Baseline reads of regressed(...) alerts from the store, by result: ok, empty (no scored score there), "
+            "store_error.",
+            ["processor", "result"],
+        )
+
     def start(self, record: bool) -> None:
         """Open the notifier, and the store recorder when `record` (in the process where alerts fire)."""
         self._notifier = Notifier()
@@ -66,6 +95,23 @@ class Alerts:
                 self._notifier.send(event)
         if events and self._recorder is not None:
             self._recorder.record(events)
+        self._show_comparisons(policies)
+
+    def _show_comparisons(self, policies: PolicySet) -> None:
+        """Each `regressed(...)` term's latest comparison in the metrics."""
+        sid = self.settings.id
+        for p in policies.policies:
+            if not isinstance(p.window, PolicyWindow):
+                continue  # a worker's window only records
+            for regression, found in p.window.comparisons.values():
+                labels = (sid, p.name, regression.name, regression.baseline)
+                self._difference.labels(*labels).set(found.difference)
+                self._difference_low.labels(*labels).set(found.low)
+                self._difference_high.labels(*labels).set(found.high)
+                self._regressed.labels(*labels, found.method).set(1 if found.regressed else 0)
+
+    def store(self) -> Any:
+        return self._store()
 
     def _store(self) -> Any:
         """Where alerts are recorded: the store of the service this instance runs in (the collector process, where

@@ -19,6 +19,7 @@ from evalsi.model.trajectory import lone_sdk_call
 from evalsi.policies import PolicySet
 from evalsi.policies.window import WindowRecord
 from evalsi.processors.evaluate.alerts import Alerts
+from evalsi.processors.evaluate.baselines import StoreBaselines
 from evalsi.processors.evaluate.config import EvaluateConfig, load_policy_set
 from evalsi.processors.evaluate.duplicate_calls import DuplicateCalls
 from evalsi.processors.evaluate.events import score_from_event
@@ -59,8 +60,13 @@ class Evaluate:
             policies.record_windows()  # the collector process's windows aggregate every worker's
         self.late = LateFeedback(config.late_signals, settings, config.project)
         self.alerts = Alerts(settings, config.project)
+        self.baselines = StoreBaselines(
+            self.alerts.store, config.project, counter=self.alerts.baseline_reads, processor=settings.id
+        )
+        """Where `regressed(...)` alerts read their baselines: the store's scores of this processor's project."""
+        policies.use_baselines(self.baselines)
         self.queue = EvaluationQueue(config, settings, next, policies, self.late, self.alerts)
-        self._reload = PolicyReload(settings, self.judges, self.queue)
+        self._reload = PolicyReload(settings, self.judges, self.queue, self.baselines)
         self.evaluated_here = EvaluatedHere(config.late_signals, config.project)
         """With workers, in the collector process: the traces evaluated here (duplicate calls joined across
         workers), whose late feedback stays here rather than going to a worker."""
@@ -90,6 +96,8 @@ class Evaluate:
                 "(add `scores: {exporters: [clickhouse]}`)"
             )
         self.alerts.start(record=self.worker is None)  # (a worker's windows only record: alerts fire elsewhere)
+        if self.worker is None:
+            self.baselines.start()
         log, metrics, cid = self.settings.logger, self.settings.metrics, self.settings.id
         self._tasks = [
             supervise(f"{cid} evaluation", self.queue.run, log=log, metrics=metrics),
@@ -226,3 +234,4 @@ class Evaluate:
         self.queue.close()
         self.judges.close()
         await self.alerts.close()
+        await asyncio.to_thread(self.baselines.close)

@@ -8,13 +8,15 @@ from pathlib import Path
 
 from evalsi.component import Settings
 from evalsi.evaluators.judge_client import Judges
+from evalsi.policies.baseline import Baselines
 from evalsi.processors.evaluate.config import EvaluateConfig, load_policy_set
 from evalsi.processors.evaluate.work_queue import EvaluationQueue
 
 
 class PolicyReload:
-    def __init__(self, settings: Settings, judges: Judges, queue: EvaluationQueue) -> None:
+    def __init__(self, settings: Settings, judges: Judges, queue: EvaluationQueue, baselines: Baselines) -> None:
         self.settings = settings
+        self.baselines = baselines
         self.judges = judges
         self.queue = queue
         self._reloads = settings.metrics.counter(
@@ -38,6 +40,7 @@ class PolicyReload:
             self._reloads.labels(self.settings.id, "failed").inc()
             raise
         fresh.negative_below = config.late_signals.negative_below
+        fresh.use_baselines(self.baselines)
         if self.settings.worker is not None:
             fresh.record_windows()  # the collector process's windows aggregate every worker's
 
