@@ -55,6 +55,13 @@ class TraceQueries(Protocol):
         offline run with `run_id`."""
         ...
 
+    def judge_agreement(
+        self, *, since_ns: int, policy: str | None = None, project: str | None = None, limit: int = 100_000
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Judge verdicts since `since_ns` beside people's feedback on the same traces (`pairs`), and per judge the
+        traces it gave a verdict (`totals`): what judge calibration is computed from."""
+        ...
+
     def span_counts(self, trace_ids: list[str], *, since_ns: int = 0, project: str | None = None) -> dict[str, int]:
         """Stored spans of each trace started since `since_ns` (a trace with none is left out)."""
         ...

@@ -99,6 +99,9 @@ class _EmptyStore:
     def score_window_stats(self, **kwargs: Any) -> list[dict[str, Any]]:
         return []
 
+    def judge_agreement(self, **kwargs: Any) -> dict[str, list[dict[str, Any]]]:
+        return {"pairs": [], "totals": []}
+
 
 API_PARAMS = {
     ("/api/v1/traces", "since"): True,
@@ -108,6 +111,7 @@ API_PARAMS = {
     ("/api/v1/sessions", "until"): True,
     ("/api/v1/alerts", "since"): True,
     ("/api/v1/policies/stats", "window"): False,
+    ("/api/v1/policies/stats", "baseline"): False,
 }
 """Every API parameter taking a duration: True where it is a time (a duration back from now, or ISO-8601)."""
 
@@ -147,6 +151,7 @@ CLI_OPTIONS = {
     ("sessions", "list", "--until"): True,
     ("alerts", "list", "--since"): True,
     ("policies", "stats", "--window"): False,
+    ("policies", "stats", "--baseline"): False,
 }
 """Every CLI option taking a duration (that reads through the API): True where it is a time."""
 

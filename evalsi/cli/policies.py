@@ -19,9 +19,12 @@ if TYPE_CHECKING:
 app = typer.Typer(help="Online evaluation policies: their window aggregates.", no_args_is_help=True)
 
 
-def _policy_stats(reader: TraceReader, window: str, policy: str | None) -> dict[str, Any]:
+def _policy_stats(
+    reader: TraceReader, window: str, policy: str | None, baseline: str | None, margin: float, worse: str
+) -> dict[str, Any]:
     import time
 
+    from evalsi.collector.score_api import check_comparison
     from evalsi.duration import parse_duration
 
     try:
@@ -29,16 +32,24 @@ def _policy_stats(reader: TraceReader, window: str, policy: str | None) -> dict[
     except ValueError as e:
         raise fail(f"--window: {e}") from None
     try:
+        check_comparison(baseline, margin, worse)
+    except ValueError as e:
+        raise fail(f"--{e}") from None
+    try:
         url = getattr(reader, "url", None)  # an API reader (ours for --api, or the query module's)
         if url is not None:
-            return Api(url).get("/api/v1/policies/stats", window=window, policy=policy)
+            return Api(url).get(
+                "/api/v1/policies/stats", window=window, policy=policy, baseline=baseline, margin=margin, worse=worse
+            )
         from evalsi.collector.query import StoreReader
-        from evalsi.collector.score_api import window_stats
+        from evalsi.collector.score_api import policy_stats
 
         assert isinstance(reader, StoreReader)
         since_ns = time.time_ns() - int(seconds * 1e9)
-        rows = reader.store.score_window_stats(since_ns=since_ns, policy=policy)  # no collector runs: read the store
-        return {"window": window, "since_unix_nano": since_ns, "stats": window_stats(rows)}
+        return policy_stats(  # no collector runs: read the store
+            reader.store, window=window, since_ns=since_ns, policy=policy, baseline=baseline, margin=margin,
+            worse=worse,
+        )  # fmt: skip
     except typer.Exit:
         raise
     except Exception as e:  # a store error from the engine: say where, not a traceback
@@ -47,17 +58,30 @@ def _policy_stats(reader: TraceReader, window: str, policy: str | None) -> dict[
         reader.close()
 
 
+def _interval(low: Any, high: Any) -> str:
+    return f"{num(low)} .. {num(high)}" if low is not None and high is not None else ""
+
+
 @app.command("stats")
 def policies_stats(
     window: Annotated[str, typer.Option("--window", help="How far back: the last 5m, 1h, ...")] = "5m",
     policy: Annotated[str | None, typer.Option("--policy", help="Only this policy.")] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option("--baseline", help="Compare with the period before the window (7d) or an offline run (run:ID)."),
+    ] = None,
+    margin: Annotated[float, typer.Option("--margin", help="With --baseline: a drop beyond it regresses.")] = 0.0,
+    worse: Annotated[
+        str, typer.Option("--worse", help="With --baseline: lower (default) or higher is worse.")
+    ] = "lower",
     as_json: JsonOpt = False,
     config: ConfigOpt = None,
     api: ApiOpt = None,
 ) -> None:
-    """Scored scores of the last window per policy, evaluator and name: n, mean with a 95% interval, p50/p95."""
+    """Scored scores of the last window per policy, evaluator and name: n, mean with a 95% interval, p50/p95; with
+    --baseline, the difference with it (95% interval, Newcombe or Welch); and how far judges agree with people."""
     source = open_source(config, api)
-    doc = _policy_stats(source.reader, window, policy)
+    doc = _policy_stats(source.reader, window, policy, baseline, margin, worse)
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
         return
@@ -68,13 +92,45 @@ def policies_stats(
     from rich.table import Table
 
     table = Table(box=None, header_style="bold")
-    for col in ("POLICY", "EVALUATOR", "NAME", "N", "MEAN", "95% INTERVAL", "METHOD", "P50", "P95"):
+    columns = ["POLICY", "EVALUATOR", "NAME", "N", "MEAN", "95% INTERVAL", "METHOD", "P50", "P95"]
+    if baseline:
+        columns += [f"VS {baseline.upper()}", "95% INTERVAL", "TEST", "REGRESSED"]
+    for col in columns:
         table.add_column(col, no_wrap=True)
     for r in doc["stats"]:
         mean = num(r["mean"]) + (" pass" if r["kind"] == "pass_fail" else "")
         interval = f"{num(r['interval'][0])} .. {num(r['interval'][1])}" if r["interval"] else ""
-        table.add_row(
+        row = [
             r["policy"], r["evaluator"], r["name"], str(r["n"]), mean, interval, r.get("method") or "",
             num(r["p50"]), num(r["p95"]),
-        )  # fmt: skip
+        ]  # fmt: skip
+        if baseline:
+            c = r.get("comparison")
+            row += (
+                [
+                    f"{c['difference']:+.4g}",
+                    _interval(c["low"], c["high"]),
+                    c["method"],
+                    "yes" if c["regressed"] else "no",
+                ]
+                if c
+                else ["", "", "", "no baseline"]
+            )
+        table.add_row(*row)
     out.print(table)
+    if doc.get("calibration"):
+        judges = Table(box=None, header_style="bold", title="judges against people", title_justify="left")
+        for col in ("POLICY", "EVALUATOR", "NAME", "FEEDBACK", "N", "KAPPA (95%)", "SENSITIVITY", "SPECIFICITY",
+                    "RATE (PPI, 95%)", "JUDGE'S RATE"):  # fmt: skip
+            judges.add_column(col, no_wrap=True)
+        for c in doc["calibration"]:
+            k, sens, spec, ppi = c["kappa"], c["sensitivity"], c["specificity"], c["ppi"]
+            judges.add_row(
+                c["policy"], c["evaluator"], c["name"], c["feedback"], str(c["n"]),
+                f"{num(k['kappa'])} ({_interval(k['low'], k['high'])})" if k else "",
+                f"{num(sens[0])} ({_interval(sens[1], sens[2])})" if sens else "",
+                f"{num(spec[0])} ({_interval(spec[1], spec[2])})" if spec else "",
+                f"{num(ppi['estimate'])} ({_interval(ppi['low'], ppi['high'])})" if ppi else "",
+                num(ppi["judge_mean"]) if ppi else "",
+            )  # fmt: skip
+        out.print(judges)

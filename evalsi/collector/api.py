@@ -320,7 +320,13 @@ def build_api(
         request: Request,
         window: str = Query("5m", max_length=100),
         policy: str | None = Query(None, max_length=MAX_FILTER),
+        baseline: str | None = Query(None, max_length=200),
+        margin: float = Query(0.0, ge=0, le=1e12),
+        worse: str = Query("lower", max_length=10),
     ) -> dict[str, Any]:
+        """Scored scores since `window` ago per policy, evaluator and name with their intervals; with `baseline`
+        (the period before, e.g. `7d`, or `run:<run id>`) each one's difference with it (Newcombe or Welch); the
+        calibration of judges people gave feedback on (kappa, sensitivity, specificity, prediction-powered rate)."""
         try:
             seconds = parse_duration(window)
         except ValueError as e:
@@ -330,9 +336,14 @@ def build_api(
         if seconds > score_api.MAX_WINDOW_S:
             raise HTTPException(400, f"window: at most {score_api.MAX_WINDOW_S // 3600:g}h (ten years)")
         since_ns = time.time_ns() - int(seconds * 1e9)
-        stats = need_store().score_window_stats
-        rows = await asyncio.to_thread(stats, since_ns=since_ns, policy=policy, project=project_of(request))
-        return {"window": window, "since_unix_nano": since_ns, "stats": score_api.window_stats(rows)}
+        try:
+            score_api.check_comparison(baseline, margin, worse)
+        except ValueError as e:
+            raise HTTPException(400, str(e)) from None
+        return await asyncio.to_thread(
+            score_api.policy_stats, need_store(), window=window, since_ns=since_ns, policy=policy,
+            project=project_of(request), baseline=baseline, margin=margin, worse=worse,
+        )  # fmt: skip
 
     @app.get("/api/v1/alerts")
     async def list_alerts(

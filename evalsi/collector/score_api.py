@@ -22,6 +22,9 @@ from evalsi.model.ids import is_span_id, is_trace_id
 from evalsi.model.score import Score
 from evalsi.model.span import Span
 from evalsi.model.trajectory import build_trajectory
+from evalsi.policies.baseline import parse_baseline
+from evalsi.policies.calibration import judge_calibrations
+from evalsi.policies.compare import Sample, compare
 from evalsi.policies.intervals import mean_interval, wilson_interval
 
 MAX_RECORDS = 1000
@@ -311,3 +314,76 @@ def window_stats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )  # fmt: skip
     return out
+
+
+def compared_stats(
+    stats: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    baseline_rows: list[dict[str, Any]],
+    *,
+    by_name: bool,
+    margin: float,
+    worse: str,
+) -> None:
+    """Each of `stats` (made from `rows`) gets `comparison`: its difference with the same series of `baseline_rows`
+    (Newcombe for rates, Welch for means; None without both sides), matched by (policy, evaluator, name), or by name
+    alone for an offline run's scores (`by_name`)."""
+    if by_name:
+        base: dict[Any, dict[str, Any]] = {}
+        for r in sorted(baseline_rows, key=lambda r: -int(r["n"])):
+            base.setdefault(r["name"], r)
+    else:
+        base = {(r["policy"], r["evaluator"], r["name"]): r for r in baseline_rows}
+    for stat, row in zip(stats, rows, strict=True):
+        found = base.get(row["name"] if by_name else (row["policy"], row["evaluator"], row["name"]))
+        comparison = None
+        if found is not None:
+            comparison = compare(Sample.from_row(row), Sample.from_row(found), margin=margin, worse=worse)
+        stat["comparison"] = comparison.as_dict() if comparison is not None else None
+
+
+def check_comparison(baseline: str | None, margin: float, worse: str) -> tuple[float | None, str | None] | None:
+    """The baseline's (seconds, run id), None without one; ValueError naming the parameter that is wrong."""
+    if worse not in ("lower", "higher"):
+        raise ValueError(f"worse: must be 'lower' or 'higher', not {worse[:20]!r}")
+    if not math.isfinite(margin) or margin < 0:
+        raise ValueError(f"margin: must be a number >= 0, not {margin}")
+    if not baseline:
+        return None
+    try:
+        return parse_baseline(baseline)
+    except ValueError as e:
+        raise ValueError(f"baseline: {e}") from None
+
+
+def policy_stats(
+    store: Any,
+    *,
+    window: str,
+    since_ns: int,
+    policy: str | None = None,
+    project: str | None = None,
+    baseline: str | None = None,
+    margin: float = 0.0,
+    worse: str = "lower",
+) -> dict[str, Any]:
+    """`GET /api/v1/policies/stats` and `evalsi policies stats`: the scored scores since `since_ns` per policy,
+    evaluator and name with their intervals; with `baseline` (a period before `since_ns`, or `run:<id>`), each
+    one's difference with it; and the calibration of every judge people gave feedback on. Raises ValueError for a
+    bad `baseline` or `worse`."""
+    period = check_comparison(baseline, margin, worse)
+    rows = store.score_window_stats(since_ns=since_ns, policy=policy, project=project)
+    stats = window_stats(rows)
+    doc: dict[str, Any] = {"window": window, "since_unix_nano": since_ns, "stats": stats}
+    if period is not None:
+        seconds, run_id = period
+        if run_id is not None:
+            base = store.score_window_stats(since_ns=0, run_id=run_id, project=project)
+        else:
+            assert seconds is not None
+            start = max(0, since_ns - int(seconds * 1e9))
+            base = store.score_window_stats(since_ns=start, until_ns=since_ns, policy=policy, project=project)
+        compared_stats(stats, rows, base, by_name=run_id is not None, margin=margin, worse=worse)
+        doc["baseline"] = {"baseline": baseline, "margin": margin, "worse": worse}
+    doc["calibration"] = judge_calibrations(store.judge_agreement(since_ns=since_ns, policy=policy, project=project))
+    return doc

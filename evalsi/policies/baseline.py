@@ -17,7 +17,7 @@ from typing import Protocol
 from evalsi.duration import parse_duration
 from evalsi.policies.compare import Sample
 
-__all__ = ["Baselines", "Regression", "parse_regressed"]
+__all__ = ["Baselines", "Regression", "parse_baseline", "parse_regressed"]
 
 _STRING = r"'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\""
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
@@ -50,6 +50,21 @@ class Regression:
         return f"{self.name}|{self.baseline}|{self.margin:g}|{self.worse}"
 
 
+def parse_baseline(text: str) -> tuple[float | None, str | None]:
+    """(seconds, None) for a past period (`7d`), (None, run id) for `run:<run id>`; ValueError otherwise."""
+    if text.startswith("run:"):
+        if not _RUN_ID.fullmatch(text[4:]):
+            raise ValueError(f"{text!r} names no run id")
+        return None, text[4:]
+    try:
+        seconds = parse_duration(text)
+    except ValueError as e:
+        raise ValueError(f"{e}, or 'run:<run id>'") from None
+    if seconds <= 0:
+        raise ValueError("must be longer than 0s")
+    return seconds, None
+
+
 def parse_regressed(arguments: str) -> Regression:
     """The text between `regressed(` and `)`: a quoted score name, then `key: value` pairs (`baseline` required,
     `margin` default 0, `worse` default 'lower'). Raises ValueError saying what is wrong."""
@@ -76,18 +91,10 @@ def parse_regressed(arguments: str) -> Regression:
     baseline = options.get("baseline")
     if not isinstance(baseline, str) or not baseline.strip():
         raise ValueError(f"regressed('{name}', ...): needs baseline: '7d' (a past period) or baseline: 'run:<run id>'")
-    seconds = run_id = None
-    if baseline.startswith("run:"):
-        run_id = baseline[4:]
-        if not _RUN_ID.fullmatch(run_id):
-            raise ValueError(f"regressed('{name}', ...): baseline: {baseline!r} names no run id")
-    else:
-        try:
-            seconds = parse_duration(baseline)
-        except ValueError as e:
-            raise ValueError(f"regressed('{name}', ...): baseline: {e}, or 'run:<run id>'") from None
-        if seconds <= 0:
-            raise ValueError(f"regressed('{name}', ...): baseline: must be longer than 0s")
+    try:
+        seconds, run_id = parse_baseline(baseline)
+    except ValueError as e:
+        raise ValueError(f"regressed('{name}', ...): baseline: {e}") from None
     margin = options.get("margin", 0.0)
     if isinstance(margin, bool) or not isinstance(margin, int | float) or margin < 0:
         raise ValueError(f"regressed('{name}', ...): margin: must be a number >= 0, not {margin!r}")

@@ -13,9 +13,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from evalsi.model.score import Score
+from evalsi.policies.feedback import NEGATIVE_BELOW, verdict
 from evalsi.policies.intervals import wilson_interval, z_quantile
 
-__all__ = ["Agreement", "Calibration", "Kappa", "PredictionPowered", "calibrate", "cohen_kappa", "ppi_mean"]
+__all__ = [
+    "Agreement", "Calibration", "Kappa", "PredictionPowered", "calibrate", "cohen_kappa", "judge_calibrations",
+    "ppi_mean",
+]  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -89,12 +94,25 @@ def ppi_mean(
 
     with f the judge's verdict (1 pass, 0 fail) on N traces people did not label and n traces they did (Y, their
     verdict). Valid when the labeled traces are a uniform sample of the same traffic; needs n >= 2 and N >= 2."""
-    big_n, n = len(judge_unlabeled), len(judge_labeled)
-    if n != len(human_labeled):
+    if len(judge_labeled) != len(human_labeled):
         raise ValueError("judge_labeled and human_labeled must pair up")
-    if n < 2 or big_n < 2:
+    if len(judge_unlabeled) < 2:
         return None
     f_mean, f_var = _mean_var(judge_unlabeled)
+    return _ppi(f_mean, f_var, len(judge_unlabeled), judge_labeled, human_labeled, confidence)
+
+
+def _ppi(
+    f_mean: float,
+    f_var: float,
+    big_n: int,
+    judge_labeled: Sequence[float],
+    human_labeled: Sequence[float],
+    confidence: float,
+) -> PredictionPowered | None:
+    n = len(judge_labeled)
+    if n < 2 or big_n < 2:
+        return None
     r_mean, r_var = _mean_var([f - y for f, y in zip(judge_labeled, human_labeled, strict=True)])
     y_mean, y_var = _mean_var(human_labeled)
     z = z_quantile(1 - (1 - confidence) / 2)
@@ -144,6 +162,8 @@ class Calibration:
     policy: str
     evaluator: str
     name: str
+    feedback: str
+    """The human feedback's score name (`thumbs`, `stars`) the judge is compared with."""
     confusion: Agreement
     kappa: Kappa | None
     sensitivity: tuple[float, float, float] | None
@@ -168,22 +188,49 @@ def calibrate(
     evaluator: str,
     name: str,
     pairs: Sequence[tuple[bool, bool]],
-    unlabeled: Sequence[bool],
+    unlabeled: tuple[int, int],
     confidence: float = 0.95,
+    feedback: str = "",
 ) -> Calibration:
-    """From (judge verdict, human verdict) on the traces both scored, and the judge's verdicts on the traces people
-    did not label."""
+    """From (judge verdict, human verdict) on the traces both scored, and (passed, n) of the judge's verdicts on
+    the traces people did not label."""
     confusion = Agreement()
     for judge, human in pairs:
         confusion.add(judge, human)
     human_fail = confusion.both_fail + confusion.judge_pass_human_fail
     human_pass = confusion.both_pass + confusion.judge_fail_human_pass
+    passed, big_n = unlabeled
+    f_mean = passed / big_n if big_n else 0.0
+    f_var = passed * (big_n - passed) / (big_n * (big_n - 1)) if big_n > 1 else 0.0
     return Calibration(
-        policy=policy, evaluator=evaluator, name=name, confusion=confusion,
+        policy=policy, evaluator=evaluator, name=name, feedback=feedback, confusion=confusion,
         kappa=cohen_kappa(confusion.table, confidence),
         sensitivity=_share(confusion.both_fail, human_fail, confidence),
         specificity=_share(confusion.both_pass, human_pass, confidence),
-        ppi=ppi_mean(
-            [float(v) for v in unlabeled], [float(j) for j, _ in pairs], [float(h) for _, h in pairs], confidence
+        ppi=_ppi(
+            f_mean, f_var, big_n, [float(j) for j, _ in pairs], [float(h) for _, h in pairs], confidence
         ),
     )  # fmt: skip
+
+
+def judge_calibrations(
+    agreement: dict[str, list[dict[str, Any]]], negative_below: float = NEGATIVE_BELOW, confidence: float = 0.95
+) -> list[dict[str, Any]]:
+    """Judge calibration from the store's `judge_agreement` rows: per (policy, evaluator, name, feedback name), the
+    confusion matrix, Cohen's kappa, sensitivity and specificity against people, and the prediction-powered rate.
+    A person's feedback is a verdict as `feedback.negative`/`positive` reads it; feedback that is neither is left
+    out."""
+    totals = {(r["policy"], r["evaluator"], r["name"]): (r["passed"], r["n"]) for r in agreement["totals"]}
+    groups: dict[tuple[str, str, str, str], list[tuple[bool, bool]]] = {}
+    for r in agreement["pairs"]:
+        score = Score(r["feedback"], value=r["human_value"], passed=r["human_passed"], label=r["human_label"])
+        human = verdict(score, negative_below)
+        if human is not None:
+            groups.setdefault((r["policy"], r["evaluator"], r["name"], r["feedback"]), []).append((r["judge"], human))
+    out = []
+    for (policy, evaluator, name, feedback), pairs in groups.items():
+        passed, n = totals.get((policy, evaluator, name), (0, 0))
+        unlabeled = (max(0, passed - sum(j for j, _ in pairs)), max(0, n - len(pairs)))
+        found = calibrate(policy, evaluator, name, pairs, unlabeled, confidence, feedback=feedback)
+        out.append(found.as_dict())
+    return out

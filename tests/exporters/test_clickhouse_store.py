@@ -566,3 +566,30 @@ def test_the_clickhouse_page_configs_validate(tmp_path: Path, monkeypatch: pytes
         doc["receivers"] = {"otlp": {}}
         config = parse_config(doc, source="docs/exporters/clickhouse.md")
         assert config is not None
+
+
+def test_judge_verdicts_meet_peoples_feedback_on_the_same_trace_and_the_baseline_period(place: Place) -> None:
+    store = place.open()
+    store.create_schema()
+    judge = [
+        Score("faithful", passed=i % 3 != 0, trace_id=f"{i:032x}", policy="chat", evaluator="builtin/llm-judge",
+              source="llm_judge", timestamp_unix_nano=T0 + i)
+        for i in range(12)
+    ]  # fmt: skip
+    people = [
+        Score("thumbs", passed=i % 2 == 0, trace_id=f"{i:032x}", policy="feedback", evaluator="feedback",
+              source="human", timestamp_unix_nano=T0 + 100 + i)
+        for i in range(4)
+    ]  # fmt: skip
+    elsewhere = [Score("thumbs", passed=False, trace_id=f"{1:032x}", policy="feedback", evaluator="feedback",
+                       source="human", project="other", timestamp_unix_nano=T0)]  # fmt: skip
+    store.write_scores(judge + people + elsewhere)
+    found = store.judge_agreement(since_ns=T0 - 1, project="default")
+    assert found["totals"] == [{"policy": "chat", "evaluator": "builtin/llm-judge", "name": "faithful", "n": 12,
+                                "passed": 8}]  # fmt: skip
+    pairs = sorted((r["judge"], r["human_passed"], r["feedback"]) for r in found["pairs"])
+    assert pairs == sorted((i % 3 != 0, i % 2 == 0, "thumbs") for i in range(4))  # not the other project's
+    # a period before a time, and one run's scores
+    assert [r["n"] for r in store.score_window_stats(since_ns=T0 - 1, until_ns=T0 + 6, policy="chat")] == [6]
+    store.write_scores([Score("faithful", passed=True, trace_id=f"{i:032x}", run_id="r-1") for i in range(3)])
+    assert [r["n"] for r in store.score_window_stats(since_ns=0, run_id="r-1")] == [3]

@@ -76,7 +76,7 @@ def test_kappa_is_none_when_nobody_disagrees_about_one_class() -> None:
 def test_sensitivity_and_specificity_have_statsmodels_wilson_intervals() -> None:
     # judge, human: 30 both fail, 10 the judge missed, 50 both pass, 10 the judge failed wrongly
     pairs = [(False, False)] * 30 + [(True, False)] * 10 + [(True, True)] * 50 + [(False, True)] * 10
-    c = calibrate("p", "builtin/llm-judge", "faithfulness", pairs, [True] * 200)
+    c = calibrate("p", "builtin/llm-judge", "faithfulness", pairs, (200, 200))
     assert c.confusion.table == [[30, 10], [10, 50]]
     assert c.sensitivity == pytest.approx((0.75, *proportion_confint(30, 40, method="wilson")), abs=1e-12)
     assert c.specificity == pytest.approx((50 / 60, *proportion_confint(50, 60, method="wilson")), abs=1e-12)
@@ -159,7 +159,7 @@ def test_sensitivity_interval_covers_the_judges_hit_rate() -> None:
     hits = 0
     for caught in rng.binomial(failed_by_people, sensitivity, WINDOWS):
         pairs = [(False, False)] * int(caught) + [(True, False)] * (failed_by_people - int(caught))
-        found = calibrate("p", "e", "n", pairs, []).sensitivity
+        found = calibrate("p", "e", "n", pairs, (0, 0)).sensitivity
         assert found is not None
         hits += found[1] <= sensitivity <= found[2]
     assert abs(covered(hits) - NOMINAL) <= TOLERANCE, covered(hits)
@@ -226,3 +226,16 @@ def test_the_sequence_holds_the_mean_at_every_look_where_the_repeated_interval_d
     assert ever_out_cs.mean() <= 0.05 + TOLERANCE / 3, ever_out_cs.mean()
     assert ever_out_t.mean() > 0.2, ever_out_t.mean()
     assert float(np.median(cs.high - cs.low)) < 0.06  # and it still narrows: after 500 values, within ±3 points
+
+
+def test_calibration_from_counts_gives_the_prediction_powered_estimate_of_the_verdicts() -> None:
+    """The store hands over the judge's unlabeled verdicts as (passed, n): the same estimate as from the verdicts."""
+    rng = np.random.default_rng(10)
+    unlabeled = (rng.random(500) < 0.8).tolist()
+    pairs = [(bool(j), bool(h)) for j, h in zip(rng.random(60) < 0.8, rng.random(60) < 0.7, strict=True)]
+    from_counts = calibrate("p", "e", "n", pairs, (sum(unlabeled), len(unlabeled))).ppi
+    from_verdicts = ppi_mean([float(v) for v in unlabeled], [float(j) for j, _ in pairs], [float(h) for _, h in pairs])
+    assert from_counts is not None and from_verdicts is not None
+    assert (from_counts.estimate, from_counts.low, from_counts.high) == pytest.approx(
+        (from_verdicts.estimate, from_verdicts.low, from_verdicts.high), abs=1e-12
+    )

@@ -670,6 +670,55 @@ ORDER BY Policy, Evaluator, Name
 """
 
 
+def judge_pairs_sql(table: str, *, with_policy: bool, with_project: bool = False) -> str:
+    """Judge calibration: per (policy, evaluator, name) of scored verdicts since {since_ns:Int64} (each trace's
+    latest; not human or external scores) and per human feedback name on the same trace (its latest, any time), the
+    judge's verdict and the person's passed, value and label. Optional {policy_hex:String}, {project:String};
+    {limit:UInt32} rows at most."""
+    where = "AND Policy = unhex({policy_hex:String})" if with_policy else ""
+    project = f" AND {SCORE_PROJECT}" if with_project else ""
+    return f"""
+SELECT j.policy AS policy, j.evaluator AS evaluator, j.name AS name, h.feedback AS feedback, j.passed AS judge,
+    h.latest.1 AS human_passed, h.latest.2 AS human_value, h.latest.3 AS human_label
+FROM (
+    SELECT Project, TraceId, Policy AS policy, Evaluator AS evaluator, Name AS name,
+        argMax(assumeNotNull(Passed), Timestamp) AS passed
+    FROM {table} FINAL
+    WHERE Outcome = 'scored' AND Passed IS NOT NULL AND Source NOT IN ('human', 'external')
+        AND Timestamp >= fromUnixTimestamp64Nano({{since_ns:Int64}}) {where}{project}
+    GROUP BY Project, TraceId, Policy, Evaluator, Name
+) AS j
+INNER JOIN (
+    SELECT Project, TraceId, Name AS feedback, argMax(tuple(Passed, Value, Label), Timestamp) AS latest
+    FROM {table} FINAL
+    WHERE Outcome = 'scored' AND Source = 'human'{project}
+    GROUP BY Project, TraceId, Name
+) AS h ON j.Project = h.Project AND j.TraceId = h.TraceId
+ORDER BY policy, evaluator, name, feedback
+LIMIT {{limit:UInt32}}
+"""
+
+
+def judge_totals_sql(table: str, *, with_policy: bool, with_project: bool = False) -> str:
+    """Per (policy, evaluator, name): the traces with a scored verdict since {since_ns:Int64} (each trace's latest)
+    and how many passed: the judge's verdicts beside the few people labeled."""
+    where = "AND Policy = unhex({policy_hex:String})" if with_policy else ""
+    project = f" AND {SCORE_PROJECT}" if with_project else ""
+    return f"""
+SELECT policy, evaluator, name, count() AS n, countIf(passed) AS passed
+FROM (
+    SELECT Project, TraceId, Policy AS policy, Evaluator AS evaluator, Name AS name,
+        argMax(assumeNotNull(Passed), Timestamp) AS passed
+    FROM {table} FINAL
+    WHERE Outcome = 'scored' AND Passed IS NOT NULL AND Source NOT IN ('human', 'external')
+        AND Timestamp >= fromUnixTimestamp64Nano({{since_ns:Int64}}) {where}{project}
+    GROUP BY Project, TraceId, Policy, Evaluator, Name
+)
+GROUP BY policy, evaluator, name
+ORDER BY policy, evaluator, name
+"""
+
+
 def runs_ddl(table: str) -> list[str]:
     """Offline runs (`evalsi run`): one row per project and run id, the newest write kept (ReplacingMergeTree, read
     with FINAL): its manifest and, once finished, its summary (aggregates, gates, counts), both JSON. Two projects

@@ -18,6 +18,8 @@ from evalsi.exporters.clickhouse.schema import (
     SCHEMA_VERSION,
     Tables,
     delete_spans_sql,
+    judge_pairs_sql,
+    judge_totals_sql,
     list_alerts_sql,
     list_runs_sql,
     list_scores_sql,
@@ -303,6 +305,28 @@ class TraceStore:
                 v = r[key]
                 r[key] = None if v is None or not r["value_n"] or v != v else float(v)
         return rows
+
+    def judge_agreement(
+        self, *, since_ns: int, policy: str | None = None, project: str | None = None, limit: int = 100_000
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Judge calibration rows: `pairs`, a judge's verdict (policy, evaluator, name, since `since_ns`) beside a
+        person's latest feedback of one name on the same trace (`judge`, `human_passed`, `human_value`,
+        `human_label`); `totals`, per judge the traces it gave a verdict and how many passed."""
+        params: dict[str, Any] = {"since_ns": _since(since_ns), "limit": _limit(limit), **_project(project)}
+        if policy:
+            params["policy_hex"] = hex_param("policy", policy)
+        kw = {"with_policy": bool(policy), "with_project": project is not None}
+        pairs = self.backend.query(judge_pairs_sql(self.scores_table, **kw), params)
+        totals = self.backend.query(judge_totals_sql(self.scores_table, **kw), params)
+        for r in pairs:
+            r["judge"] = bool(r["judge"])
+            r["human_passed"] = None if r["human_passed"] is None else bool(r["human_passed"])
+            v = r["human_value"]
+            r["human_value"] = None if v is None or v != v else float(v)
+            r["human_label"] = r["human_label"] or None
+        for r in totals:
+            r["n"], r["passed"] = int(r["n"]), int(r["passed"])
+        return {"pairs": pairs, "totals": totals}
 
     def list_traces(
         self, *, limit: int = 20, service: str | None = None, project: str | None = None

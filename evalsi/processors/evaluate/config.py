@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from evalsi.component import ComponentConfig
 from evalsi.duration import Duration
@@ -39,6 +39,22 @@ class DuplicateCallsConfig(ComponentConfig):
     """Traces waiting for a twin at most; past it the oldest is evaluated alone at once."""
 
 
+class CalibrationConfig(ComponentConfig):
+    """How often judge calibration (judges against people's feedback) is read from the store for the metrics."""
+
+    every: Duration = 60.0
+    """Read the store this often (default 1m)."""
+    over: Duration = 7 * 86_400.0
+    """The judge verdicts of this long back (default 7d), with people's feedback on the same traces."""
+
+    @field_validator("every", "over")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be longer than 0s")
+        return value
+
+
 class EvaluateConfig(ComponentConfig):
     policies: list[str] = Field(default_factory=list)
     """Globs of OnlineEvalPolicy files, relative to the config file's directory (the working directory when
@@ -56,6 +72,8 @@ class EvaluateConfig(ComponentConfig):
     late_signals: LateSignalsConfig = Field(default_factory=LateSignalsConfig)
     """The buffer of recent traces for policies that read `feedback` (only those policies' selected traces)."""
     duplicate_calls: DuplicateCallsConfig = Field(default_factory=DuplicateCallsConfig)
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
+    """Judge calibration metrics (`evalsi_judge_kappa`, ...), read from the store."""
     """Traces that may record a call another trace records too wait briefly for each other."""
 
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)

@@ -23,6 +23,7 @@ from evalsi.processors.evaluate.baselines import StoreBaselines
 from evalsi.processors.evaluate.config import EvaluateConfig, load_policy_set
 from evalsi.processors.evaluate.duplicate_calls import DuplicateCalls
 from evalsi.processors.evaluate.events import score_from_event
+from evalsi.processors.evaluate.judge_calibration import JudgeCalibration
 from evalsi.processors.evaluate.late_feedback import EvaluatedHere, LateFeedback
 from evalsi.processors.evaluate.reload import PolicyReload
 from evalsi.processors.evaluate.sessions import SessionMeeting
@@ -65,6 +66,11 @@ class Evaluate:
         )
         """Where `regressed(...)` alerts read their baselines: the store's scores of this processor's project."""
         policies.use_baselines(self.baselines)
+        self.calibration = JudgeCalibration(
+            settings, self.alerts.store, config.project, every=config.calibration.every,
+            over=config.calibration.over, negative_below=config.late_signals.negative_below,
+        )  # fmt: skip
+        """Judge calibration in the metrics, from the store."""
         self.queue = EvaluationQueue(config, settings, next, policies, self.late, self.alerts)
         self._reload = PolicyReload(settings, self.judges, self.queue, self.baselines)
         self.evaluated_here = EvaluatedHere(config.late_signals, config.project)
@@ -98,6 +104,7 @@ class Evaluate:
         self.alerts.start(record=self.worker is None)  # (a worker's windows only record: alerts fire elsewhere)
         if self.worker is None:
             self.baselines.start()
+            self.calibration.start()
         log, metrics, cid = self.settings.logger, self.settings.metrics, self.settings.id
         self._tasks = [
             supervise(f"{cid} evaluation", self.queue.run, log=log, metrics=metrics),
@@ -235,3 +242,4 @@ class Evaluate:
         self.judges.close()
         await self.alerts.close()
         await asyncio.to_thread(self.baselines.close)
+        await asyncio.to_thread(self.calibration.close)
