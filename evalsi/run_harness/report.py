@@ -86,10 +86,44 @@ def print_summary(console: Console, run: dict[str, Any]) -> None:
         console.print(f"  ... and {len(run['infra_errors']) - 10} more (--json lists them all)", highlight=False)
     if run.get("comparison"):
         console.print(comparison_table(run["comparison"], "compared with the baseline"))
+    if run.get("judge_calibration"):
+        judges = Table(title="judge calibration (against the dataset's labels)", title_justify="left")
+        for h in CALIBRATION_HEADERS:
+            judges.add_column(h)
+        for row in calibration_rows(run["judge_calibration"]):
+            judges.add_row(*row)
+        console.print(judges)
     for g in run["gates"]:
         mark = "[green]PASS[/]" if g["passed"] else "[red]FAIL[/]"
         line = gate_line(g)
         console.print(f"{mark} {g['gate']}" + (f"  ({line})" if line else ""), highlight=False)
+
+
+CALIBRATION_HEADERS = [
+    "evaluator", "metric", "labeled", "agree / disagree", "kappa (95%)", "sensitivity (95%)", "specificity (95%)",
+    "pass rate: PPI (95%)", "labels alone (95%)", "judge alone",
+]  # fmt: skip
+
+
+def calibration_rows(calibration: list[dict[str, Any]]) -> list[list[str]]:
+    """Each evaluator against people's labels: how many tasks' attempts, the confusion, kappa, sensitivity and
+    specificity (failing is the positive class), and the prediction-powered pass rate beside the labels' and the
+    judge's own."""
+    rows = []
+    for c in calibration:
+        k, sens, spec, ppi, m = c["kappa"], c["sensitivity"], c["specificity"], c["ppi"], c["confusion"]
+        agree = m["both_pass"] + m["both_fail"]
+        rows.append([
+            _code(c["evaluator"]) if c["evaluator"] else "-", c["name"], _num(c["n"]),
+            f"{agree} / {c['n'] - agree}",
+            f"{_num(k['kappa'])} [{_num(k['low'])}, {_num(k['high'])}]" if k else "-",
+            f"{_num(sens[0])} [{_num(sens[1])}, {_num(sens[2])}]" if sens else "-",
+            f"{_num(spec[0])} [{_num(spec[1])}, {_num(spec[2])}]" if spec else "-",
+            f"{_num(ppi['estimate'])} [{_num(ppi['low'])}, {_num(ppi['high'])}]" if ppi else "-",
+            f"{_num(ppi['classical'])} [{_num(ppi['classical_low'])}, {_num(ppi['classical_high'])}]" if ppi else "-",
+            _num(ppi["judge_mean"]) if ppi else "-",
+        ])  # fmt: skip
+    return rows
 
 
 COMPARISON_HEADERS = ["metric", "better", "n", "delta", "95% interval", "p", "test", "lost / gained", "verdict"]
@@ -234,6 +268,14 @@ def markdown(
         lines += ["", "## Compared with the baseline", "", "| " + " | ".join(COMPARISON_HEADERS) + " |",
                   "|" + "---|" * len(COMPARISON_HEADERS)]  # fmt: skip
         lines += ["| " + " | ".join(r) + " |" for r in comparison_rows(run["comparison"])]
+    if run.get("judge_calibration"):
+        lines += ["", '<a id="judge-calibration"></a>', "", "## Judge calibration", "",
+                  "Each evaluator's verdicts against the labels people gave the dataset's tasks (`reference.labels`); "
+                  "failing is the positive class. The prediction-powered rate corrects the evaluator's pass rate on "
+                  "the unlabeled tasks by its error on the labeled ones (valid when the labeled tasks are a uniform "
+                  "sample).", "", "| " + " | ".join(CALIBRATION_HEADERS) + " |",
+                  "|" + "---|" * len(CALIBRATION_HEADERS)]  # fmt: skip
+        lines += ["| " + " | ".join(r) + " |" for r in calibration_rows(run["judge_calibration"])]
     if run.get("faults"):
         lines += ["", f"Injected faults: {faults_text(run['faults'])}"]
     if run["infra_errors"]:

@@ -16,6 +16,7 @@ import httpx
 
 from evalsi import __version__
 from evalsi.auth.keys import api_headers
+from evalsi.run_harness.calibration import run_calibration
 from evalsi.run_harness.cassette import Cassette
 from evalsi.run_harness.collector import CollectorLink
 from evalsi.run_harness.compare import compare_scores
@@ -170,6 +171,8 @@ class RunResult:
     not_run: int
     scores: list[dict[str, Any]] = field(default_factory=list)
     comparison: dict[str, dict[str, Any]] | None = None
+    judge_calibration: list[dict[str, Any]] = field(default_factory=list)
+    """Each evaluator against people's verdicts in the dataset (`reference.labels`), when it carries some."""
     wall_s: float = 0.0
     agent_s: float = 0.0
     faults: dict[str, int] = field(default_factory=dict)
@@ -191,6 +194,7 @@ class RunResult:
             "skipped_resumed": self.skipped_resumed,
             "not_run": self.not_run,
             "comparison": self.comparison,
+            "judge_calibration": self.judge_calibration,
             "wall_s": round(self.wall_s, 3),
             "agent_s": round(self.agent_s, 3),
             "faults": self.faults,
@@ -467,7 +471,8 @@ class Runner:
         return RunResult(
             run_id=self.run_id, name=self.spec.name, manifest=manifest, metrics=metrics, gates=gates,
             infra_errors=infra, attempts=len(self._attempts), skipped_resumed=len(done), not_run=not_run,
-            scores=scores, comparison=comparison, wall_s=wall_s, agent_s=self._agent_ns / 1e9,
+            scores=scores, comparison=comparison, judge_calibration=run_calibration(self.dataset.tasks, scores),
+            wall_s=wall_s, agent_s=self._agent_ns / 1e9,
             faults=self._fault_counts(), workdirs=[str(p) for p in self.environment.kept],
         )  # fmt: skip
 

@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import yaml
 from evalsi_cli import evalsi_cli
 from running_collector import EVALSI, Collector, serve_config
+from statsmodels.stats.inter_rater import cohens_kappa
 
 from .harness_server import Capabilities, HarnessServer
 
@@ -384,3 +386,37 @@ def test_the_run_api_refuses_bad_requests_with_a_400_naming_the_field(collector:
     for path, body, message in cases:
         resp = httpx.post(collector.api + path, json=body, timeout=30)
         assert resp.status_code == 400 and message in resp.json()["detail"], (path, resp.text)
+
+
+def test_a_dataset_with_peoples_labels_gets_a_judge_calibration_section(tmp_path: Path, collector: Collector) -> None:
+    """People labeled three of four tasks' answers: France right, Italy wrong (as exact-match says), Spain right
+    (exact-match fails it on two trials of three: Barcelona, where people accepted any answer for Spain)."""
+    data = [
+        {"id": "fr", "input": "What is the capital of France?",
+         "reference": {"expected_output": "Paris", "labels": {"exact-match": True}}},
+        {"id": "es", "input": "What is the capital of Spain?",
+         "reference": {"expected_output": "Madrid", "labels": {"exact-match": "pass"}}},
+        {"id": "it", "input": "What is the capital of Italy?",
+         "reference": {"expected_output": "Rome", "labels": {"exact-match": "thumbs_down"}}},
+        {"id": "de", "input": "What is the capital of Germany?", "reference": {"expected_output": "Berlin"}},
+    ]  # fmt: skip
+    path = run_file(tmp_path, data=data, gates=[])
+    res = evalsi("run", "-f", str(path), "--collector", collector.api, "--json", "--report", "out.md", cwd=tmp_path)
+    run = run_json(res)
+    [c] = run["judge_calibration"]
+    assert (c["evaluator"], c["name"], c["feedback"], c["n"]) == ("builtin/exact-match", "exact-match", "labels", 9)
+    assert c["confusion"] == {"both_pass": 4, "both_fail": 3, "judge_pass_human_fail": 0, "judge_fail_human_pass": 2}
+    expected = cohens_kappa(np.array([[3, 2], [0, 4]]))
+    assert c["kappa"]["kappa"] == pytest.approx(expected.kappa) and c["kappa"]["se"] == pytest.approx(
+        expected.std_kappa
+    )
+    assert c["sensitivity"][0] == 1.0 and c["specificity"][0] == pytest.approx(4 / 6)
+    # the judge passes none of Germany's 3 attempts; on labeled ones it passes 4/9 where people pass 6/9
+    assert c["ppi"]["unlabeled"] == 3 and c["ppi"]["estimate"] == pytest.approx(0 - (4 / 9 - 6 / 9))
+    md = (tmp_path / "out.md").read_text()
+    assert '<a id="judge-calibration"></a>' in md and "## Judge calibration" in md
+    assert "| `builtin/exact-match` | exact-match | 9 | 7 / 2 |" in md
+    # without labels, no section
+    plain = run_json(evalsi("run", "-f", str(run_file(tmp_path, gates=[])), "--collector", collector.api, "--json",
+                            cwd=tmp_path))  # fmt: skip
+    assert plain["judge_calibration"] == []
