@@ -228,15 +228,37 @@ def call_usage(span: Span, twin: Span | None) -> tuple[int | None, int | None, f
     )
 
 
+def llm_wrappers(spans: list[Span]) -> set[str]:
+    """`llm` spans that only wrap the span of the same call below them: no token counts, and a child `llm` span (not a
+    vendor SDK's) of the same model. LlamaIndex's dispatcher records `OpenAILike.chat` twice, nested, the inner span
+    with the messages and usage: the call is the inner span's, the outer is no step and is not counted."""
+    by_parent: dict[str, list[Span]] = {}
+    for s in spans:
+        if s.step_type == "llm" and s.parent_span_id and not s.details.get(VENDOR_SDK):
+            by_parent.setdefault(s.parent_span_id, []).append(s)
+    if not by_parent:
+        return set()
+    return {
+        s.span_id
+        for s in spans
+        if s.step_type == "llm"
+        and s.input_tokens is None
+        and s.output_tokens is None
+        and any(c.model == s.model or s.model is None for c in by_parent.get(s.span_id, ()))
+    }
+
+
 def counted_once(spans: list[Span]) -> tuple[set[str], dict[str, Span]]:
     """For sums over a trace's spans (`trace.llm_calls`, tokens, cost): the vendor SDK spans to leave out (their call
-    is the instrumentation span's), and for each such instrumentation span the SDK span whose usage counts (it copies
-    the API's usage as is, as the trajectory's step does)."""
+    is the instrumentation span's) and the spans that wrap a call's span (`llm_wrappers`), and for each such
+    instrumentation span the SDK span whose usage counts (it copies the API's usage as is, as the trajectory's step
+    does)."""
     folded = duplicate_calls(spans)
+    wrappers = llm_wrappers(spans)
     if not folded:
-        return set(), {}
+        return wrappers, {}
     by_id = {s.span_id: s for s in spans}
-    return set(folded), {inst: by_id[sdk] for sdk, inst in folded.items()}
+    return set(folded) | wrappers, {inst: by_id[sdk] for sdk, inst in folded.items()}
 
 
 MODEL_CALLS = frozenset(("llm", "embedding"))
@@ -355,8 +377,10 @@ def build_trajectory(spans: list[Span]) -> dict[str, Any]:
         for sdk_id, kept in folded.items():
             duplicates.setdefault(kept, []).append(by_id[sdk_id])
 
+    wrappers = llm_wrappers(spans)
+
     def walk(span: Span, parent: str | None, depth: int) -> None:
-        include = _is_step(span) and span.span_id not in folded
+        include = _is_step(span) and span.span_id not in folded and span.span_id not in wrappers
         if include:
             step = _step(span, parent, depth)
             if span.span_id in duplicates:

@@ -289,3 +289,35 @@ def test_evaluation_results_another_tool_emits_with_the_sdk_are_read(sdk: _Sdk) 
     assert score.trace_id == format(context.trace_id, "032x") and score.span_id == format(context.span_id, "016x")
     assert score.metadata["gen_ai.response.id"] == "chatcmpl-9"
     assert score.source == "external" and score.outcome == "scored"
+
+
+def test_an_agent_spans_usage_counts_only_when_no_call_below_records_it(sdk: _Sdk) -> None:
+    """`invoke_agent` spans may carry the run's summed `gen_ai.usage.*`: with its model calls recorded below it, a
+    trace's sums count the calls (once); an agent span with nothing below it (a remote agent's only record) counts."""
+    from evalsi import cel
+
+    agent_usage = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "remote",
+                   "gen_ai.request.model": "claude-sonnet-4-5", "gen_ai.usage.input_tokens": 2400,
+                   "gen_ai.usage.output_tokens": 80}  # fmt: skip
+    with sdk.tracer.start_as_current_span("invoke_agent local") as agent:
+        agent.set_attributes(agent_usage | {"gen_ai.agent.name": "local"})
+        _chat(sdk, {})
+        _chat(sdk, {})
+    local = sdk.spans()
+    sdk.span_memory.clear()
+    with sdk.tracer.start_as_current_span("invoke_agent remote") as agent:
+        agent.set_attributes(agent_usage)
+    remote = sdk.spans()
+    assert (
+        cel.trace_activation(local)["trace"]["input_tokens"],
+        cel.trace_activation(local)["trace"]["llm_calls"],
+    ) == (
+        2400,
+        2,
+    )
+    assert cel.trace_activation(remote)["trace"]["input_tokens"] == 2400
+    pricer = Pricer(CostConfig())
+    for span in local + remote:
+        pricer.price(span)
+    assert [s.cost_usd for s in local + remote if s.step_type == "agent"] == [None, None]
+    assert all(s.cost_usd for s in local if s.step_type == "llm")

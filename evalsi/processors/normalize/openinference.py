@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from evalsi.model.span import Span, StepType
+from evalsi.processors.normalize import llamaindex
 from evalsi.processors.normalize.langchain import tool_message
 from evalsi.processors.normalize.mapper import register_mapper
 from evalsi.processors.normalize.messages import Message, Part, semconv_messages, tool_arguments, unparsed_message
@@ -272,8 +273,13 @@ class OpenInference:
         raw_kind = get(SPAN_KIND)
         kind = raw_kind.upper() if isinstance(raw_kind, str) else ""
         step_type = SPAN_KIND_STEP_TYPES.get(kind, "other")
+        preparation = step_type == "llm" and llamaindex.is_preparation(span.name)
+        if preparation:
+            step_type = "other"  # LlamaIndex preparing a request: no model call
         span.step_type = step_type
         details = span.details
+        if preparation:
+            details["span_type"] = raw_kind
         if kind in _LOSSY_KINDS or (kind and kind not in SPAN_KIND_STEP_TYPES):
             details["span_type"] = raw_kind
 
@@ -340,6 +346,13 @@ class OpenInference:
             input_messages = semconv_messages(get(GEN_AI_INPUT_MESSAGES), "user")
         if output_messages is None:
             output_messages = semconv_messages(get(GEN_AI_OUTPUT_MESSAGES), "assistant")
+        if step_type == "chain" and (agent_class := llamaindex.agent_run(span.name)) is not None:
+            # LlamaIndex's agent run is a CHAIN span: an agent step; its input (the workflow's initial state) and
+            # output (a StopEvent repr) hold no message, so the answer is its last model call's
+            span.step_type = "agent"
+            span.agent_name = agent_name or agent_class
+            details["span_type"] = raw_kind
+            input_messages = output_messages = None
         span.input = input_messages
         span.output = output_messages
         span.content_captured = input_messages is not None or output_messages is not None
@@ -423,7 +436,11 @@ class OpenInference:
         if unwrapped is not None:
             result = unwrapped[0]
             call_id = call_id or unwrapped[1]
+        elif (tool_output := llamaindex.tool_result(result)) is not None:  # LlamaIndex's ToolOutput
+            result = tool_output
         arguments = get(TOOL_CALL_ARGUMENTS)
+        if arguments is None:
+            arguments = llamaindex.tool_arguments(get(INPUT_VALUE))  # LlamaIndex's {"kwargs": {...}}
         if arguments is None:
             value = get(INPUT_VALUE)
             if value is not None and value != "":
