@@ -379,3 +379,36 @@ def test_llamaindex_request_preparation_is_no_model_call() -> None:
     spans = _spans("llamaindex", "chat_tools")
     prepared = [s for s in spans if s.name.endswith("._prepare_chat_with_tools")]
     assert prepared and all(s.step_type == "other" and s.details["span_type"] == "LLM" for s in prepared)
+
+
+@pytest.mark.parametrize(("stack", "scenario"), _params())
+def test_cost_counts_each_model_call_once(stack: str, scenario: str) -> None:
+    """Priced as the normalize processor prices (the span's own cost, else the table), a trace's cost is each model
+    call's once: the trajectory's `llm` steps and a policy's `trace.cost_usd` agree, and equal the table's price of the
+    tokens the fake server answered with, call by call, for the OpenAI-compatible captures."""
+    from evalsi.processors.normalize.cost import CostConfig, Pricer
+
+    spans = _spans(stack, scenario)
+    pricer = Pricer(CostConfig())
+    for span in spans:
+        pricer.price(span)
+    trajectories = build_trajectories(spans)
+    by_trace: dict[str, list[Span]] = {}
+    for span in spans:
+        by_trace.setdefault(span.trace_id, []).append(span)
+    steps_cost = sum(s["cost_usd"] or 0 for t in trajectories for s in t["steps"] if s["type"] == "llm")
+    policy_cost = sum(cel.trace_activation(t)["trace"]["cost_usd"] for t in join_twins(by_trace).values())
+    assert policy_cost == pytest.approx(steps_cost)
+    calls = [c for c in _expected(stack, scenario)["calls"] if c["status"] == 200]
+    if calls and all(c["api"] == "openai" for c in calls):
+        expected = 0.0
+        for call in calls:
+            fresh = Span("t" * 32, "s" * 16, None, "chat", "CLIENT", 0, 1, step_type="llm", model="gpt-4o-mini")
+            fresh.provider, fresh.input_tokens, fresh.output_tokens = (
+                "openai",
+                call["input_tokens"],
+                call["output_tokens"],
+            )
+            pricer.price(fresh)
+            expected += fresh.cost_usd or 0
+        assert steps_cost == pytest.approx(expected, rel=1e-6)
