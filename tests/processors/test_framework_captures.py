@@ -412,3 +412,15 @@ def test_cost_counts_each_model_call_once(stack: str, scenario: str) -> None:
             pricer.price(fresh)
             expected += fresh.cost_usd or 0
         assert steps_cost == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_crew_of_two_agents_is_two_agent_steps_named_by_role() -> None:
+    """CrewAI (OpenInference): each agent's `<role>._execute_core` span is an agent step named by its role, with its
+    own model calls and tools under it; the last task's answer is the final output."""
+    (trajectory,) = build_trajectories(_spans("crewai", "crew_two_agents"))
+    steps = trajectory["steps"]
+    agents = [s for s in steps if s["type"] == "agent"]
+    assert [a["agent_name"] for a in agents] == ["Weather reporter", "Day planner"]
+    under = {a["span_id"]: [s["type"] for s in steps if s["parent_span_id"] == a["span_id"]] for a in agents}
+    assert under == {agents[0]["span_id"]: ["llm", "tool", "llm"], agents[1]["span_id"]: ["llm"]}
+    assert trajectory["final_output"] == _expected("crewai", "crew_two_agents")["final_answer"]

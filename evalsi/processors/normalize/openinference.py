@@ -34,6 +34,7 @@ from evalsi.processors.normalize.otel_genai import (  # the semconv names this c
 from evalsi.processors.normalize.values import as_text, count, is_malformed, loads, number, text, token_count
 
 SPAN_KIND = "openinference.span.kind"
+CREWAI_AGENT_SUFFIX = "._execute_core"  # CrewAI's agent spans are `<role>._execute_core`: the role names the agent
 MODEL_NAME = "llm.model_name"
 RESPONSE_MODEL_NAME = "llm.response.model_name"
 REQUEST_MODEL_NAME = "llm.request.model_name"
@@ -311,7 +312,7 @@ class OpenInference:
         span.user_id = text(get(USER_ID))
         agent_name = text(get(AGENT_NAME))
         if agent_name is None and step_type == "agent":
-            agent_name = text(get(GRAPH_NODE_NAME)) or text(span.name)
+            agent_name = text(get(GRAPH_NODE_NAME)) or text(span.name.removesuffix(CREWAI_AGENT_SUFFIX))
         span.agent_name = agent_name
         for key, attribute in (
             ("graph_node_id", GRAPH_NODE_ID),
