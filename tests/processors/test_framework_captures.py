@@ -28,6 +28,7 @@ STACKS = [
     "pydantic-ai",
     "vercel-ai-sdk/legacy",
     "vercel-ai-sdk/otel",
+    "vercel-ai-sdk/v6",
     "strands/default",
     "strands/latest",
     "llamaindex",
