@@ -49,8 +49,9 @@ ROOT_OPERATIONS = frozenset(("ai.generateText", "ai.streamText", "ai.generateObj
 CALL_SUFFIXES = (".doGenerate", ".doStream")
 EMBED_CALLS = frozenset(("ai.embed.doEmbed", "ai.embedMany.doEmbed"))
 
-# canonical usage field -> ai.* names (5.x and later, then 4.x), then the gen_ai.* ones its call spans also carry
-INPUT_TOKENS = ("ai.usage.inputTokens", "ai.usage.promptTokens", "gen_ai.usage.input_tokens")
+# canonical usage field -> ai.* names (5.x and later, then 4.x), then the gen_ai.* ones its call spans also carry;
+# an embedding call's count is `ai.usage.tokens`
+INPUT_TOKENS = ("ai.usage.inputTokens", "ai.usage.promptTokens", "gen_ai.usage.input_tokens", "ai.usage.tokens")
 OUTPUT_TOKENS = ("ai.usage.outputTokens", "ai.usage.completionTokens", "gen_ai.usage.output_tokens")
 DETAIL_COUNTS = (
     ("reasoning_tokens", ("ai.usage.outputTokenDetails.reasoningTokens", "ai.usage.reasoningTokens")),
