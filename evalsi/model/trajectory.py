@@ -232,6 +232,8 @@ def llm_wrappers(spans: list[Span]) -> set[str]:
     """`llm` spans that only wrap the span of the same call below them: no token counts, and a child `llm` span (not a
     vendor SDK's) of the same model. LlamaIndex's dispatcher records `OpenAILike.chat` twice, nested, the inner span
     with the messages and usage: the call is the inner span's, the outer is no step and is not counted."""
+    if not any(s.step_type == "llm" and s.input_tokens is None and s.output_tokens is None for s in spans):
+        return set()  # every call has its usage: no wrapper (the common case, one pass)
     by_parent: dict[str, list[Span]] = {}
     for s in spans:
         if s.step_type == "llm" and s.parent_span_id and not s.details.get(VENDOR_SDK):
@@ -269,12 +271,17 @@ def aggregate_usage(spans: list[Span], folded: set[str] | dict[str, str] = froze
     the Vercel AI SDK's GenAI spans and the semconv's agent spans carry): left out of a trace's sums, which count each
     model call once. A model call's span always counts (the Vercel AI SDK runs a call's tools, and the agents they
     run, below it), as does a span with usage and nothing below it that has any (a remote agent's only record)."""
+
+    def has_usage(s: Span) -> bool:
+        return s.input_tokens is not None or s.output_tokens is not None or s.cost_usd is not None
+
+    # most traces carry usage on their model calls only: nothing to leave out, one pass
+    if not any(s.step_type not in MODEL_CALLS and has_usage(s) for s in spans):
+        return set()
     by_id = {s.span_id: s for s in spans}
     covered: set[str] = set()
     for s in spans:
-        if s.span_id in folded:
-            continue
-        if s.input_tokens is None and s.output_tokens is None and s.cost_usd is None:
+        if s.span_id in folded or not has_usage(s):
             continue
         parent, seen = by_id.get(s.parent_span_id), set()
         while parent is not None and parent.span_id not in seen:

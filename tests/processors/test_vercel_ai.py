@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+from evalsi.span import Span, SpanBatch
+from evalsi.trajectory import build_trajectories
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -13,8 +15,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from evalsi.processors.normalize import normalize_span
 from evalsi.receivers.otlp.decode import decode_traces_protobuf
-from evalsi.span import Span, SpanBatch
-from evalsi.trajectory import build_trajectories
 
 
 def _spans(build) -> list[Span]:  # type: ignore[no-untyped-def]
