@@ -79,16 +79,17 @@ def test_regressed_fires_only_when_the_interval_of_the_difference_is_beyond_the_
     )  # fmt: skip
     policies = load_policies(["p.yaml"], tmp_path)
     baselines = StoreBaselines(lambda: store, "default")
-    baselines.start()
     policies.use_baselines(baselines)
     try:
         passes = rng.random(300) < 0.80
         values = rng.normal(0.80, 0.1, 300).clip(0, 1)
-        for i in range(150):
+        for i in range(100):  # (its reading thread not started: no baseline is known)
             policies.evaluate_trace(_trace(i, bool(passes[i]), float(values[i])), now=NOW + i)
-        _wait(baselines, 2)  # the first checks asked for the baselines; the next ones see them
-        assert policies.drain_alerts() == []  # (nothing holds before a baseline is known)
-        for i in range(150, 300):
+        assert policies.drain_alerts() == []  # nothing holds before a baseline is known
+        baselines.start()
+        policies.evaluate_trace(_trace(100, bool(passes[100]), float(values[100])), now=NOW + 100)
+        _wait(baselines, 2)  # that check asked for the baselines; the next ones see them
+        for i in range(101, 300):
             policies.evaluate_trace(_trace(i, bool(passes[i]), float(values[i])), now=NOW + i)
         fired = policies.drain_alerts()
     finally:
@@ -183,3 +184,21 @@ def test_bad_regressed_and_window_options_are_refused_with_their_key(tmp_path: P
     with pytest.raises(PolicyError) as e:
         load_policies(["p.yaml"], tmp_path)
     assert error in str(e.value), str(e.value)
+
+
+def test_a_reload_that_changes_the_interval_gives_a_new_window(tmp_path: Path) -> None:
+    """A window keeps its counts across a reload only when its length, alerts and interval are the same: sequences
+    cannot start in the middle of a window."""
+    write(tmp_path / "p.yaml", policy_doc("p", cascade=[{"ref": "test/attribute"}], window="1h"))
+    old = load_policies(["p.yaml"], tmp_path)
+    for i in range(5):
+        old.evaluate_trace(_trace(i, True), now=NOW + i)
+    same = load_policies(["p.yaml"], tmp_path)
+    assert same.carry_over(old) == ["p"]
+    write(tmp_path / "p.yaml", policy_doc("p", cascade=[{"ref": "test/attribute"}],
+                                          window={"length": "1h", "interval": "anytime"}))  # fmt: skip
+    anytime = load_policies(["p.yaml"], tmp_path)
+    assert anytime.carry_over(same) == []
+    anytime.evaluate_trace(_trace(9, False), now=NOW + 9)
+    [stats] = anytime.windows()
+    assert (stats.n, stats.method) == (1, "eb-cs")
