@@ -33,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evalsi.policies.intervals import wilson_interval
 from evalsi.policies.sequences import BoundedMeanSequence
+from evalsi.policies.window import Series
+from evalsi.score import Score
 
 RATE = 0.90
 SHIFT_AT_MINUTE = 10
@@ -128,6 +130,20 @@ def main() -> None:
     print(
         f"\nCPU per score: sequence update {cs_us:.2f} µs, Welford update {welford_us:.2f} µs "
         f"(ratio {cs_us / welford_us:.1f}x)"
+    )
+    # what a window pays per score: a series of a fixed window and of an anytime one (four sequences: values and
+    # verdicts, at alpha and alpha/2), fed the same scored scores with a value and a verdict
+    scores = [Score("s", value=v, passed=v > 0.3, trace_id="t") for v in values[:50_000]]
+    timed = {}
+    for anytime in (False, True):
+        series = Series("e", "s", anytime=anytime)
+        start = time.process_time()
+        for score in scores:
+            series.add(score)
+        timed[anytime] = (time.process_time() - start) / len(scores) * 1e6
+    print(
+        f"window series add per score: fixed {timed[False]:.2f} µs, anytime {timed[True]:.2f} µs "
+        f"(ratio {timed[True] / timed[False]:.1f}x)"
     )
 
 
