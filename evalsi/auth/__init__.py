@@ -2,12 +2,20 @@
 tokens (`jwks`), the check of each request's credential (`authenticator`), and the gates in front of the HTTP
 (`asgi_gate`) and gRPC (`grpc_gate`) listeners; each request's `Principal` (who, and which project) in `principal`."""
 
-from evalsi.auth.asgi_gate import PRINCIPAL_SCOPE_KEY, gate, json_refusal
+from evalsi.auth.asgi_gate import PRINCIPAL_SCOPE_KEY, RefusalAnswer, gate, json_refusal
 from evalsi.auth.authenticator import Authenticator
-from evalsi.auth.config import ApiKeyConfig, AuthConfig, JwtConfig, is_loopback
+from evalsi.auth.config import ASYMMETRIC_ALGORITHMS, ApiKeyConfig, AuthConfig, JwtConfig, is_loopback
 from evalsi.auth.grpc_gate import GrpcKeyCheck, principal_from_metadata
-from evalsi.auth.jwks import Jwks, parse_jwks, read_jwks_file
-from evalsi.auth.keys import KEY_ENV, api_headers, hash_of, new_key, without_password
+from evalsi.auth.jwks import (
+    JWKS_MAX_BYTES,
+    JWKS_MIN_INTERVAL,
+    JWKS_TIMEOUT,
+    Jwks,
+    JwksSource,
+    parse_jwks,
+    read_jwks_file,
+)
+from evalsi.auth.keys import HASH_PREFIX, KEY_ENV, KEY_PREFIX, api_headers, hash_of, new_key, without_password
 from evalsi.auth.principal import (
     ANONYMOUS,
     ANONYMOUS_PRINCIPAL,
@@ -20,8 +28,9 @@ from evalsi.auth.principal import (
 )
 
 __all__ = [
-    "ANONYMOUS", "ANONYMOUS_PRINCIPAL", "KEY_ENV", "PRINCIPAL_SCOPE_KEY", "PROJECT_PATTERN", "ApiKeyConfig",
-    "AuthConfig", "Authenticator", "Caller", "GrpcKeyCheck", "Jwks", "JwtConfig", "Principal", "Refusal", "Surface",
-    "Unauthenticated", "api_headers", "gate", "hash_of", "is_loopback", "json_refusal", "new_key", "parse_jwks",
-    "principal_from_metadata", "read_jwks_file", "without_password",
+    "ANONYMOUS", "ANONYMOUS_PRINCIPAL", "ASYMMETRIC_ALGORITHMS", "HASH_PREFIX", "JWKS_MAX_BYTES", "JWKS_MIN_INTERVAL",
+    "JWKS_TIMEOUT", "KEY_ENV", "KEY_PREFIX", "PRINCIPAL_SCOPE_KEY", "PROJECT_PATTERN", "ApiKeyConfig", "AuthConfig",
+    "Authenticator", "Caller", "GrpcKeyCheck", "Jwks", "JwksSource", "JwtConfig", "Principal", "Refusal",
+    "RefusalAnswer", "Surface", "Unauthenticated", "api_headers", "gate", "hash_of", "is_loopback", "json_refusal",
+    "new_key", "parse_jwks", "principal_from_metadata", "read_jwks_file", "without_password",
 ]  # fmt: skip
