@@ -31,10 +31,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from evalsi.model.score import Score
 from evalsi.policies.intervals import wilson_interval
 from evalsi.policies.sequences import BoundedMeanSequence
 from evalsi.policies.window import Series
-from evalsi.score import Score
 
 RATE = 0.90
 SHIFT_AT_MINUTE = 10

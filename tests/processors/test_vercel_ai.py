@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 
-from evalsi.span import Span, SpanBatch
-from evalsi.trajectory import build_trajectories
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from evalsi.model.span import Span, SpanBatch
+from evalsi.model.trajectory import build_trajectories
 from evalsi.processors.normalize import normalize_span
 from evalsi.receivers.otlp.decode import decode_traces_protobuf
 
