@@ -117,12 +117,11 @@ class ClickHouseHttp:
             return self._reply(h, 200, b"Ok.\n", {"Content-Type": "text/plain"})
         if url.path != "/":
             return self._reply(h, 404, b"There is no handle " + url.path.encode() + b"\n", {})
+        body = _read_body(h)  # read whole before any answer: what is left unread would be taken for the next request
         user, password = self._credentials(h, args)
         if (user, password) != (self.username, self.password):
             message = f"Code: 516. DB::Exception: {user}: Authentication failed: password is incorrect, or there is no user with such name. (AUTHENTICATION_FAILED)"  # noqa: E501
             return self._error(h, 516, message, status=401)
-        length = int(h.headers.get("Content-Length") or 0)
-        body = h.rfile.read(length) if length else b""
         encoding = (h.headers.get("Content-Encoding") or "").lower()
         try:
             body = _decode(body, encoding)
@@ -203,6 +202,22 @@ class ClickHouseHttp:
         h.send_header("Content-Length", str(len(body)))
         h.end_headers()
         h.wfile.write(body)
+
+
+def _read_body(h: BaseHTTPRequestHandler) -> bytes:
+    """The request's body, sent with a Content-Length or chunked (clickhouse-connect streams inserts chunked)."""
+    if "chunked" in (h.headers.get("Transfer-Encoding") or "").lower():
+        parts = []
+        while True:
+            size = int(h.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while h.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers, then the blank line
+                    pass
+                return b"".join(parts)
+            parts.append(h.rfile.read(size))
+            h.rfile.readline()  # the CRLF after each chunk
+    length = int(h.headers.get("Content-Length") or 0)
+    return h.rfile.read(length) if length else b""
 
 
 def _decode(body: bytes, encoding: str) -> bytes:
