@@ -169,6 +169,10 @@ class EvaluationHub(Protocol):
         """A worker's trace that may record a model call another trace records too: joined and evaluated here."""
         ...
 
+    def take_promoted(self, rows: list[Any]) -> None:
+        """Rows a worker's policies promoted (`promote_to: store`): written to the store from here."""
+        ...
+
     def meet_sessions(self, timeout: float, max_sessions: int, max_spans: int) -> None:
         """Assemble sessions here from every worker's traces, bounded by the pipeline's `SessionSettings`."""
         ...

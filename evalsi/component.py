@@ -148,6 +148,10 @@ class WorkerPeers(Protocol):
         raises `Refused` while the collector has not taken the previous ones."""
         ...
 
+    def hand_promoted(self, processor: str, rows: list[Any]) -> None:
+        """Rows `processor`'s policies promoted (`promote_to: store`), for the collector, which writes the store."""
+        ...
+
     def hand_session_trace(self, processor: str, spans: list[Any]) -> None:
         """A completed trace that belongs to a session, for the collector, where every worker's traces of a
         session meet."""

@@ -111,6 +111,31 @@ class TraceQueries(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class WindowStore(Protocol):
+    """A store that computes a policy's window over every replica's scores (`windows.scope: store`)."""
+
+    def policy_window(self, policy: str, start_ns: int, end_ns: int) -> list[dict[str, Any]]:
+        """Per (project, evaluator, name) the window's aggregates, and per project a row with `evaluator` and `name`
+        '' and `traces`: the traces with any score of the policy (see the ClickHouse store's `policy_window`)."""
+        ...
+
+
+@runtime_checkable
+class DatasetStore(Protocol):
+    """A store that keeps promoted datasets (`promote`), so every replica promotes into one place."""
+
+    def write_promoted(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Rows `{project, dataset, row_id, policy, promoted_at, record}`; a row id already in its dataset stays."""
+        ...
+
+    def list_datasets(self, *, project: str | None = None) -> list[dict[str, Any]]: ...
+
+    def dataset_rows(
+        self, dataset: str, *, limit: int = 100_000, project: str | None = None
+    ) -> list[dict[str, Any]]: ...
+
+
 class RowEncoder(Protocol):
     """In a pipeline worker: items put in the store's own row encoding, to be written by the collector process."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from evalsi.cli import alerts, evaluators, imports, keys, normalize, policies, scores, serve, sessions, traces
+from evalsi.cli import alerts, datasets, evaluators, imports, keys, normalize, policies, scores, serve, sessions, traces
 from evalsi.cli.config import discover_group, discovering
 from evalsi.run_harness import commands
 
@@ -18,6 +18,7 @@ app.add_typer(scores.app, name="scores")
 app.add_typer(evaluators.app, name="evaluators")
 app.add_typer(policies.app, name="policies")
 app.add_typer(alerts.app, name="alerts")
+app.add_typer(datasets.app, name="datasets")
 
 app.command("run")(discovering(commands.run_command))
 app.add_typer(discover_group(commands.runs_app), name="runs")

@@ -27,7 +27,7 @@ from evalsi.duration import parse_duration
 from evalsi.evaluators.judge_client import Judges
 from evalsi.model.ids import is_trace_id
 from evalsi.model.score import DEFAULT_PROJECT, Score, ScoreBatch
-from evalsi.store import TraceQueries
+from evalsi.store import DatasetStore, TraceQueries
 
 OPEN_PATHS = ("/healthz", "/readyz")
 """What answers without an API key (probes): everything else needs one when `auth` is on."""
@@ -344,6 +344,31 @@ def build_api(
             score_api.policy_stats, need_store(), window=window, since_ns=since_ns, policy=policy,
             project=project_of(request), baseline=baseline, margin=margin, worse=worse,
         )  # fmt: skip
+
+    def need_datasets() -> DatasetStore:
+        found = need_store()
+        if not isinstance(found, DatasetStore):
+            raise HTTPException(404, "this collector's store keeps no datasets")
+        return found
+
+    @app.get("/api/v1/datasets")
+    async def list_datasets(request: Request) -> dict[str, Any]:
+        """The datasets policies promoted into the store (`promote_to: store`), each with its row count."""
+        lister = need_datasets().list_datasets
+        return {"datasets": await asyncio.to_thread(lister, project=project_of(request))}
+
+    @app.get("/api/v1/datasets/{dataset:path}/rows")
+    async def dataset_rows(
+        request: Request, dataset: str, limit: int = Query(100_000, ge=1, le=1_000_000)
+    ) -> dict[str, Any]:
+        """A promoted dataset's rows, as the harness reads them, in promotion order."""
+        if len(dataset) > MAX_FILTER:
+            raise HTTPException(400, f"dataset: at most {MAX_FILTER} characters")
+        rows_of = need_datasets().dataset_rows
+        rows = await asyncio.to_thread(rows_of, dataset, limit=limit, project=project_of(request))
+        if not rows:
+            raise HTTPException(404, f"dataset {dataset} has no rows")
+        return {"dataset": dataset, "rows": rows}
 
     @app.get("/api/v1/alerts")
     async def list_alerts(

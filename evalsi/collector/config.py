@@ -308,6 +308,7 @@ def parse_config(raw: Any, source: str = "", base_dir: Path | None = None) -> Co
         errors.extend(_score_sink_errors(service))
         errors.extend(_noop_component_errors(components))
         errors.extend(_idle_evaluate_errors(service, components))
+        errors.extend(_store_window_errors(service, components))
         errors.extend(_durability_errors(service))
         service, workers_note = _chosen_workers(service)
         errors.extend(_worker_errors(service))
@@ -505,6 +506,33 @@ def _idle_evaluate_errors(service: ServiceConfig, components: dict[tuple[Kind, s
                     f'evaluate no trace: add `policies: ["policies/*.yaml"]` to processors.{pid} (policy files, '
                     "relative to the config file), or remove it from this pipeline"
                 )
+    return errors
+
+
+def _store_window_errors(service: ServiceConfig, components: dict[tuple[Kind, str], ComponentConfig]) -> list[str]:
+    """`windows.scope: store` reads every replica's scores from the store the scores pipelines write, and
+    `promote_to: store` writes there: without a store exporter in a scores pipeline neither has a store."""
+    stored = any(type_of(name) == "scores" and any(is_store(e) for e in pipe.exporters)
+                 for name, pipe in service.pipelines.items())  # fmt: skip
+    if stored:
+        return []
+    errors = []
+    for (kind, pid), config in components.items():
+        if kind != "processor" or type_of(pid) != "evaluate":
+            continue
+        windows = getattr(config, "windows", None)
+        if windows is not None and windows.scope == "store":
+            errors.append(
+                f"processors.{pid}.windows.scope: `store` reads the policies' windows from the store the scores "
+                'pipeline writes, and no scores pipeline exports to a store: add `scores: {exporters: ["clickhouse"]}` '
+                "to service.pipelines (with a clickhouse exporter), or set scope: process"
+            )
+        if getattr(config, "promote_to", "") == "store":
+            errors.append(
+                f"processors.{pid}.promote_to: `store` writes promoted rows to the store of the scores pipeline, and "
+                'no scores pipeline exports to a store: add `scores: {exporters: ["clickhouse"]}` to '
+                "service.pipelines (with a clickhouse exporter), or set promote_to: files"
+            )
     return errors
 
 

@@ -16,7 +16,7 @@ from evalsi.auth.keys import KEY_ENV, api_headers
 from evalsi.collector.config import Config, is_store, type_of
 from evalsi.component import REGISTRY
 from evalsi.duration import parse_duration
-from evalsi.store import StoreBusy, TraceQueries
+from evalsi.store import DatasetStore, StoreBusy, TraceQueries
 
 
 class QueryError(Exception):
@@ -35,6 +35,14 @@ class TraceReader(Protocol):
 
     def search_traces(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """`GET /api/v1/traces` with these query parameters (`SEARCH_PARAMETERS`)."""
+        ...
+
+    def list_datasets(self) -> list[dict[str, Any]]:
+        """The datasets promoted into the store, each with its row count and first and last promotion."""
+        ...
+
+    def dataset_rows(self, dataset: str, *, limit: int) -> list[dict[str, Any]] | None:
+        """A promoted dataset's rows in promotion order; None when it has none."""
         ...
 
     def read_trace(self, trace_id: str, *, limit: int, offset: int) -> dict[str, Any] | None:
@@ -72,6 +80,13 @@ class ApiReader:
         if resp.status_code != 200:
             raise QueryError(f"{self.where} answered {resp.status_code}: {_detail(resp)}")
         return resp.json()["alerts"]
+
+    def list_datasets(self) -> list[dict[str, Any]]:
+        return cast(dict[str, Any], self._doc("/api/v1/datasets", {}))["datasets"]
+
+    def dataset_rows(self, dataset: str, *, limit: int) -> list[dict[str, Any]] | None:
+        doc = self._doc(f"/api/v1/datasets/{quote(dataset, safe='')}/rows", {"limit": limit}, missing=True)
+        return None if doc is None else doc["rows"]
 
     def _doc(self, path: str, params: Mapping[str, Any], missing: bool = False) -> dict[str, Any] | None:
         resp = self._get(path, **params)
@@ -132,6 +147,17 @@ class StoreReader:
 
     def search_traces(self, params: Mapping[str, Any]) -> dict[str, Any]:
         return search_traces(self.store, params)
+
+    def _datasets(self) -> DatasetStore:
+        if not isinstance(self.store, DatasetStore):
+            raise QueryError(f"the {self.where} keeps no datasets")
+        return self.store
+
+    def list_datasets(self) -> list[dict[str, Any]]:
+        return self._datasets().list_datasets()
+
+    def dataset_rows(self, dataset: str, *, limit: int) -> list[dict[str, Any]] | None:
+        return self._datasets().dataset_rows(dataset, limit=limit) or None
 
     def read_trace(self, trace_id: str, *, limit: int, offset: int) -> dict[str, Any] | None:
         doc = read_trace(self.store, trace_id, limit=limit, offset=offset)

@@ -4,9 +4,10 @@ from evalsi.policies.engine import Policy, PolicySet, PolicyStats, sampling_hash
 from evalsi.policies.load import PolicyError, load_policies
 from evalsi.policies.model import OnlineEvalPolicy
 from evalsi.policies.notify import AlertEvent, AlertRecorder, Notifier
+from evalsi.policies.store_window import StoreWindows
 from evalsi.policies.window import WindowStats
 
 __all__ = [
     "AlertEvent", "AlertRecorder", "Notifier", "OnlineEvalPolicy", "Policy", "PolicyError", "PolicySet", "PolicyStats",
-    "WindowStats", "load_policies", "sampling_hash",
+    "StoreWindows", "WindowStats", "load_policies", "sampling_hash",
 ]  # fmt: skip

@@ -33,7 +33,7 @@ from evalsi.policies.baseline import Baselines
 from evalsi.policies.conditions import Condition, LatencyAbove, score_summary
 from evalsi.policies.feedback import NEGATIVE_BELOW
 from evalsi.policies.notify import AlertEvent
-from evalsi.policies.promote import Datasets, record
+from evalsi.policies.promote import Datasets, StoreDatasets, record
 from evalsi.policies.trace_view import SessionView, TraceView
 from evalsi.policies.window import AlertRule, PolicyWindow, RecordingWindow, WindowRecord, WindowStats
 
@@ -136,6 +136,8 @@ class PolicyStats:
 class Promotion:
     when: Condition
     path: Path
+    dataset: str = ""
+    """The dataset as the policy names it (`promote.dataset`): its name in the store (`promote_to: store`)."""
 
 
 @dataclass
@@ -273,7 +275,7 @@ class Policy:
         view: TraceView,
         now: float,
         stages: list[Stage],
-        datasets: Datasets | None,
+        datasets: Datasets | StoreDatasets | None,
         key: str,
         decisions: dict[str, PolicyDecision] | None = None,
     ) -> tuple[list[Score], list[AlertEvent]]:
@@ -290,7 +292,7 @@ class Policy:
         return self._run(view, now, stages, datasets, decision, new_trace=True)
 
     def evaluate_late(
-        self, view: TraceView, now: float, datasets: Datasets | None, decision: PolicyDecision
+        self, view: TraceView, now: float, datasets: Datasets | StoreDatasets | None, decision: PolicyDecision
     ) -> tuple[list[Score], list[AlertEvent]]:
         """A second look at a trace this policy selected, now that `view` carries feedback: an `always` condition
         on `feedback` may bring it in (the cascade then runs), stages whose `when` did not hold may now run, and
@@ -312,7 +314,7 @@ class Policy:
         view: TraceView,
         now: float,
         stages: list[Stage],
-        datasets: Datasets | None,
+        datasets: Datasets | StoreDatasets | None,
         decision: PolicyDecision,
         *,
         new_trace: bool,
@@ -334,7 +336,7 @@ class Policy:
             self._promote(view, [s for group in decision.ran.values() for s in group], datasets, now)
         return scores, fired
 
-    def _promote(self, view: TraceView, scores: list[Score], datasets: Datasets, now: float) -> None:
+    def _promote(self, view: TraceView, scores: list[Score], datasets: Datasets | StoreDatasets, now: float) -> None:
         assert self.promote is not None
         target = view.target
         if target.input_text is None and target.output_text is None:
@@ -352,7 +354,7 @@ class Policy:
             trace_id=view.trace_id, input=target.input_text, output=target.output_text, policy=self.name,
             scores=scores, metadata=metadata, reference=target.reference or None, now=now,
         )  # fmt: skip
-        if datasets.append(self.promote.path, row):
+        if datasets.append(self.promote.path, row, dataset=self.promote.dataset):
             self.stats.promoted += 1
         else:
             self.stats.promote_duplicates += 1
@@ -377,7 +379,8 @@ class PolicySet:
         self.by_name = {p.name: p for p in policies}
         self.datasets_dir = datasets_dir
         self.sources = list(sources or [])
-        self.datasets = Datasets()
+        self.datasets: Datasets | StoreDatasets = Datasets()
+        """Where promoted rows go: JSONL files, or (`promote_to: store`) the store, through `StoreDatasets`."""
         self._alerts: deque[AlertEvent] = deque(maxlen=10_000)
         self._resolved: deque[AlertEvent] = deque(maxlen=10_000)
         self._windows: deque[WindowStats] = deque(maxlen=100_000)
@@ -521,6 +524,16 @@ class PolicySet:
     def windows(self) -> list[WindowStats]:
         """The open windows' aggregates, every policy, evaluator and score name."""
         return [w for p in self.policies for w in p.window.snapshot()]
+
+    def detach_alerts(self) -> dict[str, tuple[float, list[AlertRule], dict[str, str]]]:
+        """For windows read from the store (`store_window`): each policy's window length, alert rules and labels;
+        this process's windows keep their aggregates but check no alert from now on."""
+        out = {}
+        for p in self.policies:
+            if isinstance(p.window, PolicyWindow):
+                out[p.name] = (p.window.seconds, p.window.alerts, p.labels)
+                p.window.alerts = []
+        return out
 
     def record_windows(self) -> None:
         """In a pipeline worker: windows record what they would aggregate (`drain_window_records`) for the

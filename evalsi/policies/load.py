@@ -299,7 +299,7 @@ def parse_policy(
                     "'_', '-') nor a path ending in .jsonl"
                 )
             elif when is not None:
-                promote = Promotion(when, dataset_path(dataset, datasets_dir, base_dir))
+                promote = Promotion(when, dataset_path(dataset, datasets_dir, base_dir), dataset)
     errors.extend(problems)
     if problems or model is None:
         return None

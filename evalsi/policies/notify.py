@@ -47,6 +47,9 @@ class AlertEvent:
     values: dict[str, Any] = field(default_factory=dict)
     state: str = "firing"
     """`firing`, or `resolved`: a whole window closed without the condition holding (never sent to a webhook)."""
+    project: str = ""
+    """The project whose window fired it (windows read from the store are per project); "" for a process's window,
+    which holds every project's traces (recorded under its processor's project)."""
 
     def body(self) -> dict[str, Any]:
         return {

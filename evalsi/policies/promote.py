@@ -1,4 +1,5 @@
-"""Promotion: traces a policy's `promote.when` picks are appended to a JSONL dataset, once per trace id.
+"""Promotion: traces a policy's `promote.when` picks are appended to a JSONL dataset, or written to the store's
+datasets table (`promote_to: store`), once per trace id.
 
 A record is what the harness reads as a dataset row: `input`, `output`, `reference` (only when known), `trace_id`
 and `metadata` (policy, service, session, models, this policy's scores, when it was promoted).
@@ -80,7 +81,7 @@ class Datasets:
                             log.warning("%s:%d: not a promoted record (no trace_id); ignored for dedup", path, number)
         return seen
 
-    def append(self, path: Path, row: dict[str, Any]) -> bool:
+    def append(self, path: Path, row: dict[str, Any], dataset: str = "") -> bool:
         """Append `row` unless its trace (project and trace id) is already in the file; True when written."""
         key = _key(row)
         with self._lock:
@@ -92,6 +93,43 @@ class Datasets:
                 f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
             seen.add(key)
             return True
+
+
+class StoreDatasets:
+    """Promoted rows for the store (`promote_to: store`): kept here until `drain()` hands them to whoever writes the
+    store (the collector process; a pipeline worker sends them there). The store keeps each (project, dataset, row
+    id) once whichever replica promoted it; the trace keys seen here (the last `remember` of them) only spare it the
+    writes of a trace this process promoted already."""
+
+    def __init__(self, remember: int = 100_000) -> None:
+        self.remember = remember
+        self._seen: dict[tuple[str, str, str], None] = {}
+        self._pending: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def append(self, path: Path, row: dict[str, Any], dataset: str = "") -> bool:
+        """Queue `row` for dataset `dataset` (or the file name's stem) unless this process promoted its trace into
+        it already; True when queued."""
+        key = _key(row)
+        name = dataset or path.stem
+        seen = (key.project, name, key.trace_id)
+        with self._lock:
+            if seen in self._seen:
+                return False
+            self._seen[seen] = None
+            if len(self._seen) > self.remember:
+                del self._seen[next(iter(self._seen))]
+            promoted_at = datetime.fromisoformat(row["metadata"]["promoted_at"].replace("Z", "+00:00")).timestamp()
+            self._pending.append({
+                "project": key.project, "dataset": name, "row_id": key.trace_id,
+                "policy": row["metadata"].get("policy", ""), "promoted_at": promoted_at, "record": row,
+            })  # fmt: skip
+            return True
+
+    def drain(self) -> list[dict[str, Any]]:
+        with self._lock:
+            out, self._pending = self._pending, []
+        return out
 
 
 def _key(row: dict[str, Any]) -> TraceKey:

@@ -71,6 +71,8 @@ class WindowStats:
     """Traces the policy would have looked at in this window but evaluation shed (`overload: shed`)."""
     method: str = ""
     """How `low`/`high` were found: `wilson`, `t[0,1]`, `log-t` or `t` (`intervals.mean_interval`)."""
+    project: str = ""
+    """The project of a window read from the store (`store_window`); a process's windows hold every project's."""
 
     def as_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}

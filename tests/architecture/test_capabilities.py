@@ -40,6 +40,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("config.py", "pipe", "section"): "a pipeline's config section by name",
     ("config.py", "config", "'policies'"): "a component's config",
     ("config.py", "config", "'presidio'"): "a component's config",
+    ("config.py", "config", "'windows'"): "a component's config",
+    ("config.py", "config", "'promote_to'"): "a component's config",
     ("fanout.py", "batch", "'spans'"): "a batch's items",
     ("fanout.py", "batch", "'records'"): "a batch's items",
     ("workers/pool.py", "self.ledger", "op"): "a worker's ledger call, by operation name",

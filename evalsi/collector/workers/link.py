@@ -229,5 +229,8 @@ class WorkerPeers:
     def hand_session_trace(self, processor: str, spans: list[Any]) -> None:
         self._outbox.put(("session_trace", processor, spans))
 
+    def hand_promoted(self, processor: str, rows: list[Any]) -> None:
+        self._outbox.put(("promoted", processor, rows))
+
     def hand_twin_trace(self, processor: str, spans: list[Any]) -> None:
         self._outbox.put(("twin_trace", processor, spans))

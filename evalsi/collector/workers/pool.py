@@ -234,6 +234,10 @@ class WorkerPool:
             hub = self.hubs.get(msg[1])
             if hub is not None:
                 hub.take_twin_trace(msg[2])
+        elif kind == "promoted":
+            hub = self.hubs.get(msg[1])
+            if hub is not None:
+                hub.take_promoted(msg[2])
 
     def _on_exit(self, w: _Worker) -> None:
         w.drained.set()  # a worker that died drains nothing more

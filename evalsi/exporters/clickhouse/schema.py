@@ -179,6 +179,7 @@ class Tables:
     extra_settings: str = ""
     alerts: str = "evalsi_alerts"
     watermarks: str = "evalsi_watermarks"
+    datasets: str = "evalsi_datasets"
 
 
 TableKeys = dict[str, str]
@@ -241,6 +242,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         4, "evalsi_watermarks: how far each pull receiver read its source", lambda t, _: watermarks_ddl(t.watermarks)
     ),
     Migration(5, "evalsi_runs keyed by (Project, RunId): one run per project and run id", runs_by_project),
+    Migration(
+        6, "evalsi_datasets: promoted traces, one row per project, dataset and row id",
+        lambda t, _: datasets_ddl(t.datasets),
+    ),
 )  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
@@ -695,6 +700,79 @@ INNER JOIN (
     GROUP BY Project, TraceId, Name
 ) AS h ON j.Project = h.Project AND j.TraceId = h.TraceId
 ORDER BY policy, evaluator, name, feedback
+"""
+
+
+def policy_window_sql(table: str) -> str:
+    """One policy's window from every replica's scores, each key once (FINAL): per (project, evaluator, name) in
+    [{start_ns:Int64}, {end_ns:Int64}) the scored scores' n, the values' count, mean, sample sd, bounds, 0/1 count and
+    p50/p90/p95/p99 (linear interpolation, as numpy), pass counts, skipped and error counts, a few trace ids (failures
+    first); and per project (`evaluator` = '') the traces with any score of the policy. Parameter {policy:String}."""
+    return f"""
+SELECT Project AS project, Evaluator AS evaluator, Name AS name, countIf(Outcome = 'scored') AS n,
+    countIf(Value, Outcome = 'scored') AS value_n, avgIf(Value, Outcome = 'scored') AS value_mean,
+    stddevSampIf(Value, Outcome = 'scored') AS value_sd, minIf(Value, Outcome = 'scored') AS value_min,
+    maxIf(Value, Outcome = 'scored') AS value_max,
+    countIf(Outcome = 'scored' AND (Value = 0 OR Value = 1)) AS value_binary,
+    quantilesExactInclusiveIf(0.5, 0.9, 0.95, 0.99)(Value, Outcome = 'scored' AND Value IS NOT NULL) AS quantiles,
+    countIf(Passed, Outcome = 'scored') AS pass_n, countIf(Outcome = 'scored' AND Passed) AS passed,
+    countIf(Outcome = 'skipped') AS skipped, countIf(Outcome NOT IN ('scored', 'skipped')) AS errors,
+    arraySlice(groupArrayIf(TraceId, Outcome = 'scored' AND Passed = false), 1, 5) AS failures,
+    arraySlice(groupArrayIf(TraceId, Outcome = 'scored'), 1, 5) AS examples, 0 AS traces
+FROM {table} FINAL
+WHERE Policy = {{policy:String}} AND Timestamp >= fromUnixTimestamp64Nano({{start_ns:Int64}})
+    AND Timestamp < fromUnixTimestamp64Nano({{end_ns:Int64}})
+GROUP BY Project, Evaluator, Name
+UNION ALL
+SELECT Project AS project, '' AS evaluator, '' AS name, 0, 0, NULL, NULL, NULL, NULL, 0, [], 0, 0, 0, 0, [], [],
+    uniqExact(TraceId) AS traces
+FROM {table} FINAL
+WHERE Policy = {{policy:String}} AND Timestamp >= fromUnixTimestamp64Nano({{start_ns:Int64}})
+    AND Timestamp < fromUnixTimestamp64Nano({{end_ns:Int64}})
+GROUP BY Project
+"""
+
+
+def datasets_ddl(table: str) -> list[str]:
+    """Promoted traces (`promote`): one row per project, dataset and row id (the trace id), the first promotion kept
+    (ReplacingMergeTree on the negated promotion time, read with FINAL), so replicas promoting one trace, or one
+    replica promoting it again after a restart, leave one row. `Record` is the dataset row (JSON)."""
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {table} (
+    Project LowCardinality(String) CODEC(ZSTD(1)),
+    Dataset String CODEC(ZSTD(1)),
+    RowId String CODEC(ZSTD(1)),
+    PromotedAt DateTime64(9) CODEC(Delta, ZSTD(1)),
+    Version UInt64 CODEC(ZSTD(1)),
+    Policy LowCardinality(String) CODEC(ZSTD(1)),
+    Record String CODEC(ZSTD(3))
+) ENGINE = ReplacingMergeTree(Version)
+ORDER BY (Project, Dataset, RowId)
+SETTINGS index_granularity = 8192"""
+    ]
+
+
+def list_datasets_sql(table: str, *, with_project: bool) -> str:
+    """Each dataset's rows and its first and last promotion (FINAL: each row once); optionally {project:String}."""
+    where = f"WHERE {SCORE_PROJECT}" if with_project else ""
+    return f"""
+SELECT Project AS project, Dataset AS dataset, count() AS rows,
+    toUnixTimestamp64Nano(min(PromotedAt)) AS first_unix_nano, toUnixTimestamp64Nano(max(PromotedAt)) AS last_unix_nano
+FROM {table} FINAL
+{where}
+GROUP BY Project, Dataset
+ORDER BY Project, Dataset
+"""
+
+
+def dataset_rows_sql(table: str, *, with_project: bool) -> str:
+    """The rows of {dataset:String} in promotion order, at most {limit:UInt32}; optionally {project:String}."""
+    project = f" AND {SCORE_PROJECT}" if with_project else ""
+    return f"""
+SELECT Project AS project, RowId AS row_id, Record AS record
+FROM {table} FINAL
+WHERE Dataset = {{dataset:String}}{project}
+ORDER BY PromotedAt, Project, RowId
 LIMIT {{limit:UInt32}}
 """
 

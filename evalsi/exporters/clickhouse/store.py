@@ -17,14 +17,17 @@ from evalsi.exporters.clickhouse.schema import (
     MIGRATIONS,
     SCHEMA_VERSION,
     Tables,
+    dataset_rows_sql,
     delete_spans_sql,
     judge_pairs_sql,
     judge_totals_sql,
     list_alerts_sql,
+    list_datasets_sql,
     list_runs_sql,
     list_scores_sql,
     list_sessions_sql,
     list_traces_sql,
+    policy_window_sql,
     record_migration_sql,
     run_scores_sql,
     schema_version_sql,
@@ -105,6 +108,9 @@ def _project(project: str | None) -> dict[str, str]:
     if not PROJECT.fullmatch(project):
         raise ValueError(f"not a project name: {project[:80]!r} (lowercase letters, digits, - and _; 63 at most)")
     return {"project": project}
+
+
+_UINT64_MAX = 2**64 - 1
 
 
 def _limit(limit: int) -> int:
@@ -536,6 +542,59 @@ class TraceStore:
             r["aggregates"] = json.loads(r["aggregates"] or "{}")
             r["labels"] = dict(r["labels"] or {})
         return rows
+
+    def policy_window(self, policy: str, start_ns: int, end_ns: int) -> list[dict[str, Any]]:
+        """`policy`'s scores in [start_ns, end_ns) from every replica, each key once: per (project, evaluator, name)
+        the window's aggregates, and per project a row with `evaluator` '' and the traces it scored (`traces`)."""
+        params = {"policy": policy, "start_ns": _since(start_ns), "end_ns": _since(end_ns)}
+        rows = self.backend.query(policy_window_sql(self.scores_table), params)
+        for r in rows:
+            for key in ("n", "value_n", "pass_n", "passed", "value_binary", "skipped", "errors", "traces"):
+                r[key] = int(r[key] or 0)
+            for key in ("value_mean", "value_sd", "value_min", "value_max"):
+                v = r[key]
+                r[key] = None if v is None or not r["value_n"] or v != v else float(v)
+            quantiles = r.pop("quantiles") or [] if r["value_n"] else []
+            r["quantiles"] = {q: float(v) for q, v in zip((50.0, 90.0, 95.0, 99.0), quantiles, strict=False)}
+            r["failures"] = list(r["failures"] or [])
+            r["examples"] = list(r["examples"] or [])
+        return rows
+
+    def write_promoted(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Promoted dataset rows, each `{project, dataset, row_id, policy, promoted_at (s), record}`: a row id
+        promoted again into one dataset of one project keeps its first promotion."""
+        if not rows:
+            return
+        for r in rows:
+            _project(r["project"])
+        ns = [int(r["promoted_at"] * 1e9) for r in rows]
+        table = pa.table(
+            {
+                "Project": [r["project"] for r in rows],
+                "Dataset": [r["dataset"] for r in rows],
+                "RowId": [r["row_id"] for r in rows],
+                "PromotedAt": pa.array(ns, pa.timestamp("ns")),
+                "Version": pa.array([_UINT64_MAX - n for n in ns], pa.uint64()),  # the first promotion wins
+                "Policy": [r["policy"] for r in rows],
+                "Record": [json.dumps(_finite(r["record"]), ensure_ascii=False, default=str) for r in rows],
+            }
+        )
+        self.backend.insert(self.tables.datasets, table)
+
+    def list_datasets(self, *, project: str | None = None) -> list[dict[str, Any]]:
+        """Each promoted dataset with its row count and first and last promotion (of one project; None: of all)."""
+        rows = self.backend.query(list_datasets_sql(self.tables.datasets, with_project=project is not None),
+                                  _project(project))  # fmt: skip
+        for r in rows:
+            for key in ("rows", "first_unix_nano", "last_unix_nano"):
+                r[key] = int(r[key])
+        return rows
+
+    def dataset_rows(self, dataset: str, *, limit: int = 100_000, project: str | None = None) -> list[dict[str, Any]]:
+        """The rows of `dataset` as the harness reads them, in promotion order."""
+        params: dict[str, Any] = {"dataset": dataset, "limit": _limit(limit), **_project(project)}
+        found = self.backend.query(dataset_rows_sql(self.tables.datasets, with_project=project is not None), params)
+        return [json.loads(r["record"]) for r in found]
 
     def span_count(self) -> int:
         rows = self.backend.query(f"SELECT count() AS n FROM {self.table}")

@@ -1,7 +1,8 @@
-"""Alerts sending: the alert events the policies' windows raise go to the log, the metrics, the notifier (webhooks)
-and the store. With pipeline workers only the collector process's instance sends (a worker's windows only record).
-Its metrics: `evalsi_alerts_fired`, `evalsi_alert_firing`, `evalsi_alerts_unrecorded`, and for `regressed(...)`
-conditions `evalsi_policy_difference` (with `_low`, `_high`), `evalsi_policy_regressed`, `evalsi_baseline_reads`."""
+"""Alerts sending: the alert events the policies' windows raise go to the log, the metrics, the notifier (the
+policies' webhooks, or Alertmanager) and the store; closed windows' figures go to the log. With pipeline workers only
+the collector process's instance sends (a worker's windows only record). Its metrics: `evalsi_alerts_fired`,
+`evalsi_alert_firing`, `evalsi_alerts_unrecorded`, `evalsi_promoted_unrecorded`, and for `regressed(...)` conditions
+`evalsi_policy_difference` (with `_low`, `_high`), `evalsi_policy_regressed`, `evalsi_baseline_reads`."""
 
 from __future__ import annotations
 
@@ -9,20 +10,26 @@ import asyncio
 from typing import Any
 
 from evalsi.component import Settings
-from evalsi.policies import AlertEvent, AlertRecorder, Notifier, PolicySet
+from evalsi.policies import AlertEvent, AlertRecorder, Notifier, PolicySet, WindowStats
+from evalsi.policies.alertmanager import AlertmanagerNotifier
 from evalsi.policies.window import PolicyWindow
+from evalsi.processors.evaluate.config import AlertmanagerConfig
+from evalsi.store import DatasetStore
 
 
 class Alerts:
     """Sends the fired and resolved alerts of a policy set, on the engine thread; the store writes go through a
     background recorder, so evaluation never waits for the store."""
 
-    def __init__(self, settings: Settings, project: str) -> None:
+    def __init__(self, settings: Settings, project: str, alertmanager: AlertmanagerConfig | None = None) -> None:
         self.settings = settings
         self.project = project
-        """The project the alerts are recorded under."""
+        """The project the alerts of a process's windows are recorded under (a store window's carry their own)."""
+        self.alertmanager_config = alertmanager
         self._notifier: Notifier | None = None
+        self.alertmanager: AlertmanagerNotifier | None = None
         self._recorder: AlertRecorder | None = None
+        self._promotions: AlertRecorder | None = None
         self._no_store_said = False
         m = settings.metrics
         self._fired = m.counter(
@@ -69,33 +76,61 @@ class Alerts:
             "store_error.",
             ["processor", "result"],
         )
+        self._unpromoted = m.counter(
+            "evalsi_promoted_unrecorded",
+            "Promoted dataset rows (`promote_to: store`) not written to the store: `store_error`, `no_store`, "
+            "`queue_full`.",
+            ["processor", "reason"],
+        )
 
     def start(self, record: bool) -> None:
         """Open the notifier, and the store recorder when `record` (in the process where alerts fire)."""
-        self._notifier = Notifier()
+        am = self.alertmanager_config
+        if am is not None and record:
+            self.alertmanager = AlertmanagerNotifier(
+                am.url, project=self.project, timeout=am.timeout, resend_interval=am.resend_interval,
+                generator_url=am.generator_url,
+            )  # fmt: skip
+        elif am is None:
+            self._notifier = Notifier()
         if record:
             self._recorder = AlertRecorder(self._record, lost=self._lost)
+            self._promotions = AlertRecorder(self._write_promoted, lost=self._lost_promoted)
 
     def send(self, policies: PolicySet) -> None:
         """The alerts `policies` fired or resolved since the last call, in time order: an alert that resolved as its
         window closed may fire again in the next one."""
         events = sorted(policies.drain_alerts() + policies.drain_resolved(), key=lambda e: e.fired_at)
+        self.send_events(events)
+        self.log_closed(policies.drain_windows())
+        self._show_comparisons(policies)
+
+    def send_events(self, events: list[AlertEvent]) -> None:
+        """Alert events (a process's windows' or the store windows'), in time order."""
         sid = self.settings.id
         for event in events:
+            project = event.project or self.project
             if event.state == "resolved":
-                self.settings.logger.info("alert resolved", extra={"policy": event.policy, "alert": event.alert})
+                self.settings.logger.info(
+                    "alert resolved", extra={"policy": event.policy, "alert": event.alert, "project": project}
+                )
                 self._firing.labels(sid, event.policy, event.alert).set(0)
+                if self.alertmanager is not None:
+                    self.alertmanager.resolve(event)
                 continue
             self.settings.logger.warning(
-                "alert fired", extra={"policy": event.policy, "alert": event.alert, "notify": bool(event.notify)}
-            )
+                "alert fired",
+                extra={"policy": event.policy, "alert": event.alert, "project": project,
+                       "notify": bool(event.notify) or self.alertmanager is not None},
+            )  # fmt: skip
             self._fired.labels(sid, event.policy, event.alert).inc()
             self._firing.labels(sid, event.policy, event.alert).set(1)
-            if self._notifier is not None:
+            if self.alertmanager is not None:
+                self.alertmanager.fire(event)
+            elif self._notifier is not None:
                 self._notifier.send(event)
         if events and self._recorder is not None:
             self._recorder.record(events)
-        self._show_comparisons(policies)
 
     def _show_comparisons(self, policies: PolicySet) -> None:
         """Each `regressed(...)` term's latest comparison in the metrics."""
@@ -112,6 +147,13 @@ class Alerts:
 
     def store(self) -> Any:
         return self._store()
+
+    def log_closed(self, windows: list[WindowStats]) -> None:
+        """A closed window's final figures, one log line per policy, evaluator and score name."""
+        for w in windows:
+            figures = w.as_dict()
+            figures["project"] = w.project or self.project
+            self.settings.logger.info("policy window closed", extra={"window": figures})
 
     def _store(self) -> Any:
         """Where alerts are recorded: the store of the service this instance runs in (the collector process, where
@@ -131,7 +173,27 @@ class Alerts:
                     "(add `scores: {exporters: [clickhouse]}`); they are still logged and counted"
                 )
             return
-        store.write_alerts(events, project=self.project)
+        by_project: dict[str, list[AlertEvent]] = {}
+        for event in events:
+            by_project.setdefault(event.project or self.project, []).append(event)
+        for project, some in by_project.items():
+            store.write_alerts(some, project=project)
+
+    def record_promoted(self, rows: list[dict[str, Any]]) -> None:
+        """Promoted rows (`promote_to: store`) to the store, from the same kind of background writer as alerts."""
+        if self._promotions is not None:
+            self._promotions.record(rows)
+
+    def _write_promoted(self, rows: list[dict[str, Any]]) -> None:
+        store = self._store()
+        if not isinstance(store, DatasetStore):
+            self._lost_promoted("no_store", len(rows))
+            return
+        store.write_promoted(rows)
+
+    def _lost_promoted(self, reason: str, n: int) -> None:
+        self._unpromoted.labels(self.settings.id, reason).inc(n)
+        self.settings.logger.warning("%d promoted rows not written to the store (%s)", n, reason)
 
     def _lost(self, reason: str, n: int) -> None:
         self._unrecorded.labels(self.settings.id, reason).inc(n)
@@ -140,5 +202,9 @@ class Alerts:
         """Close the notifier and the recorder (what is queued still goes out)."""
         if self._notifier is not None:
             await asyncio.to_thread(self._notifier.close)
+        if self.alertmanager is not None:
+            await asyncio.to_thread(self.alertmanager.close)
         if self._recorder is not None:
             await asyncio.to_thread(self._recorder.close)
+        if self._promotions is not None:
+            await asyncio.to_thread(self._promotions.close)

@@ -53,6 +53,33 @@ class CalibrationConfig(ComponentConfig):
         if value <= 0:
             raise ValueError("must be longer than 0s")
         return value
+class WindowsConfig(ComponentConfig):
+    """Where the policies' windows (their aggregates, intervals and alerts) are computed."""
+
+    scope: Literal["process", "store"] = "process"
+    """`process`: over the traces this process evaluated (one machine). `store`: over every replica's scores, read
+    from the store (`evalsi_scores FINAL`) per project and policy every `poll_interval`, so several replicas writing
+    one ClickHouse agree on each window (docs/scale-out.md); pair it with `alertmanager`, which turns the same
+    crossing sent by every replica into one notification."""
+    poll_interval: Duration = Field(default=5.0, gt=0)
+    """With `scope: store`: how often each policy's current window is read from the store and its alerts checked."""
+    settle: Duration = Field(default=2.0, ge=0)
+    """With `scope: store`: how long after its end a window is read a last time and closed, so the replicas' last
+    writes (their `flush_interval`) are in it."""
+
+
+class AlertmanagerConfig(ComponentConfig):
+    """Alerts sent to an Alertmanager (API v2) instead of the policies' `notify` webhooks."""
+
+    url: str = Field(pattern=r"^https?://[^\s/]+\S*$")
+    """The Alertmanager's base URL, e.g. `http://alertmanager:9093` (alerts go to `<url>/api/v2/alerts`)."""
+    timeout: Duration = Field(default=5.0, gt=0)
+    """One request's timeout."""
+    resend_interval: Duration = Field(default=30.0, gt=0)
+    """A firing alert is sent again this often, with `endsAt` four intervals ahead: Alertmanager resolves it by
+    itself if no replica sends it any more."""
+    generator_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+\S*$")
+    """The `generatorURL` of every alert (e.g. your evalsi API or dashboard)."""
 
 
 class EvaluateConfig(ComponentConfig):
@@ -61,7 +88,10 @@ class EvaluateConfig(ComponentConfig):
     there is no file)."""
     project: str = "default"
     datasets_dir: str = ".evalsi/datasets"
-    """Where `promote` appends its JSONL datasets."""
+    """Where `promote` appends its JSONL datasets (`promote_to: files`)."""
+    promote_to: Literal["files", "store"] = "files"
+    """`files`: JSONL files under `datasets_dir` (one machine). `store`: the store's `evalsi_datasets` table, one row
+    per project, dataset and trace whichever replica promoted it (`evalsi datasets list/export`)."""
     queue_size: int = Field(default=1_000, gt=0)
     """Completed traces waiting for (or in) evaluation at most; past it, `overload` says what happens. Under load it
     bounds score freshness: traces waiting / traces evaluated per second."""
@@ -76,6 +106,12 @@ class EvaluateConfig(ComponentConfig):
     """Judge calibration metrics (`evalsi_judge_kappa`, ...), read from the store."""
     """Traces that may record a call another trace records too wait briefly for each other."""
 
+    windows: WindowsConfig = Field(default_factory=WindowsConfig)
+    """Where the policies' windows and alerts are computed: this process, or the store (every replica's scores)."""
+    alertmanager: AlertmanagerConfig | None = None
+    """Send alerts to this Alertmanager (deduplicated across replicas, grouped, silenced and routed there) instead of
+    the policies' `notify` webhooks."""
+
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
 
     @model_validator(mode="after")
@@ -84,7 +120,15 @@ class EvaluateConfig(ComponentConfig):
         if base_dir is not None:
             self._base_dir = Path(base_dir)
         # `evalsi validate` checks policy files too: CEL compiles, refs exist, params are valid
-        load_policy_set(self)
+        policies = load_policy_set(self)
+        if self.windows.scope == "store" and self.alertmanager is None:
+            hooks = sorted({p.name for p in policies.policies for a in p.window.alerts if a.notify})
+            if hooks:
+                raise ValueError(
+                    f"windows.scope: store evaluates every replica's window in each replica, so each would call the "
+                    f"`notify` webhooks of {', '.join(hooks)}: set `alertmanager: {{url: ...}}` (it turns the same "
+                    "alert from several replicas into one notification), or use scope: process"
+                )
         return self
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 from pathlib import Path
+from typing import Any
 
 from evalsi.component import Next, Refused, Settings, processor
 from evalsi.evaluators.judge_client import Judges
@@ -16,7 +18,7 @@ from evalsi.model.log_record import LogBatch
 from evalsi.model.score import Score, ScoreBatch
 from evalsi.model.span import BatchKind, Span, SpanBatch, TraceKey, project_of, trace_key
 from evalsi.model.trajectory import lone_sdk_call
-from evalsi.policies import PolicySet
+from evalsi.policies import PolicySet, StoreWindows
 from evalsi.policies.window import WindowRecord
 from evalsi.processors.evaluate.alerts import Alerts
 from evalsi.processors.evaluate.baselines import StoreBaselines
@@ -29,6 +31,7 @@ from evalsi.processors.evaluate.reload import PolicyReload
 from evalsi.processors.evaluate.sessions import SessionMeeting
 from evalsi.processors.evaluate.work_queue import EvaluationQueue
 from evalsi.runtime.supervise import supervise
+from evalsi.store import WindowStore
 
 
 @processor("evaluate", config=EvaluateConfig, signals=("traces", "logs", "scores"), needs=BatchKind.TRACE, meets=True)
@@ -60,7 +63,7 @@ class Evaluate:
         if self.worker is not None:
             policies.record_windows()  # the collector process's windows aggregate every worker's
         self.late = LateFeedback(config.late_signals, settings, config.project)
-        self.alerts = Alerts(settings, config.project)
+        self.alerts = Alerts(settings, config.project, config.alertmanager)
         self.baselines = StoreBaselines(
             self.alerts.store, config.project, counter=self.alerts.baseline_reads, processor=settings.id
         )
@@ -71,7 +74,16 @@ class Evaluate:
             over=config.calibration.over, negative_below=config.late_signals.negative_below,
         )  # fmt: skip
         """Judge calibration in the metrics, from the store."""
-        self.queue = EvaluationQueue(config, settings, next, policies, self.late, self.alerts)
+        self.store_windows = (
+            StoreWindows(config.windows.settle) if config.windows.scope == "store" and self.worker is None else None
+        )
+        """With `windows.scope: store`, in the process where alerts fire: the windows read from the store."""
+        promoted = None
+        if config.promote_to == "store":
+            promoted = self._hand_promoted if self.worker is not None else self.alerts.record_promoted
+        self.queue = EvaluationQueue(
+            config, settings, next, policies, self.late, self.alerts, self.store_windows, promoted
+        )
         self._reload = PolicyReload(settings, self.judges, self.queue, self.baselines)
         self.evaluated_here = EvaluatedHere(config.late_signals, config.project)
         """With workers, in the collector process: the traces evaluated here (duplicate calls joined across
@@ -110,10 +122,47 @@ class Evaluate:
             supervise(f"{cid} evaluation", self.queue.run, log=log, metrics=metrics),
             supervise(f"{cid} windows", self.queue.close_windows_loop, log=log, metrics=metrics),
         ]
+        if self.store_windows is not None:
+            self._tasks.append(supervise(f"{cid} store windows", self._poll_store_windows, log=log, metrics=metrics))
         if self.sessions.buffer is not None:
             self._tasks.append(supervise(f"{cid} sessions", self.sessions.run, log=log, metrics=metrics))
         if self.duplicates.enabled and self.worker is None:
             self._tasks.append(supervise(f"{cid} duplicate calls", self.duplicates.run, log=log, metrics=metrics))
+
+    async def _poll_store_windows(self) -> None:
+        """Every `windows.poll_interval`: each policy's window read from the store, its alerts sent, the windows that
+        closed logged. A store error is logged and counted; the next poll reads again."""
+        assert self.store_windows is not None
+        m, sid, log = self.settings.metrics, self.settings.id, self.settings.logger
+        queries = m.counter(
+            "evalsi_store_window_polls", "Polls of the policies' windows from the store, by result.",
+            ["processor", "result"],
+        )  # fmt: skip
+        seconds = m.histogram(
+            "evalsi_store_window_poll_seconds", "Time to read every policy's window from the store once.",
+            ["processor"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        ).labels(sid)  # fmt: skip
+        said = False
+        while True:
+            await asyncio.sleep(self.config.windows.poll_interval)
+            host = self.settings.host
+            store = host.store if host is not None else None
+            if not isinstance(store, WindowStore):
+                if not said:
+                    said = True
+                    log.error("evaluate: windows.scope is store, and the store does not compute windows: no alerts")
+                continue
+            t0 = time.perf_counter()
+            try:
+                events, closed = await asyncio.to_thread(self.store_windows.poll, time.time(), store.policy_window)
+            except Exception as e:  # the store's error, whatever its type: the next poll reads again
+                queries.labels(sid, "error").inc()
+                log.warning("evaluate: reading the windows from the store failed: %s: %s", type(e).__name__, e)
+                continue
+            seconds.observe(time.perf_counter() - t0)
+            queries.labels(sid, "ok").inc()
+            self.alerts.send_events(events)
+            self.alerts.log_closed(closed)
 
     async def consume(self, batch: SpanBatch) -> None:
         queue, overload = self.queue, self.config.overload
@@ -187,6 +236,15 @@ class Evaluate:
         """In a worker: `service` sent a lone SDK call (seen in some worker): hand its root-level instrumentation
         calls to the collector process from now on."""
         self.duplicates.arm(service)
+
+    def _hand_promoted(self, rows: list[dict[str, Any]]) -> None:
+        """In a worker: promoted rows to the collector process, which writes the store."""
+        assert self.worker is not None
+        self.worker.hand_promoted(self.settings.id, rows)
+
+    def take_promoted(self, rows: list[Any]) -> None:
+        """A worker's promoted rows: to the store from here."""
+        self.alerts.record_promoted(rows)
 
     def take_feedback(self, scores: list[Score]) -> None:
         """In a worker: feedback for traces of this worker, routed here by the collector process."""

@@ -14,12 +14,13 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from evalsi.component import Next, Refused, Settings
 from evalsi.model.score import Score, ScoreBatch
 from evalsi.model.span import Span, project_of
-from evalsi.policies import PolicySet
+from evalsi.policies import PolicySet, StoreWindows
+from evalsi.policies.promote import StoreDatasets
 from evalsi.policies.window import WindowRecord
 from evalsi.processors.evaluate.alerts import Alerts
 from evalsi.processors.evaluate.config import EvaluateConfig
@@ -56,8 +57,15 @@ class EvaluationQueue:
         policies: PolicySet,
         late: LateFeedback,
         alerts: Alerts,
+        store_windows: StoreWindows | None = None,
+        promoted: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> None:
         self.settings = settings
+        self.store_windows = store_windows
+        """With `windows.scope: store`: the windows read from the store, which take the policies' alerts."""
+        self.store_datasets = StoreDatasets() if promoted is not None else None
+        """With `promote_to: store`: promoted rows, handed to `promoted` after each evaluation."""
+        self.promoted = promoted
         self.next = next
         self.queue_size = config.queue_size
         self.project = config.project
@@ -109,6 +117,10 @@ class EvaluationQueue:
         self.policies = policies
         self.session_stages = any(p.session_stages for p in policies.policies)
         self.late.use(policies)
+        if self.store_datasets is not None:
+            policies.datasets = self.store_datasets
+        if self.store_windows is not None:
+            self.alerts.send_events(self.store_windows.use(policies.detach_alerts()))
 
     async def on_engine(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the engine thread, between two works."""
@@ -236,6 +248,10 @@ class EvaluationQueue:
                 scores = self.policies.evaluate_session(work.spans)
             self._latency.observe(time.perf_counter() - t0)
         self.alerts.send(self.policies)
+        if self.store_datasets is not None and self.promoted is not None:
+            rows = self.store_datasets.drain()
+            if rows:
+                self.promoted(rows)
         # a trace's (or session's) scores carry its project, stamped at the receiver; `project` names only traces
         # with none. The late path's scores keep the project of the feedback they came with.
         project = project_of(work.spans[0], self.project) if work.unit != "feedback" and work.spans else None
