@@ -9,6 +9,8 @@ import copy
 import json
 import re
 import shlex
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -302,7 +304,7 @@ def test_the_compose_file_follows_the_compose_specification() -> None:
 def test_one_command_starts_the_stack() -> None:
     services = compose()["services"]
     default = {name for name, service in services.items() if "profiles" not in service}
-    assert default == {"clickhouse", "evalsi", "prometheus", "grafana"}
+    assert default == {"clickhouse", "evalsi", "alertmanager", "prometheus", "grafana"}
     assert services["otelcol"]["profiles"] == ["otelcol"]
     assert services["agentgateway"]["profiles"] == ["agentgateway"]
 
@@ -521,7 +523,9 @@ def workloads() -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def test_every_pod_meets_podsecurity_restricted() -> None:
-    assert {name for name, _ in workloads()} == {"Deployment/evalsi", "Deployment/otelcol-lb", "StatefulSet/clickhouse"}
+    assert {name for name, _ in workloads()} == {
+        "Deployment/evalsi", "Deployment/otelcol-lb", "StatefulSet/clickhouse", "Deployment/alertmanager"
+    }  # fmt: skip
     for name, pod in workloads():
         assert restricted_violations(pod) == [], name
     namespace = k8s_object("Namespace", "evalsi")
@@ -934,3 +938,36 @@ def test_validate_says_how_to_set_an_unset_variable(tmp_path: Path, monkeypatch:
         "receivers.otlp.protocols.http.endpoint: environment variable EVALSI_TEST_HTTP_ENDPOINT is not set; this key "
         "reads it. Set it first: export EVALSI_TEST_HTTP_ENDPOINT=..."
     ) in res.stdout + res.stderr, res.stdout + res.stderr
+
+
+# --- Alertmanager --------------------------------------------------------------------------------------------------
+
+
+AMTOOL = shutil.which("amtool")
+
+
+@pytest.mark.skipif(AMTOOL is None, reason="no amtool: apt-get install prometheus-alertmanager")
+def test_the_alertmanager_configs_pass_amtool(tmp_path: Path) -> None:
+    k8s = yaml.safe_load((K8S / "alertmanager.yaml").read_text().split("\n---\n")[0])
+    (tmp_path / "k8s.yml").write_text(k8s["data"]["alertmanager.yml"])
+    for path in (ROOT / "deploy" / "compose" / "alertmanager.yml", tmp_path / "k8s.yml"):
+        checked = subprocess.run([str(AMTOOL), "check-config", str(path)], capture_output=True, text=True, timeout=60)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_replicas_send_alerts_to_the_alertmanager_service_the_manifests_run() -> None:
+    config = yaml.safe_load(k8s_object("ConfigMap", "evalsi-config")["data"]["evalsi.yaml"])
+    evaluate = config["processors"]["evaluate"]
+    assert evaluate["windows"]["scope"] == "store" and evaluate["promote_to"] == "store"
+    service = k8s_object("Service", "alertmanager")
+    port = service["spec"]["ports"][0]["port"]
+    assert evaluate["alertmanager"]["url"] == f"http://{service['metadata']['name']}:{port}"
+    policies = list(yaml.safe_load_all(k8s_object("ConfigMap", "evalsi-config")["data"]["policies.yaml"]))
+    assert all(p["spec"].get("alerts") and p["spec"].get("promote") for p in policies), "alerts and promotion are back"
+    compose_evaluate = yaml.safe_load((ROOT / "deploy" / "compose" / "evalsi.yaml").read_text())["processors"][
+        "evaluate"
+    ]
+    assert (
+        compose_evaluate["alertmanager"]["url"] == "http://alertmanager:9093"
+        and "alertmanager" in compose()["services"]
+    )
