@@ -21,8 +21,13 @@ class Alerts:
     """Sends the fired and resolved alerts of a policy set, on the engine thread; the store writes go through a
     background recorder, so evaluation never waits for the store."""
 
-    def __init__(self, settings: Settings, project: str, alertmanager: AlertmanagerConfig | None = None) -> None:
+    def __init__(
+        self, settings: Settings, project: str, alertmanager: AlertmanagerConfig | None = None, store: bool = False
+    ) -> None:
         self.settings = settings
+        self.store_windows = store
+        """Windows are read from the store (`windows.scope: store`): this process's own windows, over its share of
+        the traffic, are not logged as closed windows."""
         self.project = project
         """The project the alerts of a process's windows are recorded under (a store window's carry their own)."""
         self.alertmanager_config = alertmanager
@@ -102,7 +107,9 @@ class Alerts:
         window closed may fire again in the next one."""
         events = sorted(policies.drain_alerts() + policies.drain_resolved(), key=lambda e: e.fired_at)
         self.send_events(events)
-        self.log_closed(policies.drain_windows())
+        closed = policies.drain_windows()
+        if not self.store_windows:
+            self.log_closed(closed)
         self._show_comparisons(policies)
 
     def send_events(self, events: list[AlertEvent]) -> None:
@@ -153,6 +160,7 @@ class Alerts:
         for w in windows:
             figures = w.as_dict()
             figures["project"] = w.project or self.project
+            figures["scope"] = "store" if self.store_windows else "process"
             self.settings.logger.info("policy window closed", extra={"window": figures})
 
     def _store(self) -> Any:

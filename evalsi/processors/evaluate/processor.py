@@ -63,7 +63,7 @@ class Evaluate:
         if self.worker is not None:
             policies.record_windows()  # the collector process's windows aggregate every worker's
         self.late = LateFeedback(config.late_signals, settings, config.project)
-        self.alerts = Alerts(settings, config.project, config.alertmanager)
+        self.alerts = Alerts(settings, config.project, config.alertmanager, store=config.windows.scope == "store")
         self.baselines = StoreBaselines(
             self.alerts.store, config.project, counter=self.alerts.baseline_reads, processor=settings.id
         )
