@@ -127,6 +127,12 @@ class StoreWindows:
             self._rules = fresh
         return resolved
 
+    def rules_of(self, policy: str) -> list[AlertRule]:
+        """The alert rules of `policy` checked here."""
+        with self._lock:
+            found = self._rules.get(policy)
+            return list(found.alerts) if found is not None else []
+
     def poll(self, now: float, query: WindowQuery) -> tuple[list[AlertEvent], list[WindowStats]]:
         """The alerts that fired or resolved (each with its `project`), and the windows that closed (their final
         figures, each with its `project`). A query's error is raised; the next poll reads again."""

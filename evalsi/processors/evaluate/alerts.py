@@ -81,6 +81,12 @@ class Alerts:
             "store_error.",
             ["processor", "result"],
         )
+        self._promoted = m.counter(
+            "evalsi_promoted_rows",
+            "Promoted dataset rows written to the store (`promote_to: store`); a trace promoted again (another "
+            "replica, a restart) is written again and kept once.",
+            ["processor"],
+        )
         self._unpromoted = m.counter(
             "evalsi_promoted_unrecorded",
             "Promoted dataset rows (`promote_to: store`) not written to the store: `store_error`, `no_store`, "
@@ -198,6 +204,7 @@ class Alerts:
             self._lost_promoted("no_store", len(rows))
             return
         store.write_promoted(rows)
+        self._promoted.labels(self.settings.id).inc(len(rows))
 
     def _lost_promoted(self, reason: str, n: int) -> None:
         self._unpromoted.labels(self.settings.id, reason).inc(n)

@@ -19,6 +19,8 @@ from evalsi.model.score import Score, ScoreBatch
 from evalsi.model.span import BatchKind, Span, SpanBatch, TraceKey, project_of, trace_key
 from evalsi.model.trajectory import lone_sdk_call
 from evalsi.policies import PolicySet, StoreWindows
+from evalsi.policies.conditions import AlertRule
+from evalsi.policies.engine import Policy
 from evalsi.policies.window import WindowRecord
 from evalsi.processors.evaluate.alerts import Alerts
 from evalsi.processors.evaluate.baselines import StoreBaselines
@@ -117,6 +119,13 @@ class Evaluate:
         if self.worker is None:
             self.baselines.start()
             self.calibration.start()
+        if self.config.alertmanager is not None and self.worker is None:
+            hooks = sorted({p.name for p in self.policies.policies for a in self._alert_rules(p) if a.notify})
+            if hooks:
+                self.settings.logger.warning(
+                    "evaluate: alerts go to Alertmanager; the `notify` webhooks of %s are not called (route them "
+                    "with an Alertmanager receiver)", ", ".join(hooks),
+                )  # fmt: skip
         log, metrics, cid = self.settings.logger, self.settings.metrics, self.settings.id
         self._tasks = [
             supervise(f"{cid} evaluation", self.queue.run, log=log, metrics=metrics),
@@ -128,6 +137,12 @@ class Evaluate:
             self._tasks.append(supervise(f"{cid} sessions", self.sessions.run, log=log, metrics=metrics))
         if self.duplicates.enabled and self.worker is None:
             self._tasks.append(supervise(f"{cid} duplicate calls", self.duplicates.run, log=log, metrics=metrics))
+
+    def _alert_rules(self, policy: Policy) -> list[AlertRule]:
+        """A policy's alert rules, wherever they are checked (its own window, or the store windows)."""
+        if self.store_windows is not None:
+            return self.store_windows.rules_of(policy.name)
+        return list(getattr(policy.window, "alerts", []))
 
     async def _poll_store_windows(self) -> None:
         """Every `windows.poll_interval`: each policy's window read from the store, its alerts sent, the windows that
