@@ -30,11 +30,12 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from evalsi.score import Score  # noqa: E402
+
 from evalsi.exporters.clickhouse.backend import open_backend  # noqa: E402
 from evalsi.exporters.clickhouse.store import TraceStore  # noqa: E402
 from evalsi.policies.store_window import StoreWindows  # noqa: E402
 from evalsi.policies.window import compile_alert  # noqa: E402
-from evalsi.score import Score  # noqa: E402
 
 WINDOW = 3600.0
 
