@@ -1,6 +1,8 @@
-"""Promotion into the store (`promote_to: store`) with two pipeline workers: promoted traces reach the store from the
-workers through the collector process, once each, and the same traces promoted again after a restart stay one row
-each; `evalsi datasets list/export` read them through the API and, with no collector running, from the store."""
+"""The shipped shape on one replica with two pipeline workers: promoted traces (`promote_to: store`) reach the store
+from the workers through the collector process, once each; `evalsi datasets list/export` read them through the API
+and, with no collector running, from the store. The policy's window, read from the store (`windows.scope: store`),
+holds every worker's traces and fires once. (A row promoted again keeping its first promotion:
+tests/exporters/test_store_datasets.py.)"""
 
 from __future__ import annotations
 
@@ -21,6 +23,10 @@ spec:
   cascade:
     - ref: builtin/contains
       params: {any: [Paris]}
+  window: 6s
+  alerts:
+    - name: wrong-answers
+      when: count >= 10 && rate('contains') < 0.9
   promote:
     when: "!scores['contains'].passed"
     dataset: wrong-answers
@@ -63,7 +69,9 @@ def _config(tmp_path: Path) -> dict[str, Any]:
     (tmp_path / "policies.yaml").write_text(POLICY)
     cfg = serve_config(tmp_path / "store")
     cfg["processors"]["tail_sampling"] = {"decision_wait": "300ms"}
-    cfg["processors"]["evaluate"] = {"policies": ["policies.yaml"], "promote_to": "store"}
+    cfg["processors"]["evaluate"] = {
+        "policies": ["policies.yaml"], "promote_to": "store", "windows": {"scope": "store", "poll_interval": "500ms"},
+    }  # fmt: skip
     pipelines = cfg["service"]["pipelines"]
     pipelines["traces"]["processors"] = ["normalize", "tail_sampling", "evaluate"]
     pipelines["scores"] = {"exporters": ["clickhouse"]}
@@ -77,28 +85,35 @@ def _promoted_rows_written(c: Collector) -> float:
                if line.startswith("evalsi_promoted_rows_total{"))  # fmt: skip
 
 
-def test_promoted_rows_reach_the_store_from_workers_once_across_restarts(tmp_path: Path) -> None:
-    cfg = _config(tmp_path)
-    wrong: set[str] = set()
-    first: dict[str, str] = {}
-    for run in range(2):  # the second run promotes the same traces again
-        c = start_collector(tmp_path, cfg)
-        try:
-            wrong = _send(c, 12)
-            assert len(wrong) == 4
-            assert wait_until(lambda c=c: _promoted_rows_written(c) == 4, 30), "written from the workers"
-            listed = json.loads(c.cli("datasets", "list", "--json").stdout)
-            assert [(d["dataset"], d["rows"]) for d in listed] == [("wrong-answers", len(wrong))], run
-            exported = c.cli("datasets", "export", "wrong-answers").stdout.splitlines()
-            promoted_at = {r["trace_id"]: r["metadata"]["promoted_at"] for r in map(json.loads, exported)}
-            assert set(promoted_at) == wrong
-            first = first or promoted_at
-            assert promoted_at == first, "a trace promoted again keeps its first promotion"
-        finally:
-            assert c.stop() == 0
+def test_promoted_rows_and_store_windows_with_two_workers(tmp_path: Path) -> None:
+    c = start_collector(tmp_path, _config(tmp_path))
+    try:
+        into = time.time() % 6  # early in a window, so that every trace is evaluated in it
+        if into > 1:
+            time.sleep(6 - into + 0.1)
+        wrong = _send(c, 12)
+        assert len(wrong) == 4
+        assert wait_until(lambda: _promoted_rows_written(c) == 4, 30), "written from the workers"
+        listed = json.loads(c.cli("datasets", "list", "--json").stdout)
+        assert [(d["dataset"], d["rows"]) for d in listed] == [("wrong-answers", 4)]
+        exported = [json.loads(line) for line in c.cli("datasets", "export", "wrong-answers").stdout.splitlines()]
+        assert {r["trace_id"] for r in exported} == wrong
+
+        def closed() -> list[dict[str, Any]]:
+            logged = [e["window"] for e in c.logs() if e.get("msg") == "policy window closed"]
+            return [w for w in logged if w["name"] == "contains" and w["n"]]
+
+        # the window, read from the store in the collector process, has every worker's traces
+        assert wait_until(closed, 20)
+        (window,) = closed()
+        assert (window["scope"], window["n"], window["passed"]) == ("store", 12, 8), window
+        fired = [e for e in c.logs() if e.get("msg") == "alert fired"]
+        assert [(e["alert"], e["project"]) for e in fired] == [("wrong-answers", "default")]
+    finally:
+        assert c.stop() == 0
     # no collector running: read the store
     listed = json.loads(c.cli("datasets", "list", "--json", api=False).stdout)
-    assert [(d["project"], d["dataset"], d["rows"]) for d in listed] == [("default", "wrong-answers", len(wrong))]
+    assert [(d["project"], d["dataset"], d["rows"]) for d in listed] == [("default", "wrong-answers", 4)]
     exported = c.cli("datasets", "export", "wrong-answers", "-o", str(tmp_path / "out.jsonl"), api=False)
     assert "4 rows of wrong-answers" in exported.stdout
     rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
