@@ -717,8 +717,8 @@ SELECT Project AS project, Evaluator AS evaluator, Name AS name, countIf(Outcome
     quantilesExactInclusiveIf(0.5, 0.9, 0.95, 0.99)(Value, Outcome = 'scored' AND Value IS NOT NULL) AS quantiles,
     countIf(Passed, Outcome = 'scored') AS pass_n, countIf(Outcome = 'scored' AND Passed) AS passed,
     countIf(Outcome = 'skipped') AS skipped, countIf(Outcome NOT IN ('scored', 'skipped')) AS errors,
-    arraySlice(groupArrayIf(TraceId, Outcome = 'scored' AND Passed = false), 1, 5) AS failures,
-    arraySlice(groupArrayIf(TraceId, Outcome = 'scored'), 1, 5) AS examples, 0 AS traces
+    groupArrayIf(5)(TraceId, Outcome = 'scored' AND Passed = false) AS failures,
+    groupArrayIf(5)(TraceId, Outcome = 'scored') AS examples, 0 AS traces
 FROM {table} FINAL
 WHERE Policy = {{policy:String}} AND Timestamp >= fromUnixTimestamp64Nano({{start_ns:Int64}})
     AND Timestamp < fromUnixTimestamp64Nano({{end_ns:Int64}})
