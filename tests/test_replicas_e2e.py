@@ -194,6 +194,8 @@ def _start_all(configs: list[tuple[Path, dict[str, Any]]], timeout: float = 120)
     def all_ready() -> bool:
         for c in started:
             if c.proc.poll() is not None:
+                for other in started:
+                    other.proc.kill()
                 raise AssertionError(f"evalsi serve exited {c.proc.returncode}:\n{c.log_path.read_text()[-3000:]}")
             if not c.ready:
                 c.ready = next((e for e in c.logs() if e.get("msg") == "ready"), {})
