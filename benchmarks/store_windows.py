@@ -30,7 +30,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from evalsi.score import Score  # noqa: E402
+from evalsi.model.score import Score  # noqa: E402
 
 from evalsi.exporters.clickhouse.backend import open_backend  # noqa: E402
 from evalsi.exporters.clickhouse.store import TraceStore  # noqa: E402
