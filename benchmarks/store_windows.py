@@ -30,10 +30,9 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from evalsi.model.score import Score  # noqa: E402
-
 from evalsi.exporters.clickhouse.backend import open_backend  # noqa: E402
 from evalsi.exporters.clickhouse.store import TraceStore  # noqa: E402
+from evalsi.model.score import Score  # noqa: E402
 from evalsi.policies.store_window import StoreWindows  # noqa: E402
 from evalsi.policies.window import compile_alert  # noqa: E402
 

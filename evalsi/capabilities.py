@@ -182,11 +182,15 @@ class EvaluationHub(Protocol):
 class JudgeUser(Protocol):
     """A collector-process instance that calls judges (evaluate's hub, for sessions and duplicate calls).
 
-    `Service._build_receivers_for_workers` points its judges at the worker pool's ledger, so the workers and the
-    collector process spend one judge budget and one rate limit."""
+    `Service._build_receivers_for_workers` points its judges at the worker pool's ledger (or the pool at its shared
+    ledger), so the workers and the collector process spend one judge budget and one rate limit."""
 
     judges: Any
     """Its judges' runtime (`evalsi.evaluators.judge_client.Judges`), whose `ledger` the service sets."""
+
+    shared_ledger: Any
+    """The ledger it shares with other replicas through the store (`replicas:`), which the workers' judges then use
+    too; None: the service points its judges at the pool's ledger."""
 
 
 @runtime_checkable

@@ -134,6 +134,58 @@ class DatasetStore(Protocol):
     def dataset_rows(
         self, dataset: str, *, limit: int = 100_000, project: str | None = None
     ) -> list[dict[str, Any]]: ...
+@dataclass
+class LedgerRow:
+    """One replica's claims on a judge budget in one budget period, and what it spent of them (cumulative: a newer
+    row of the same key replaces the older)."""
+
+    project: str
+    budget: str  # `<policy>#<stage>`: the policy stage whose judge the budget limits
+    period: int  # the budget window's index since 1970 (`time // window_s`)
+    replica: str
+    claimed_calls: int = 0
+    claimed_tokens: int = 0
+    claimed_usd: float = 0.0
+    calls: int = 0
+    tokens: int = 0
+    usd: float = 0.0
+
+
+@dataclass(frozen=True)
+class QuietSession:
+    """A session no replica completed a trace of since `seen_ns`, not evaluated since."""
+
+    project: str
+    session_id: str
+    seen_ns: int
+
+
+@runtime_checkable
+class ReplicaState(Protocol):
+    """What replicas of one deployment share through the store (`replicas:` in the evaluate processor's config):
+    the judge budget ledger and the sessions' activity."""
+
+    def judge_ledger(self, project: str, budget: str, period: int) -> list[LedgerRow]:
+        """Every replica's newest row for one budget period."""
+        ...
+
+    def write_judge_ledger(self, rows: list[LedgerRow]) -> None: ...
+
+    def note_sessions(self, replica: str, seen: dict[tuple[str, str], int]) -> None:
+        """`replica` completed a trace of each (project, session id) at the time given (ns since 1970)."""
+        ...
+
+    def quiet_sessions(self, *, quiet_since_ns: int, active_since_ns: int) -> list[QuietSession]:
+        """Sessions some replica saw since `active_since_ns`, none since `quiet_since_ns`, and not evaluated since."""
+        ...
+
+    def mark_sessions_evaluated(self, sessions: list[QuietSession]) -> None:
+        """These sessions were evaluated over what was seen of them until their `seen_ns`."""
+        ...
+
+    def session_spans(self, project: str, session_id: str) -> list[dict[str, Any]]:
+        """Every stored span of every trace of the session (in the canonical shape), by trace and start."""
+        ...
 
 
 class RowEncoder(Protocol):

@@ -283,7 +283,10 @@ class Service:
         self.pool = WorkerPool(self.config, self.store_exporter, self.metrics, pipeline=type(self), hubs=evaluating)
         for hub in self.hubs.values():
             if isinstance(hub, JudgeUser):  # one judge budget for the workers and the sessions evaluated here
-                hub.judges.ledger = self.pool.ledger
+                if hub.shared_ledger is not None:  # shared with other replicas too
+                    self.pool.ledger = hub.shared_ledger
+                else:
+                    hub.judges.ledger = self.pool.ledger
             if isinstance(hub, WorkerWatcher):  # the memory of the workers counts with this process's
                 hub.watch(self.pool)
         pipelines = self.config.service.pipelines

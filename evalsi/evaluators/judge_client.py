@@ -243,6 +243,11 @@ class BudgetSpend:
     usd: float = 0.0
 
 
+class LedgerUnavailable(Exception):
+    """A budget shared through the store cannot be checked (the store is down): the judgment is skipped rather than
+    made past a budget no one can see."""
+
+
 class JudgeLedger(Protocol):
     """What judges spend, per budget slot `(params id, window index)`, and when each judge's next call may start.
     A params id is `<policy>#<stage>` for loaded policies, so every process names a stage's budget alike."""
@@ -451,7 +456,13 @@ class Judges:
             self.cache_hits.labels(params.name, model).inc()
             return _verdict_score(params, template, cached, model, 0.0, cached=True)
         slot = (params._id, int(time.time() // params.budget.window_s))
-        if not self._reserve(params, slot):
+        try:
+            reserved = self._reserve(params, slot)
+        except LedgerUnavailable as e:
+            skipped = Score.skipped(params.name, "budget ledger unavailable")
+            skipped.explanation = str(e)
+            return _judged(skipped, template)
+        if not reserved:
             self.budget_exhausted.labels(params.name, model).inc()
             return _judged(Score.skipped(params.name, "budget exhausted"), template)
         self._wait_for_rate(params)

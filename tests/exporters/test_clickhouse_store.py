@@ -420,10 +420,14 @@ def test_ttl_expires_traces_logs_and_scores_and_follows_the_config(place: Place)
     store = place.open(ttl=720 * 3600)
     store.create_schema()
     ttls = store.ttls()
-    assert set(ttls) == {"otel_traces", "otel_traces_trace_id_ts", "otel_logs", "evalsi_scores", "evalsi_alerts"}
+    assert set(ttls) == {
+        "otel_traces", "otel_traces_trace_id_ts", "otel_logs", "evalsi_scores", "evalsi_alerts", "evalsi_judge_ledger",
+        "evalsi_session_activity",
+    }  # fmt: skip
     assert ttls["otel_traces"] == "toDateTime(Timestamp) + toIntervalSecond(2592000)"
     assert ttls["otel_traces_trace_id_ts"] == "toDateTime(Start) + toIntervalSecond(2592000)"
     assert ttls["evalsi_scores"] == ttls["otel_logs"] == ttls["evalsi_alerts"] == ttls["otel_traces"]
+    assert ttls["evalsi_judge_ledger"] == ttls["evalsi_session_activity"] == ttls["otel_traces"]
     place.close()
     shorter = place.open(ttl=24 * 3600)
     shorter.create_schema()

@@ -185,6 +185,8 @@ class RemoteLedger:
             with self._lock:
                 self._waiting.pop(seq, None)
             raise TimeoutError(f"the collector process did not answer the judge ledger's {op} in {LEDGER_TIMEOUT_S}s")
+        if isinstance(answer[0], Exception):  # what the collector's ledger raised (`LedgerUnavailable`)
+            raise answer[0]
         return answer[0]
 
     def answered(self, seq: int, value: Any) -> None:

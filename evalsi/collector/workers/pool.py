@@ -21,7 +21,7 @@ from evalsi.collector.config import Config
 from evalsi.collector.workers.pipe import receive_message, send_message, widen_pipe
 from evalsi.collector.workers.worker import PipelineFactory, worker_main
 from evalsi.component import Refused
-from evalsi.evaluators.judge_client import LocalLedger
+from evalsi.evaluators.judge_client import JudgeLedger, LocalLedger
 from evalsi.model.encoded import EncodedBatch
 from evalsi.model.log_record import LogBatch
 from evalsi.model.score import Score, scores_from_rows
@@ -93,7 +93,7 @@ class WorkerPool:
         it takes the workers' evaluated scores, session traces and possible duplicate calls, by processor id."""
         self.lost_since: float | None = None
         """With a write-ahead log: when the oldest item a dead worker held reached a receiver (kept in the log)."""
-        self.ledger = LocalLedger()
+        self.ledger: JudgeLedger = LocalLedger()
         """The judges' budgets and rate limits of every worker, kept here: one budget, not one per worker."""
 
     # the pipeline's consumer interface: receivers hand encoded requests; nothing else reaches the pool
@@ -193,7 +193,11 @@ class WorkerPool:
                 w.outbox.put(("evaluated_taken",))
             elif kind == "ledger":  # answered on this thread: the ledger is thread-safe
                 _, seq, op, args = msg
-                w.outbox.put(("ledger_answer", seq, getattr(self.ledger, op)(*args)))
+                try:
+                    answer = getattr(self.ledger, op)(*args)
+                except Exception as e:  # e.g. a shared ledger's store is down: raised in the worker
+                    answer = e
+                w.outbox.put(("ledger_answer", seq, answer))
             else:
                 loop.call_soon_threadsafe(self._on_message, w, msg)
         with contextlib.suppress(RuntimeError):

@@ -180,6 +180,8 @@ class Tables:
     alerts: str = "evalsi_alerts"
     watermarks: str = "evalsi_watermarks"
     datasets: str = "evalsi_datasets"
+    judge_ledger: str = "evalsi_judge_ledger"
+    session_activity: str = "evalsi_session_activity"
 
 
 TableKeys = dict[str, str]
@@ -246,6 +248,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         6, "evalsi_datasets: promoted traces, one row per project, dataset and row id",
         lambda t, _: datasets_ddl(t.datasets),
     ),
+    Migration(
+        7, "evalsi_judge_ledger and evalsi_session_activity: what replicas share",
+        lambda t, _: judge_ledger_ddl(t.judge_ledger) + session_activity_ddl(t.session_activity),
+    ),
 )  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
@@ -278,7 +284,7 @@ def ttl_targets(t: Tables) -> list[tuple[str, str]]:
     """The tables that `ttl` expires, each with its time column."""
     return [
         (t.traces, "Timestamp"), (f"{t.traces}_trace_id_ts", "Start"), (t.logs, "Timestamp"), (t.scores, "Timestamp"),
-        (t.alerts, "Timestamp"),
+        (t.alerts, "Timestamp"), (t.judge_ledger, "Timestamp"), (t.session_activity, "Timestamp"),
     ]  # fmt: skip
 
 
@@ -889,6 +895,88 @@ ORDER BY Source"""
 def watermark_sql(table: str) -> str:
     """The newest watermark of {source:String} (JSON), if any."""
     return f"SELECT Watermark AS watermark FROM {table} FINAL WHERE Source = {{source:String}} LIMIT 1"
+
+
+def judge_ledger_ddl(table: str) -> list[str]:
+    """Judge budget claims and spend, one row per (project, budget, period, replica), the newest kept: a replica
+    writes its cumulative claims and spend (`evalsi.store.LedgerRow`) when it claims a slice and as it spends."""
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {table} (
+    Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),
+    Project LowCardinality(String) CODEC(ZSTD(1)),
+    Budget LowCardinality(String) CODEC(ZSTD(1)),
+    Period Int64 CODEC(ZSTD(1)),
+    Replica LowCardinality(String) CODEC(ZSTD(1)),
+    ClaimedCalls UInt64 CODEC(ZSTD(1)),
+    ClaimedTokens UInt64 CODEC(ZSTD(1)),
+    ClaimedUsd Float64 CODEC(ZSTD(1)),
+    Calls UInt64 CODEC(ZSTD(1)),
+    Tokens UInt64 CODEC(ZSTD(1)),
+    Usd Float64 CODEC(ZSTD(1))
+) ENGINE = ReplacingMergeTree(Timestamp)
+ORDER BY (Project, Budget, Period, Replica)"""
+    ]
+
+
+JUDGE_LEDGER_COLUMNS = (
+    "Timestamp, Project, Budget, Period, Replica, ClaimedCalls, ClaimedTokens, ClaimedUsd, Calls, Tokens, Usd"
+)
+
+
+def judge_ledger_sql(table: str) -> str:
+    """Every replica's row of one budget period. Parameters: {project:String}, {budget_hex:String}, {period:Int64}."""
+    return f"""
+SELECT Replica AS replica, ClaimedCalls AS claimed_calls, ClaimedTokens AS claimed_tokens, ClaimedUsd AS claimed_usd,
+    Calls AS calls, Tokens AS tokens, Usd AS usd
+FROM {table} FINAL
+WHERE Project = {{project:String}} AND Budget = unhex({{budget_hex:String}}) AND Period = {{period:Int64}}
+"""
+
+
+def session_activity_ddl(table: str) -> list[str]:
+    """Sessions' activity: per (project, session, replica) when that replica last completed a trace of the session;
+    the row of replica '' records the `LastSeen` the newest evaluation of the session covered."""
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {table} (
+    Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),
+    Project LowCardinality(String) CODEC(ZSTD(1)),
+    SessionId String CODEC(ZSTD(1)),
+    Replica LowCardinality(String) CODEC(ZSTD(1)),
+    LastSeen DateTime64(9) CODEC(Delta, ZSTD(1))
+) ENGINE = ReplacingMergeTree(Timestamp)
+ORDER BY (Project, SessionId, Replica)"""
+    ]
+
+
+def quiet_sessions_sql(table: str) -> str:
+    """Sessions some replica saw since {active_since_ns:Int64} and none since {quiet_since_ns:Int64}, whose newest
+    evaluation covers less than what was seen."""
+    return f"""
+SELECT Project AS project, SessionId AS session_id,
+    toUnixTimestamp64Nano(maxIf(LastSeen, Replica != '')) AS seen_ns,
+    toUnixTimestamp64Nano(maxIf(LastSeen, Replica = '')) AS evaluated_ns
+FROM {table} FINAL
+WHERE (Project, SessionId) IN (
+    SELECT Project, SessionId FROM {table}
+    WHERE Replica != '' AND LastSeen >= fromUnixTimestamp64Nano({{active_since_ns:Int64}})
+)
+GROUP BY Project, SessionId
+HAVING seen_ns <= {{quiet_since_ns:Int64}} AND seen_ns > evaluated_ns
+ORDER BY seen_ns
+LIMIT 10000
+"""
+
+
+def session_spans_sql(table: str) -> str:
+    """Every span of the traces of a session, of one project. Parameters: {session_hex:String}, {project:String}.
+    Columns as `trace_spans_sql`."""
+    traces = _spans_matching(table, "SessionId = unhex({session_hex:String})", True)
+    return f"""
+SELECT
+{_SPAN_COLUMNS}FROM {table}
+WHERE {traces} AND {SPAN_PROJECT}
+ORDER BY TraceId, Timestamp, SpanId
+"""
 
 
 def _ids(trace_ids: list[str]) -> str:

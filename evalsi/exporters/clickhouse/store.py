@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -14,11 +15,13 @@ import pyarrow as pa
 from evalsi.exporters.clickhouse.backend import Backend, StoreError
 from evalsi.exporters.clickhouse.rows import canonical_from_row, scores_to_arrow, to_arrow
 from evalsi.exporters.clickhouse.schema import (
+    JUDGE_LEDGER_COLUMNS,
     MIGRATIONS,
     SCHEMA_VERSION,
     Tables,
     dataset_rows_sql,
     delete_spans_sql,
+    judge_ledger_sql,
     judge_pairs_sql,
     judge_totals_sql,
     list_alerts_sql,
@@ -28,6 +31,7 @@ from evalsi.exporters.clickhouse.schema import (
     list_sessions_sql,
     list_traces_sql,
     policy_window_sql,
+    quiet_sessions_sql,
     record_migration_sql,
     run_scores_sql,
     schema_version_sql,
@@ -35,6 +39,7 @@ from evalsi.exporters.clickhouse.schema import (
     score_window_stats_sql,
     search_traces_sql,
     session_scores_sql,
+    session_spans_sql,
     span_counts_sql,
     span_keys_sql,
     table_definitions_sql,
@@ -49,6 +54,7 @@ from evalsi.exporters.clickhouse.schema import (
 )
 from evalsi.model.score import DEFAULT_PROJECT, Score
 from evalsi.model.span import Span
+from evalsi.store import LedgerRow, QuietSession
 
 if TYPE_CHECKING:
     from evalsi.policies.notify import AlertEvent
@@ -178,6 +184,8 @@ class TraceStore:
         self.runs_table = runs_table
         self.ttl_s = int(ttl)
         self.tables = Tables(table, logs_table, scores_table, runs_table, backend.table_settings)
+        self._ledger_ns = 0  # the version of the newest ledger row written here: each next one is newer
+        self._ledger_lock = threading.Lock()
 
     @property
     def description(self) -> str:
@@ -595,6 +603,82 @@ class TraceStore:
         params: dict[str, Any] = {"dataset": dataset, "limit": _limit(limit), **_project(project)}
         found = self.backend.query(dataset_rows_sql(self.tables.datasets, with_project=project is not None), params)
         return [json.loads(r["record"]) for r in found]
+    # --- what replicas share (`evalsi.store.ReplicaState`) -----------------------------------------------------
+
+    def judge_ledger(self, project: str, budget: str, period: int) -> list[LedgerRow]:
+        params = {**_project(project), "budget_hex": hex_param("budget", budget), "period": period}
+        return [
+            LedgerRow(
+                project,
+                budget,
+                period,
+                r["replica"],
+                int(r["claimed_calls"]),
+                int(r["claimed_tokens"]),
+                float(r["claimed_usd"]),
+                int(r["calls"]),
+                int(r["tokens"]),
+                float(r["usd"]),
+            )
+            for r in self.backend.query(judge_ledger_sql(self.tables.judge_ledger), params)
+        ]
+
+    def write_judge_ledger(self, rows: list[LedgerRow]) -> None:
+        if not rows:
+            return
+        for r in rows:
+            _project(r.project)
+        with self._ledger_lock:
+            now = self._ledger_ns = max(time.time_ns(), self._ledger_ns + 1)
+            self._ledger_ns += len(rows)
+        table = pa.table(
+            {
+                "Timestamp": pa.array([now + i for i in range(len(rows))], pa.timestamp("ns")),
+                "Project": [r.project for r in rows],
+                "Budget": [r.budget for r in rows],
+                "Period": pa.array([r.period for r in rows], pa.int64()),
+                "Replica": [r.replica for r in rows],
+                "ClaimedCalls": pa.array([r.claimed_calls for r in rows], pa.uint64()),
+                "ClaimedTokens": pa.array([r.claimed_tokens for r in rows], pa.uint64()),
+                "ClaimedUsd": pa.array([r.claimed_usd for r in rows], pa.float64()),
+                "Calls": pa.array([r.calls for r in rows], pa.uint64()),
+                "Tokens": pa.array([r.tokens for r in rows], pa.uint64()),
+                "Usd": pa.array([r.usd for r in rows], pa.float64()),
+            }
+        ).select(JUDGE_LEDGER_COLUMNS.split(", "))
+        self.backend.insert(self.tables.judge_ledger, table)
+
+    def note_sessions(self, replica: str, seen: dict[tuple[str, str], int]) -> None:
+        self._session_rows(replica, [(p, s, t) for (p, s), t in seen.items()])
+
+    def mark_sessions_evaluated(self, sessions: list[QuietSession]) -> None:
+        self._session_rows("", [(q.project, q.session_id, q.seen_ns) for q in sessions])
+
+    def _session_rows(self, replica: str, rows: list[tuple[str, str, int]]) -> None:
+        if not rows:
+            return
+        for project, _, _ in rows:
+            _project(project)
+        now = time.time_ns()
+        table = pa.table(
+            {
+                "Timestamp": pa.array([now] * len(rows), pa.timestamp("ns")),
+                "Project": [p for p, _, _ in rows],
+                "SessionId": [s for _, s, _ in rows],
+                "Replica": [replica] * len(rows),
+                "LastSeen": pa.array([t for _, _, t in rows], pa.timestamp("ns")),
+            }
+        )
+        self.backend.insert(self.tables.session_activity, table)
+
+    def quiet_sessions(self, *, quiet_since_ns: int, active_since_ns: int) -> list[QuietSession]:
+        params = {"quiet_since_ns": _since(quiet_since_ns), "active_since_ns": _since(active_since_ns)}
+        rows = self.backend.query(quiet_sessions_sql(self.tables.session_activity), params)
+        return [QuietSession(r["project"], r["session_id"], int(r["seen_ns"])) for r in rows]
+
+    def session_spans(self, project: str, session_id: str) -> list[dict[str, Any]]:
+        params = {"session_hex": hex_param("session", session_id), **_project(project)}
+        return [canonical_from_row(r) for r in self.backend.query(session_spans_sql(self.table), params)]
 
     def span_count(self) -> int:
         rows = self.backend.query(f"SELECT count() AS n FROM {self.table}")

@@ -12,6 +12,7 @@ from evalsi.component import ComponentConfig
 from evalsi.duration import Duration
 from evalsi.evaluators.judge_client import Judges
 from evalsi.policies import PolicyError, PolicySet, load_policies
+from evalsi.replicas import ReplicasConfig
 
 
 class LateSignalsConfig(ComponentConfig):
@@ -105,6 +106,10 @@ class EvaluateConfig(ComponentConfig):
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
     """Judge calibration metrics (`evalsi_judge_kappa`, ...), read from the store."""
     """Traces that may record a call another trace records too wait briefly for each other."""
+    replicas: ReplicasConfig | None = None
+    """This evalsi as one of several replicas sharing one store (docs/scale-out.md): judge budgets and rate limits
+    hold across them, and each session is evaluated once, by the replica that owns it. None: one replica owns
+    every budget and every session."""
 
     windows: WindowsConfig = Field(default_factory=WindowsConfig)
     """Where the policies' windows and alerts are computed: this process, or the store (every replica's scores)."""

@@ -9,11 +9,14 @@ import asyncio
 import contextlib
 import math
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from evalsi.component import Next, Refused, Settings, processor
-from evalsi.evaluators.judge_client import Judges
+from evalsi.evaluators.judge_client import JudgeLedger, Judges
+from evalsi.evaluators.shared_ledger import SharedLedger
 from evalsi.model.log_record import LogBatch
 from evalsi.model.score import Score, ScoreBatch
 from evalsi.model.span import BatchKind, Span, SpanBatch, TraceKey, project_of, trace_key
@@ -29,11 +32,13 @@ from evalsi.processors.evaluate.duplicate_calls import DuplicateCalls
 from evalsi.processors.evaluate.events import score_from_event
 from evalsi.processors.evaluate.judge_calibration import JudgeCalibration
 from evalsi.processors.evaluate.late_feedback import EvaluatedHere, LateFeedback
+from evalsi.processors.evaluate.owned_sessions import OwnedSessions
 from evalsi.processors.evaluate.reload import PolicyReload
 from evalsi.processors.evaluate.sessions import SessionMeeting
 from evalsi.processors.evaluate.work_queue import EvaluationQueue
+from evalsi.replicas import Membership
 from evalsi.runtime.supervise import supervise
-from evalsi.store import WindowStore
+from evalsi.store import ReplicaState, WindowStore
 
 
 @processor("evaluate", config=EvaluateConfig, signals=("traces", "logs", "scores"), needs=BatchKind.TRACE, meets=True)
@@ -58,7 +63,19 @@ class Evaluate:
         self.next = next
         self.worker = settings.worker
         self.collector = settings.collector
-        self.judges = Judges(settings.metrics, ledger=self.worker.ledger if self.worker is not None else None)
+        replicas = config.replicas
+        self.membership = Membership(replicas) if replicas is not None and self.worker is None else None
+        """With `replicas`, outside pipeline workers: the replica set this replica sees."""
+        self.shared_ledger: SharedLedger | None = None
+        """With `replicas`: the judge budgets this replica shares with the others through the store."""
+        ledger: JudgeLedger | None = self.worker.ledger if self.worker is not None else None
+        if self.membership is not None and replicas is not None:
+            membership = self.membership
+            ledger = self.shared_ledger = SharedLedger(
+                self._replica_state, project=config.project, replica=replicas.self_,
+                replicas=lambda: membership.size, budget_slice=replicas.budget_slice,
+            )  # fmt: skip
+        self.judges = Judges(settings.metrics, ledger=ledger)
         """The judge runtime of this processor's policies: verdict cache, budget spend, HTTP clients, metrics."""
         policies = load_policy_set(config, self.judges)
         policies.negative_below = config.late_signals.negative_below
@@ -95,7 +112,25 @@ class Evaluate:
         there)."""
         self.sessions = SessionMeeting(lambda spans: self.queue.enqueue("session", spans))
         """In the collector process with workers: every worker's traces of a session, until it is quiet."""
+        self.owned: OwnedSessions | None = None
+        """With `replicas`: sessions evaluated by the replica that owns them, from the store."""
+        if self.membership is not None and replicas is not None:
+            self.owned = OwnedSessions(
+                replicas, self.membership, self._replica_state,
+                lambda spans, done: self.queue.enqueue("session", spans, done=done), settings,
+            )  # fmt: skip
         self._tasks: list[asyncio.Task[None]] = []
+
+    def _replica_state(self) -> ReplicaState | None:
+        """The store, where replicas share budgets and sessions (once its exporter started)."""
+        host = self.settings.host
+        store = host.store if host is not None else None
+        return store if isinstance(store, ReplicaState) else None
+
+    async def _every(self, seconds: float, fn: Callable[[], object]) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            await asyncio.to_thread(fn)
 
     @property
     def policies(self) -> PolicySet:
@@ -135,6 +170,22 @@ class Evaluate:
             self._tasks.append(supervise(f"{cid} store windows", self._poll_store_windows, log=log, metrics=metrics))
         if self.sessions.buffer is not None:
             self._tasks.append(supervise(f"{cid} sessions", self.sessions.run, log=log, metrics=metrics))
+        if self.membership is not None:
+            if self._replica_state() is None:
+                raise ValueError(
+                    f"processors.{cid}.replicas: replicas share judge budgets and sessions through the store; add the "
+                    "clickhouse exporter to the service, or remove `replicas`"
+                )
+            replicas = self.membership.config
+            if replicas.dns is not None:
+                await asyncio.to_thread(self.membership.refresh)
+                refresh = partial(self._every, replicas.resolve_interval, self.membership.refresh)
+                self._tasks.append(supervise(f"{cid} replicas", refresh, log=log, metrics=metrics))
+        if self.shared_ledger is not None:
+            flush = partial(self._every, 1.0, self.shared_ledger.flush)
+            self._tasks.append(supervise(f"{cid} judge ledger", flush, log=log, metrics=metrics))
+        if self.owned is not None:
+            self._tasks.append(supervise(f"{cid} owned sessions", self.owned.run, log=log, metrics=metrics))
         if self.duplicates.enabled and self.worker is None:
             self._tasks.append(supervise(f"{cid} duplicate calls", self.duplicates.run, log=log, metrics=metrics))
 
@@ -203,9 +254,11 @@ class Evaluate:
                         duplicates.take(spans, batch.completed)
                 else:
                     queue.enqueue("trace", spans, batch.completed)
-                if self.worker is not None and queue.session_stages:
-                    if any(s.session_id for s in spans):  # whole sessions meet in the collector process
+                if queue.session_stages and any(s.session_id for s in spans):
+                    if self.worker is not None:  # whole sessions meet in the collector process
                         self.worker.hand_session_trace(self.settings.id, spans)
+                    elif self.owned is not None:  # and across replicas in the store
+                        self.owned.note(spans)
         elif batch.kind is BatchKind.SESSION and batch.spans and self.worker is None:
             # (a worker's sessions hold its own traces only: they are evaluated in the collector process)
             queue.enqueue("session", batch.spans, batch.completed)
@@ -231,17 +284,21 @@ class Evaluate:
     def wants_sessions(self) -> bool:
         """Whether it evaluates the session batches tail sampling hands on (a worker's are assembled in the
         collector process instead)."""
-        return self.queue.session_stages and self.worker is None
+        return self.queue.session_stages and self.worker is None and self.owned is None
 
     def meet_sessions(self, timeout: float, max_sessions: int, max_spans: int) -> None:
         """Assemble sessions here from every worker's traces (the pipeline's tail_sampling session settings), when
-        some policy evaluates sessions."""
-        if self.queue.session_stages:
+        some policy evaluates sessions (across replicas they meet in the store instead)."""
+        if self.queue.session_stages and self.owned is None:
             self.sessions.meet(timeout, max_sessions, max_spans)
 
     def take_session_trace(self, spans: list[Span]) -> None:
-        """A worker's completed trace of a session: held until the session is quiet, then evaluated here."""
-        self.sessions.take(spans)
+        """A worker's completed trace of a session: held until the session is quiet, then evaluated here (across
+        replicas: noted in the store, for the session's owner)."""
+        if self.owned is not None:
+            self.owned.note(spans)
+        else:
+            self.sessions.take(spans)
 
     def take_twin_trace(self, spans: list[Span]) -> None:
         """A worker's trace that may record a call another worker's trace records too: met and evaluated here."""
@@ -312,6 +369,10 @@ class Evaluate:
                 await timer
         await self.queue.on_engine(self.queue.close_windows, math.inf)
         self.queue.close()
+        if self.owned is not None:  # what was seen and evaluated here, for the owners (this one restarted)
+            await asyncio.to_thread(self.owned.flush)
+        if self.shared_ledger is not None:
+            await asyncio.to_thread(self.shared_ledger.flush)
         self.judges.close()
         await self.alerts.close()
         await asyncio.to_thread(self.baselines.close)

@@ -43,6 +43,8 @@ class Work:
     spans: list[Span]
     completed: float  # monotonic time the trace (or session) was complete upstream, or the feedback handed to us
     feedback: list[Score] | None = None
+    done: Callable[[], None] | None = None
+    """Called once the work's scores are handed on (a session owned across replicas is then recorded evaluated)."""
 
 
 class EvaluationQueue:
@@ -143,10 +145,12 @@ class EvaluationQueue:
         self.policies.shed(spans[0].trace_id)
         self.settings.logger.debug("evaluate: queue full; trace %s shed", spans[0].trace_id)
 
-    def enqueue(self, unit: WorkUnit, spans: list[Span], completed: float = 0.0) -> None:
+    def enqueue(
+        self, unit: WorkUnit, spans: list[Span], completed: float = 0.0, done: Callable[[], None] | None = None
+    ) -> None:
         """Queue work; `completed` is when the trace was complete upstream (its wait here and before counts in
-        freshness), else now."""
-        self._queue.append(Work(unit, spans, completed or time.monotonic()))
+        freshness), else now; `done` is called once its scores are handed on."""
+        self._queue.append(Work(unit, spans, completed or time.monotonic(), done=done))
         self._queue_gauge.set(len(self._queue))
         self._wake.set()
 
@@ -217,6 +221,8 @@ class EvaluationQueue:
             for work in works:
                 if work.unit != "feedback":
                     self._freshness.observe(now - work.completed)
+                if work.done is not None:
+                    work.done()
 
     async def close_windows_loop(self) -> None:
         """Every second, on the engine thread: the policies' windows that are due close."""
