@@ -38,7 +38,7 @@ class OwnedSessions:
         self._lock = threading.Lock()
         self._seen: dict[tuple[str, str], int] = {}  # (project, session id) -> newest completion here, ns
         self._evaluated: list[QuietSession] = []  # handed on, to be recorded
-        self._in_flight: set[tuple[str, str]] = set()
+        self._in_flight: set[tuple[str, str]] = set()  # queued for evaluation, or evaluated and not yet recorded
         m, sid = settings.metrics, settings.id
         self._sessions = m.counter(
             "evalsi_replica_sessions",
@@ -87,6 +87,10 @@ class OwnedSessions:
                 self._failed(e)
         if evaluated_failed:
             self._restore({}, evaluated_failed)
+        done = [q for q in evaluated if q not in evaluated_failed]
+        if done:  # recorded: a later look at the store no longer finds them due
+            with self._lock:
+                self._in_flight.difference_update((q.project, q.session_id) for q in done)
 
     def _restore(self, seen: dict[tuple[str, str], int], evaluated: list[QuietSession]) -> None:
         with self._lock:
@@ -131,6 +135,7 @@ class OwnedSessions:
             if not rows:  # seen, but none of its traces stored (tail_sampling dropped them): nothing to evaluate
                 self._sessions.labels(self.settings.id, "not_stored").inc()
                 with self._lock:
+                    self._in_flight.add(key)
                     self._evaluated.append(session)
                 continue
             with self._lock:
@@ -142,8 +147,7 @@ class OwnedSessions:
     def _done(self, session: QuietSession) -> Callable[[], None]:
         def done() -> None:
             self._sessions.labels(self.settings.id, "evaluated").inc()
-            with self._lock:
-                self._in_flight.discard((session.project, session.session_id))
+            with self._lock:  # in flight until `flush` has recorded it evaluated
                 self._evaluated.append(session)
 
         return done
