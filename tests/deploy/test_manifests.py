@@ -588,12 +588,19 @@ SECRETS = {
 }
 
 
+POD_IP = "10.244.1.7"
+"""The address Kubernetes would give the pod (the Downward API's `status.podIP`)."""
+
+
 def pod_env(container: dict[str, Any]) -> dict[str, str]:
     """A container's environment with its Secret references filled from SECRETS."""
     env = {}
     for e in container.get("env", []):
         if "value" in e:
             env[e["name"]] = e["value"]
+        elif "fieldRef" in e["valueFrom"]:
+            assert e["valueFrom"]["fieldRef"] == {"fieldPath": "status.podIP"}, e
+            env[e["name"]] = POD_IP
         else:
             ref = e["valueFrom"]["secretKeyRef"]
             env[e["name"]] = SECRETS[ref["name"]][ref["key"]]
@@ -613,6 +620,12 @@ def test_the_configmap_config_parses_as_mounted(tmp_path: Path, monkeypatch: pyt
     assert k8s_object("Deployment", "evalsi")["spec"]["replicas"] > 1
     cpu_limit = int(container["resources"]["limits"]["cpu"])
     assert config.service.workers == cpu_limit, "workers: auto would count the node's CPUs, not the pod's quota"
+    # the replica set: the headless Service the routing tier resolves, each pod named by its address there
+    evaluate = next(c for (kind, cid), c in config.components.items() if kind == "processor" and cid == "evaluate")
+    headless = k8s_object("Service", "evalsi-headless")
+    namespace = headless["metadata"]["namespace"]
+    assert evaluate.replicas.dns == f"evalsi-headless.{namespace}.svc.cluster.local"
+    assert evaluate.replicas.self_ == POD_IP
 
 
 def test_the_evalsi_services_and_probes_match_the_config() -> None:
