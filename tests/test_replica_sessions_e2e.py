@@ -193,3 +193,46 @@ def test_three_replicas_evaluate_a_spread_session_once_and_share_one_judge_budge
         for c in collectors:
             c.stop()
         stand_in.stop()
+
+
+def test_a_replica_with_pipeline_workers_shares_its_budget_and_sessions_through_the_store(
+    tmp_path: Path, judges: tuple[FakeJudge, FakeJudge]
+) -> None:
+    """With `service.workers: 2` the workers' judges ask the collector process's ledger, which is the shared one,
+    and the workers' session traces are recorded there for the owner (here the only replica)."""
+    judge, _ = judges
+    stand_in = start_stand_in(tmp_path / "clickhouse")
+    database = f"evalsi_replicas_{uuid.uuid4().hex[:8]}"
+    try:
+        (tmp_path / "policies.yaml").write_text(POLICIES.format(judge=judge.url, budget=5))
+        cfg = serve_config(tmp_path / "unused")
+        cfg["service"]["workers"] = 2
+        cfg["exporters"]["clickhouse"] = {"endpoint": stand_in.url, "database": database, "flush_interval": "100ms"}
+        cfg["processors"]["tail_sampling"] = {"decision_wait": "300ms"}
+        cfg["processors"]["evaluate"] = {
+            "policies": ["policies.yaml"], "replicas": {"self": "r0", "static": ["r0"], "session_timeout": "2s"},
+        }  # fmt: skip
+        pipelines = cfg["service"]["pipelines"]
+        pipelines["traces"]["processors"] = ["normalize", "tail_sampling", "evaluate"]
+        pipelines["scores"] = {"exporters": ["clickhouse"]}
+        c = start_collector(tmp_path, cfg)
+        try:
+            ids = Next()
+            provider = _provider(c, ids)
+            for n in range(TRACES):
+                ids.trace_id = BASE | n
+                _trace(provider, n)
+            provider.shutdown()
+            assert wait_until(lambda: _session_scores(c), timeout=60), _scores(c)
+            [turns] = _session_scores(c)
+            assert (turns[3], turns[5]) == (TURNS, f"{BASE:032x}")  # every turn, from the first trace
+            assert wait_until(lambda: sum(1 for s in _scores(c) if s["name"] == "llm-judge") == TRACES)
+            assert len(judge.requests) == 5  # one replica: exactly the budget, whichever worker judged
+            store = open_backend(stand_in.url, database=database)
+            spent = "SELECT sum(Calls) AS calls FROM evalsi_judge_ledger FINAL WHERE Budget = 'judged#0'"
+            assert wait_until(lambda: int(store.query(spent)[0]["calls"] or 0) == 5)
+            store.close()
+        finally:
+            assert c.stop() == 0
+    finally:
+        stand_in.stop()
