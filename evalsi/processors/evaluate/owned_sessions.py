@@ -72,6 +72,8 @@ class OwnedSessions:
         with self._lock:
             seen, self._seen = self._seen, {}
             evaluated, self._evaluated = self._evaluated, []
+        if not seen and not evaluated:
+            return
         try:
             store.note_sessions(self.membership.me, seen)
         except Exception as e:
