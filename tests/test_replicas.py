@@ -4,10 +4,14 @@ member that went, and a DNS name's answers are the members (a failed resolution 
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
+from running_collector import EVALSI, serve_config
 
 from evalsi.processors.evaluate import EvaluateConfig
 from evalsi.replicas import Membership, ReplicasConfig, rendezvous_owner, resolve_a_records
@@ -81,3 +85,25 @@ def test_membership_from_dns_follows_its_answers_and_keeps_the_last_on_failure()
 
 def test_a_real_name_resolves_to_its_a_records() -> None:
     assert resolve_a_records("localhost") == ["127.0.0.1"]
+
+
+def test_replicas_without_a_store_refuse_to_start_naming_the_key(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text(
+        "apiVersion: evals.si/v1alpha1\nkind: OnlineEvalPolicy\nmetadata: {name: p}\nspec:\n  cascade:\n"
+        "    - ref: builtin/session-turns\n"
+    )
+    config = serve_config(tmp_path / "unused")
+    config["exporters"] = {"otlp": {"endpoint": "http://127.0.0.1:9"}}
+    config["processors"] = {
+        "tail_sampling": {},
+        "evaluate": {"policies": ["p.yaml"], "replicas": {"self": "a", "static": ["a"]}},
+    }
+    config["service"]["pipelines"] = {
+        "traces": {"receivers": ["otlp"], "processors": ["tail_sampling", "evaluate"], "exporters": ["otlp"]},
+        "scores": {"exporters": ["otlp"]},
+    }
+    (tmp_path / "evalsi.yaml").write_text(yaml.safe_dump(config))
+    res = subprocess.run([*EVALSI, "serve", "-c", "evalsi.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert res.returncode != 0
+    assert "processors.evaluate: replicas: replicas share judge budgets and sessions through the store" in res.stderr

@@ -173,8 +173,8 @@ class Evaluate:
         if self.membership is not None:
             if self._replica_state() is None:
                 raise ValueError(
-                    f"processors.{cid}.replicas: replicas share judge budgets and sessions through the store; add the "
-                    "clickhouse exporter to the service, or remove `replicas`"
+                    "replicas: replicas share judge budgets and sessions through the store; add the clickhouse "
+                    "exporter to the service, or remove `replicas`"
                 )
             replicas = self.membership.config
             if replicas.dns is not None:
