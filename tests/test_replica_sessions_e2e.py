@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,8 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from running_collector import Collector, serve_config, start_collector, wait_until
 
 from evalsi.exporters.clickhouse.backend import open_backend
+
+SERVER_URL = os.environ.get("EVALSI_TEST_CLICKHOUSE_URL", "")
 
 POLICIES = """
 apiVersion: evals.si/v1alpha1
@@ -112,11 +115,18 @@ def judges() -> Iterator[tuple[FakeJudge, FakeJudge]]:
         fake.server.server_close()
 
 
+@pytest.mark.parametrize("where", ["stand-in", "clickhouse-server"])
 def test_three_replicas_evaluate_a_spread_session_once_and_share_one_judge_budget(
-    tmp_path: Path, judges: tuple[FakeJudge, FakeJudge]
+    tmp_path: Path, judges: tuple[FakeJudge, FakeJudge], where: str
 ) -> None:
     shared_judge, own_judge = judges
-    stand_in = start_stand_in(tmp_path / "clickhouse")
+    if where == "stand-in":
+        stand_in = start_stand_in(tmp_path / "clickhouse")
+        url, stop = stand_in.url, stand_in.stop
+    elif SERVER_URL:
+        url, stop = SERVER_URL, lambda: None
+    else:
+        pytest.skip("no ClickHouse server: set EVALSI_TEST_CLICKHOUSE_URL=http://user:password@host:8123 to run")
     database = f"evalsi_replicas_{uuid.uuid4().hex[:8]}"
     collectors: list[Collector] = []
     try:
@@ -128,7 +138,7 @@ def test_three_replicas_evaluate_a_spread_session_once_and_share_one_judge_budge
             cfg["processors"]["tail_sampling"] = {"decision_wait": "300ms", "session_timeout": "3s"}
             cfg["processors"]["evaluate"] = {"policies": ["policies.yaml"]}
             if replica is not None:  # a replica: the shared store, and the replica set
-                cfg["exporters"]["clickhouse"] = {"endpoint": stand_in.url, "database": database,
+                cfg["exporters"]["clickhouse"] = {"endpoint": url, "database": database,
                                                   "flush_interval": "100ms"}  # fmt: skip
                 cfg["processors"]["evaluate"]["replicas"] = {
                     "self": replica, "static": list(REPLICAS), "session_timeout": "3s", "budget_slice": SLICE,
@@ -169,7 +179,7 @@ def test_three_replicas_evaluate_a_spread_session_once_and_share_one_judge_budge
         # evaluated once: by one replica, and the store holds one row of its key (not merged away: FINAL not used)
         evaluated = 'evalsi_replica_sessions_total{outcome="evaluated",processor="evaluate"}'
         assert wait_until(lambda: sum(_metric(c, evaluated) for c in replicas) >= 1)
-        store = open_backend(stand_in.url, database=database)
+        store = open_backend(url, database=database)
         rows = store.query("SELECT count() AS n FROM evalsi_scores WHERE Name = 'session-turns'")
         assert int(rows[0]["n"]) == 1
         assert [_metric(c, evaluated) for c in replicas].count(1) == 1
@@ -192,7 +202,7 @@ def test_three_replicas_evaluate_a_spread_session_once_and_share_one_judge_budge
     finally:
         for c in collectors:
             c.stop()
-        stand_in.stop()
+        stop()
 
 
 def test_a_replica_with_pipeline_workers_shares_its_budget_and_sessions_through_the_store(
