@@ -158,6 +158,9 @@ class QuietSession:
     project: str
     session_id: str
     seen_ns: int
+    traces: int = 0
+    """Stored traces of it the replicas completed (a trace completed twice, e.g. split by a change of the routing
+    ring, counts twice)."""
 
 
 @runtime_checkable
@@ -171,8 +174,9 @@ class ReplicaState(Protocol):
 
     def write_judge_ledger(self, rows: list[LedgerRow]) -> None: ...
 
-    def note_sessions(self, replica: str, seen: dict[tuple[str, str], int]) -> None:
-        """`replica` completed a trace of each (project, session id) at the time given (ns since 1970)."""
+    def note_sessions(self, replica: str, seen: dict[tuple[str, str], tuple[int, int]]) -> None:
+        """`replica` completed stored traces of each (project, session id): (the last at this time, ns since 1970; how
+        many since its previous note)."""
         ...
 
     def quiet_sessions(self, *, quiet_since_ns: int, active_since_ns: int) -> list[QuietSession]:

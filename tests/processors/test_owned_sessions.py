@@ -207,3 +207,28 @@ def test_a_replica_seeing_more_turns_after_the_evaluation_has_the_whole_session_
     owner = _owner(replicas, "conv-later")
     assert [s.value for s in _evaluations(owner, "conv-later")] == [4, 7]
     assert [s["value"] for s in _stored(store, "conv-later")] == [7]  # the same key: the whole session replaces it
+
+
+def test_the_owner_waits_for_turns_noted_but_not_yet_in_the_store(store: TraceStore, policies: PolicySet) -> None:
+    """A replica's span writes may lag behind its activity record: the owner evaluates once the store holds as many
+    traces as the replicas completed, or after another session_timeout with what it holds."""
+    replicas = [Replica(n, store, policies, list(NAMES)) for n in NAMES]
+    late = [_turn("conv-lag", n) for n in (8, 9)]
+    for n in (8, 9):
+        replicas[n % 3].sessions.note(late[n - 8])
+    _receive(replicas, store, "conv-lag", range(8))
+    _tick(replicas, after_s=TIMEOUT_S + 1)
+    owner = _owner(replicas, "conv-lag")
+    assert _evaluations(owner, "conv-lag") == []  # 8 of 10 stored: not yet
+    for spans in late:
+        store.write(spans)
+    _tick(replicas, after_s=TIMEOUT_S + 2)
+    assert [s.value for s in _evaluations(owner, "conv-lag")] == [10]
+
+    replicas[0].sessions.note(_turn("conv-lost", 1))  # noted as stored, never written (the replica died first)
+    _receive(replicas, store, "conv-lost", range(2, 4))
+    _tick(replicas, after_s=TIMEOUT_S + 1)
+    lost_owner = _owner(replicas, "conv-lost")
+    assert _evaluations(lost_owner, "conv-lost") == []
+    _tick(replicas, after_s=2 * TIMEOUT_S + 1)
+    assert [s.value for s in _evaluations(lost_owner, "conv-lost")] == [2]  # what the store holds, after the wait

@@ -934,28 +934,30 @@ WHERE Project = {{project:String}} AND Budget = unhex({{budget_hex:String}}) AND
 
 
 def session_activity_ddl(table: str) -> list[str]:
-    """Sessions' activity: per (project, session, replica) when that replica last completed a trace of the session;
-    the row of replica '' records the `LastSeen` the newest evaluation of the session covered."""
+    """Sessions' activity, a row per write: a replica's rows say when it last completed a trace of the session and how
+    many stored traces of it it completed since its previous row (`Traces`); the rows of replica '' record the
+    `LastSeen` each evaluation of the session covered."""
     return [
         f"""CREATE TABLE IF NOT EXISTS {table} (
     Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),
     Project LowCardinality(String) CODEC(ZSTD(1)),
     SessionId String CODEC(ZSTD(1)),
     Replica LowCardinality(String) CODEC(ZSTD(1)),
-    LastSeen DateTime64(9) CODEC(Delta, ZSTD(1))
-) ENGINE = ReplacingMergeTree(Timestamp)
-ORDER BY (Project, SessionId, Replica)"""
+    LastSeen DateTime64(9) CODEC(Delta, ZSTD(1)),
+    Traces UInt32 CODEC(ZSTD(1))
+) ENGINE = MergeTree
+ORDER BY (Project, SessionId, Replica, Timestamp)"""
     ]
 
 
 def quiet_sessions_sql(table: str) -> str:
     """Sessions some replica saw since {active_since_ns:Int64} and none since {quiet_since_ns:Int64}, whose newest
-    evaluation covers less than what was seen."""
+    evaluation covers less than what was seen, with the stored traces the replicas completed of each."""
     return f"""
 SELECT Project AS project, SessionId AS session_id,
     toUnixTimestamp64Nano(maxIf(LastSeen, Replica != '')) AS seen_ns,
-    toUnixTimestamp64Nano(maxIf(LastSeen, Replica = '')) AS evaluated_ns
-FROM {table} FINAL
+    toUnixTimestamp64Nano(maxIf(LastSeen, Replica = '')) AS evaluated_ns, sumIf(Traces, Replica != '') AS traces
+FROM {table}
 WHERE (Project, SessionId) IN (
     SELECT Project, SessionId FROM {table}
     WHERE Replica != '' AND LastSeen >= fromUnixTimestamp64Nano({{active_since_ns:Int64}})

@@ -648,25 +648,26 @@ class TraceStore:
         ).select(JUDGE_LEDGER_COLUMNS.split(", "))
         self.backend.insert(self.tables.judge_ledger, table)
 
-    def note_sessions(self, replica: str, seen: dict[tuple[str, str], int]) -> None:
-        self._session_rows(replica, [(p, s, t) for (p, s), t in seen.items()])
+    def note_sessions(self, replica: str, seen: dict[tuple[str, str], tuple[int, int]]) -> None:
+        self._session_rows(replica, [(p, s, t, n) for (p, s), (t, n) in seen.items()])
 
     def mark_sessions_evaluated(self, sessions: list[QuietSession]) -> None:
-        self._session_rows("", [(q.project, q.session_id, q.seen_ns) for q in sessions])
+        self._session_rows("", [(q.project, q.session_id, q.seen_ns, 0) for q in sessions])
 
-    def _session_rows(self, replica: str, rows: list[tuple[str, str, int]]) -> None:
+    def _session_rows(self, replica: str, rows: list[tuple[str, str, int, int]]) -> None:
         if not rows:
             return
-        for project, _, _ in rows:
+        for project, _, _, _ in rows:
             _project(project)
         now = time.time_ns()
         table = pa.table(
             {
                 "Timestamp": pa.array([now] * len(rows), pa.timestamp("ns")),
-                "Project": [p for p, _, _ in rows],
-                "SessionId": [s for _, s, _ in rows],
+                "Project": [r[0] for r in rows],
+                "SessionId": [r[1] for r in rows],
                 "Replica": [replica] * len(rows),
-                "LastSeen": pa.array([t for _, _, t in rows], pa.timestamp("ns")),
+                "LastSeen": pa.array([r[2] for r in rows], pa.timestamp("ns")),
+                "Traces": pa.array([r[3] for r in rows], pa.uint32()),
             }
         )
         self.backend.insert(self.tables.session_activity, table)
@@ -674,7 +675,7 @@ class TraceStore:
     def quiet_sessions(self, *, quiet_since_ns: int, active_since_ns: int) -> list[QuietSession]:
         params = {"quiet_since_ns": _since(quiet_since_ns), "active_since_ns": _since(active_since_ns)}
         rows = self.backend.query(quiet_sessions_sql(self.tables.session_activity), params)
-        return [QuietSession(r["project"], r["session_id"], int(r["seen_ns"])) for r in rows]
+        return [QuietSession(r["project"], r["session_id"], int(r["seen_ns"]), int(r["traces"])) for r in rows]
 
     def session_spans(self, project: str, session_id: str) -> list[dict[str, Any]]:
         params = {"session_hex": hex_param("session", session_id), **_project(project)}

@@ -36,13 +36,15 @@ class OwnedSessions:
         self.settings = settings
         self.tick_s = min(1.0, config.session_timeout / 4)
         self._lock = threading.Lock()
-        self._seen: dict[tuple[str, str], int] = {}  # (project, session id) -> newest completion here, ns
+        self._seen: dict[tuple[str, str], tuple[int, int]] = {}  # (project, session id) -> (newest completion here,
+        # ns; stored traces completed since the last write)
         self._evaluated: list[QuietSession] = []  # handed on, to be recorded
         self._in_flight: set[tuple[str, str]] = set()  # queued for evaluation, or evaluated and not yet recorded
         m, sid = settings.metrics, settings.id
         self._sessions = m.counter(
             "evalsi_replica_sessions",
-            "Quiet sessions this replica owned, by outcome: `evaluated`, `not_stored` (no trace of it in the store).",
+            "Quiet sessions this replica owned, by outcome: `evaluated`, `not_stored` (no trace of it in the store), "
+            "`incomplete` (evaluated with fewer traces than the replicas stored, after waiting a session_timeout).",
             ["processor", "outcome"],
         )
         self._errors = m.counter(
@@ -52,11 +54,14 @@ class OwnedSessions:
         """Reads of the shared state (the quiet sessions, a session's spans)."""
 
     def note(self, spans: list[Span]) -> None:
-        """A trace completed here; its session (if any) was active now."""
+        """A trace completed here; its session (if any) was active now. A trace tail sampling stores (some span
+        sampled) is counted: the owner waits until the store holds as many."""
         key = session_of(spans)
         if key is not None:
+            stored = int(any(s.sampled for s in spans))
             with self._lock:
-                self._seen[(key.project, key.session_id)] = time.time_ns()
+                _, before = self._seen.get((key.project, key.session_id), (0, 0))
+                self._seen[(key.project, key.session_id)] = (time.time_ns(), before + stored)
 
     async def run(self) -> None:
         """Every `tick_s` until cancelled: `tick` on a thread (its store calls block)."""
@@ -94,10 +99,11 @@ class OwnedSessions:
             with self._lock:
                 self._in_flight.difference_update((q.project, q.session_id) for q in done)
 
-    def _restore(self, seen: dict[tuple[str, str], int], evaluated: list[QuietSession]) -> None:
+    def _restore(self, seen: dict[tuple[str, str], tuple[int, int]], evaluated: list[QuietSession]) -> None:
         with self._lock:
-            for key, at in seen.items():
-                self._seen[key] = max(at, self._seen.get(key, 0))
+            for key, (at, n) in seen.items():
+                later, more = self._seen.get(key, (0, 0))
+                self._seen[key] = (max(at, later), n + more)
             self._evaluated = evaluated + self._evaluated
 
     def _failed(self, error: Exception) -> None:
@@ -134,6 +140,15 @@ class OwnedSessions:
             except Exception as e:
                 self._failed(e)
                 continue
+            stored = len({r["trace_id"] for r in rows})
+            if stored < session.traces and now_ns - session.seen_ns < 2 * quiet_ns:
+                continue  # a trace is not in the store yet (its replica's writes lag): look again next tick
+            if stored < session.traces:
+                self.settings.logger.warning(
+                    "evaluate: session %s evaluated with %d of the %d stored traces the replicas completed",
+                    session.session_id, stored, session.traces,
+                )  # fmt: skip
+                self._sessions.labels(self.settings.id, "incomplete").inc()
             if not rows:  # seen, but none of its traces stored (tail_sampling dropped them): nothing to evaluate
                 self._sessions.labels(self.settings.id, "not_stored").inc()
                 with self._lock:

@@ -257,7 +257,7 @@ class Evaluate:
                 if queue.session_stages and any(s.session_id for s in spans):
                     if self.worker is not None:  # whole sessions meet in the collector process
                         self.worker.hand_session_trace(self.settings.id, spans)
-                    elif self.owned is not None:  # and across replicas in the store
+                    elif self.owned is not None and not batch.revision:  # and across replicas in the store
                         self.owned.note(spans)
         elif batch.kind is BatchKind.SESSION and batch.spans and self.worker is None:
             # (a worker's sessions hold its own traces only: they are evaluated in the collector process)
