@@ -407,6 +407,7 @@ def test_openlit_operations(operation: str, db_operation: str | None, step_type:
     s = span(attributes)
     normalize_span(s)
     assert s.step_type == step_type
+    assert s.details.get("workflow") is (True if operation == "invoke_workflow" else None)
 
 
 def test_system_instructions_are_not_added_twice() -> None:

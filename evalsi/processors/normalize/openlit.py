@@ -32,6 +32,7 @@ from evalsi.processors.normalize.otel_genai import (  # the semconv names this c
     TOOL_NAME,
     fill_details,
     fill_provider_and_tokens,
+    mark_framework_spans,
     span_error_type,
     tool_messages,
 )
@@ -189,6 +190,7 @@ class OpenLIT:
         span.error_type = span_error_type(span)
 
         fill_details(span, attributes)
+        mark_framework_spans(span, get(OPERATION))  # workflows (and agents being built) as otel_genai marks them
         details = span.details
         if step_type != "tool":
             # on a chat span it is the (comma-joined) ids of the calls the model asked for, not a call made
