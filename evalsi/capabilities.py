@@ -106,6 +106,19 @@ class PolicyReloader(Protocol):
         ...
 
 
+@runtime_checkable
+class MutatesData(Protocol):
+    """A consumer that says whether it changes the spans it is handed (the Collector's
+    `consumer.Capabilities{MutatesData}`): exporters and the store link say they do not.
+
+    A fan-out (`collector/fanout.py`) reads it for each consumer it hands a batch to: a consumer that mutates gets a
+    copy whenever another consumer shares the batch; one that does not gets the batch itself. A consumer that does
+    not say (every processor: it hands spans on to the rest of its pipeline) is taken to mutate."""
+
+    mutates_data: bool
+    """False: it only reads the spans, also after `consume` returned (an exporter's queue holds them)."""
+
+
 # --- sessions: built when the graph is built ------------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from evalsi.capabilities import MutatesData
 from evalsi.component import Consumer, LogConsumer, Refused, ScoreConsumer, Signal
 from evalsi.model.log_record import LogBatch
 from evalsi.model.score import ScoreBatch
@@ -115,14 +116,32 @@ class _FanOut(Generic[B]):
             self._pending.clear()
 
 
+def mutates(consumer: Any) -> bool:
+    """Whether a consumer may change the spans it is handed: unless it says it does not (`MutatesData`)."""
+    return not isinstance(consumer, MutatesData) or consumer.mutates_data
+
+
 class FanOut(_FanOut[SpanBatch]):
-    """Hands one span batch to several consumers, all or nothing. Each but the first gets its own copy: processors
-    mutate spans."""
+    """Hands one span batch to several consumers, all or nothing, copying only for consumers that mutate spans
+    (`MutatesData`: processors do, exporters do not). Consumers that only read share the batch itself; then every
+    consumer that mutates gets its own copy, made before any consumer sees the batch, since a reader may hold the
+    spans after `consume` returned (an exporter's queue). When every consumer mutates, all but the first get a copy
+    (the Collector's fan-out: the last mutating consumer owns the original)."""
+
+    @property
+    def mutates_data(self) -> bool:
+        """`MutatesData`: whether any of its consumers may change the spans (a fan-out inside a fan-out)."""
+        return any(mutates(c) for c in self.consumers)
 
     def _parts(self, batch: SpanBatch) -> list[Callable[[], Awaitable[None]]]:
         first, *rest = self.consumers
-        copies = [SpanBatch([copy.deepcopy(s) for s in batch.spans], batch.revision, batch.kind) for _ in rest]
-        return [*(_call(c.consume, b) for c, b in zip(rest, copies, strict=True)), _call(first.consume, batch)]
+        order = [*rest, first]  # delivery order: the first consumer last
+        mutating = [mutates(c) for c in order]
+        owner = len(order) - 1 if all(mutating) else -1  # the consumer handed the original among those that mutate
+        return [
+            _call(c.consume, _copy(batch) if m and i != owner else batch)
+            for i, (c, m) in enumerate(zip(order, mutating, strict=True))
+        ]
 
     async def consume(self, batch: SpanBatch) -> None:
         await self._fan(batch)
@@ -146,6 +165,10 @@ class ScoreFanOut(_FanOut[ScoreBatch]):
 
     async def consume_scores(self, batch: ScoreBatch) -> None:
         await self._fan(batch)
+
+
+def _copy(batch: SpanBatch) -> SpanBatch:
+    return SpanBatch([copy.deepcopy(s) for s in batch.spans], batch.revision, batch.kind)
 
 
 def _call(consume: Callable[[Any], Awaitable[None]], batch: Any) -> Callable[[], Awaitable[None]]:

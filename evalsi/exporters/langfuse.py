@@ -191,6 +191,9 @@ def _item_errors(resp: httpx.Response) -> list[dict[str, Any]]:
 
 @exporter("langfuse", config=LangfuseConfig, signals=("traces", "scores"))
 class LangfuseExporter:
+    mutates_data = False
+    """`MutatesData`: it only reads the spans it is handed, so a fan-out hands it the batch itself."""
+
     def __init__(self, config: LangfuseConfig, settings: Settings) -> None:
         self._config = config
         self._log = settings.logger

@@ -234,6 +234,9 @@ def _failure(what: str, resp: httpx.Response) -> SendFailed:
 
 @exporter("mlflow", config=MlflowConfig, signals=("traces", "scores"))
 class MlflowExporter:
+    mutates_data = False
+    """`MutatesData`: it only reads the spans it is handed, so a fan-out hands it the batch itself."""
+
     def __init__(self, config: MlflowConfig, settings: Settings) -> None:
         self._config = config
         self._log = settings.logger

@@ -199,6 +199,9 @@ _SIGNALS: dict[str, tuple[str, Callable[..., Any]]] = {
 
 @exporter("otlp", config=OtlpExporterConfig, signals=("traces", "scores"))
 class OtlpExporter:
+    mutates_data = False
+    """`MutatesData`: it only reads the spans it is handed, so a fan-out hands it the batch itself."""
+
     def __init__(self, config: OtlpExporterConfig, settings: Settings) -> None:
         self._config = config
         self._log = settings.logger

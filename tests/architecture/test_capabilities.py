@@ -133,10 +133,10 @@ def shape(function: Any) -> tuple[bool, list[tuple[str, Any, bool]]]:
 
 COLLECTOR_SIDE: dict[type, set[type]] = {
     # the service's own parts that it asks as it asks components (the pool's other methods relay to the workers)
-    FanOut: {capabilities.Holder},
+    FanOut: {capabilities.Holder, capabilities.MutatesData},
     LogFanOut: {capabilities.Holder},
     ScoreFanOut: {capabilities.Holder},
-    StoreLink: {capabilities.Holder},
+    StoreLink: {capabilities.Holder, capabilities.MutatesData},
     WorkerPool: {capabilities.Holder, capabilities.LossCounter},
 }
 
@@ -184,6 +184,8 @@ def test_the_known_implementers_offer_their_capabilities() -> None:
         ("ClickHouseExporter", "Holder"), ("ClickHouseExporter", "ReadinessReporter"),
         ("ClickHouseExporter", "LossCounter"),
         ("WorkerPool", "Holder"), ("WorkerPool", "LossCounter"), ("StoreLink", "Holder"),
+        ("ClickHouseExporter", "MutatesData"), ("OtlpExporter", "MutatesData"), ("LangfuseExporter", "MutatesData"),
+        ("MlflowExporter", "MutatesData"), ("StoreLink", "MutatesData"), ("FanOut", "MutatesData"),
     }  # fmt: skip
     assert expected <= offered, sorted(expected - offered)
     assert isinstance(TailSamplingConfig(), capabilities.SessionSettings)

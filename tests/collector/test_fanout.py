@@ -109,6 +109,65 @@ def test_copies_are_independent() -> None:
     asyncio.run(run())
 
 
+class Reader(Store):
+    """A read-only consumer (an exporter): keeps the spans it is handed, to read them later as a queue would."""
+
+    mutates_data = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[Span] = []
+
+    async def consume(self, batch: SpanBatch) -> None:
+        self.held.extend(batch.spans)
+
+
+class Renamer(Store):
+    """A consumer that mutates (a processor): renames each span and adds an attribute."""
+
+    async def consume(self, batch: SpanBatch) -> None:
+        for s in batch.spans:
+            s.name = "renamed"
+            s.attributes["added"] = 1
+        await super().consume(batch)
+
+
+@pytest.mark.parametrize("mutator_first", [True, False])
+def test_a_mutating_consumer_cannot_change_what_a_read_only_sibling_sees(mutator_first: bool) -> None:
+    async def run() -> None:
+        reader, renamer = Reader(), Renamer()
+        fan = FanOut([renamer, reader] if mutator_first else [reader, renamer])
+        batch = spans(3)
+        await fan.consume(batch)
+        assert renamer.span_ids == [f"{i:016x}" for i in (1, 2, 3)]
+        assert [(s.name, s.attributes) for s in reader.held] == [("s0", {}), ("s1", {}), ("s2", {})]
+        assert reader.held == batch.spans  # the reader shares the original, which the renamer's copy left alone
+
+    asyncio.run(run())
+
+
+def test_read_only_consumers_share_the_batch_without_copies() -> None:
+    async def run() -> None:
+        a, b, renamer = Reader(), Reader(), Renamer()
+        batch = spans(2)
+        await FanOut([a, b]).consume(batch)
+        assert all(x is y for x, y in zip(a.held, batch.spans, strict=True))
+        assert all(x is y for x, y in zip(b.held, batch.spans, strict=True))
+        c = Reader()
+        other = spans(2)
+        await FanOut([renamer, c]).consume(other)  # one mutator, one reader: only the mutator's part is a copy
+        assert all(x is y for x, y in zip(c.held, other.spans, strict=True))
+        assert [s.name for s in other.spans] == ["s0", "s1"]
+
+    asyncio.run(run())
+
+
+def test_a_fan_out_mutates_when_any_of_its_consumers_does() -> None:
+    assert FanOut([Reader(), Reader()]).mutates_data is False
+    assert FanOut([Reader(), Renamer()]).mutates_data is True
+    assert FanOut([Reader(), Store()]).mutates_data is True  # a consumer that does not say is taken to mutate
+
+
 def test_shutdown_counts_a_part_never_taken() -> None:
     async def run() -> None:
         stuck, ok = Store(full=True), Store()

@@ -32,6 +32,9 @@ class StoreLink:
     """In a worker, stands where the store exporter stands in the pipelines: puts spans and log records in the
     store's Arrow columns and sends them to the collector process, which writes them."""
 
+    mutates_data = False
+    """`MutatesData`: it only reads the spans it is handed, so a fan-out hands it the batch itself."""
+
     def __init__(
         self,
         rows: RowEncoder,

@@ -205,6 +205,9 @@ class ClickHouseExporter:
     refuses for its availability (disk full, server down) is retried until it passes, holding the queue; once the
     queue is full the receivers answer 503 and `/readyz` says why."""
 
+    mutates_data = False
+    """`MutatesData`: it only reads the spans it is handed, so a fan-out hands it the batch itself."""
+
     def __init__(self, config: ClickHouseConfig, settings: Settings) -> None:
         self._config = config
         self._log = settings.logger
