@@ -32,10 +32,15 @@ def attributes(kvs: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for kv in kvs:
         v = kv.value
+        # the common cases inline: this loop is the hottest code of ingest. A non-empty string value can only be
+        # the oneof's string: most values are, and so skip the `WhichOneof` call (~10% of this loop)
+        text = v.string_value
+        if text:
+            out[kv.key] = text
+            continue
         which = v.WhichOneof("value")
-        # the common scalar cases inline: this loop is the hottest code of ingest
         if which == "string_value":
-            out[kv.key] = v.string_value
+            out[kv.key] = text
         elif which == "int_value":
             out[kv.key] = v.int_value
         elif which == "double_value":
@@ -43,10 +48,7 @@ def attributes(kvs: Any) -> dict[str, Any]:
         elif which == "bool_value":
             out[kv.key] = v.bool_value
         elif which == "array_value":
-            out[kv.key] = [
-                x.string_value if x.WhichOneof("value") == "string_value" else any_value(x)
-                for x in v.array_value.values
-            ]
+            out[kv.key] = [x.string_value or any_value(x) for x in v.array_value.values]
         else:
             out[kv.key] = any_value(v)
     return out
@@ -61,11 +63,15 @@ def sized_attributes(kvs: Any, max_length: int) -> tuple[dict[str, Any], bool]:
     long = False
     for kv in kvs:
         v = kv.value
+        text = v.string_value
+        if text:  # as in `attributes`: a non-empty string is the oneof's string
+            out[kv.key] = text
+            if len(text) > quarter:
+                long = True
+            continue
         which = v.WhichOneof("value")
         if which == "string_value":
-            value = out[kv.key] = v.string_value
-            if len(value) > quarter:
-                long = True
+            out[kv.key] = text
         elif which == "int_value":
             out[kv.key] = v.int_value
         elif which == "double_value":
@@ -73,10 +79,7 @@ def sized_attributes(kvs: Any, max_length: int) -> tuple[dict[str, Any], bool]:
         elif which == "bool_value":
             out[kv.key] = v.bool_value
         elif which == "array_value":
-            items = out[kv.key] = [
-                x.string_value if x.WhichOneof("value") == "string_value" else any_value(x)
-                for x in v.array_value.values
-            ]
+            items = out[kv.key] = [x.string_value or any_value(x) for x in v.array_value.values]
             for x in items:
                 if type(x) is str:
                     if len(x) > quarter:
