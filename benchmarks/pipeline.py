@@ -158,6 +158,15 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
         else:
             os.environ["PYTHONPATH"] = saved
     pids = {"collector": c.proc.pid, **{f"worker {i}": p for i, p in enumerate(c.ready.get("workers", []))}}
+    profilers = []
+    if args.profile:  # py-spy on every process for the load (raw folded stacks, one file a process)
+        out = Path(args.profile)
+        out.mkdir(parents=True, exist_ok=True)
+        extra = ["--gil"] if args.gil else []
+        for name, pid in pids.items():
+            proc = ingest.start_profiler(pid, out / f"workers{workers}-{name.replace(' ', '')}.txt", 100, extra)
+            if proc is not None:
+                profilers.append(proc)
     try:
         cpu0 = cpu_seconds(*pids.values())
         log(f"[workers={workers}] sending {len(payloads)} requests x {args.spans_per_request} spans")
@@ -179,6 +188,8 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
                     evaluated_at = now
                 time.sleep(0.1)
         cpu1 = cpu_seconds(*pids.values())
+        for proc in profilers:
+            ingest.stop_profiler(proc)
         res.rss_mb = {name: round(peak_rss_mb(pid), 1) for name, pid in pids.items()}
         if stored_at is None or evaluated_at is None:
             res.failures.append(f"not done after {args.timeout}s: stored={stored_at is not None}, "
@@ -244,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--profile", metavar="DIR", help="py-spy record (raw) every process during the load, into DIR")
+    p.add_argument("--gil", action="store_true", help="with --profile: sample only the thread holding the GIL")
     args = p.parse_args(argv)
     n_requests = args.spans // args.spans_per_request
     template = ingest.build_template(args.spans_per_request, args.content_bytes, args.seed)
