@@ -29,12 +29,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from evalsi.collector.builtin import load_builtin_components  # noqa: E402
 from evalsi.collector.fanout import FanOut  # noqa: E402
 from evalsi.component import REGISTRY, Next, Settings  # noqa: E402
-from evalsi.encoded import EncodedBatch  # noqa: E402
 from evalsi.exporters.clickhouse.rows import to_arrow  # noqa: E402
+from evalsi.model.encoded import EncodedBatch  # noqa: E402
+from evalsi.model.span import SpanBatch  # noqa: E402
 from evalsi.receivers.otlp.decode import TRACES, checking_codec, decode_encoded  # noqa: E402
 from evalsi.receivers.otlp.request_check import check_spans  # noqa: E402
-from evalsi.span import SpanBatch  # noqa: E402
-from evalsi.telemetry import SelfMetrics  # noqa: E402
+from evalsi.runtime.telemetry import SelfMetrics  # noqa: E402
 
 
 class Sink:

@@ -30,12 +30,12 @@ from evalsi.evaluators.judge_client import Judges
 from evalsi.model.score import Score
 from evalsi.model.span import Span, project_of
 from evalsi.policies.baseline import Baselines
-from evalsi.policies.conditions import Condition, LatencyAbove, score_summary
+from evalsi.policies.conditions import AlertRule, Condition, LatencyAbove, score_summary
 from evalsi.policies.feedback import NEGATIVE_BELOW
 from evalsi.policies.notify import AlertEvent
 from evalsi.policies.promote import Datasets, StoreDatasets, record
 from evalsi.policies.trace_view import SessionView, TraceView
-from evalsi.policies.window import AlertRule, PolicyWindow, RecordingWindow, WindowRecord, WindowStats
+from evalsi.policies.window import PolicyWindow, RecordingWindow, WindowRecord, WindowStats
 
 __all__ = ["Policy", "PolicyDecision", "PolicySet", "PolicyStats", "Promotion", "Stage", "sampling_hash"]
 

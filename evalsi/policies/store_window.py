@@ -10,8 +10,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from evalsi.policies.conditions import AlertRule
 from evalsi.policies.notify import AlertEvent
-from evalsi.policies.window import AlertRule, PolicyWindow, Series, WindowStats
+from evalsi.policies.window import PolicyWindow, Series, WindowStats
 
 __all__ = ["StoreWindows", "StoredSeries", "WindowQuery"]
 
