@@ -33,8 +33,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from evalsi.exporters.clickhouse.backend import open_backend  # noqa: E402
 from evalsi.exporters.clickhouse.store import TraceStore  # noqa: E402
 from evalsi.model.score import Score  # noqa: E402
+from evalsi.policies.conditions import compile_alert  # noqa: E402
 from evalsi.policies.store_window import StoreWindows  # noqa: E402
-from evalsi.policies.window import compile_alert  # noqa: E402
 
 WINDOW = 3600.0
 

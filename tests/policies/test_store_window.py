@@ -14,8 +14,9 @@ from evalsi.exporters.clickhouse.backend import open_backend
 from evalsi.exporters.clickhouse.store import TraceStore
 from evalsi.model.score import Score
 from evalsi.policies.alertmanager import alert_labels
+from evalsi.policies.conditions import compile_alert
 from evalsi.policies.store_window import StoreWindows
-from evalsi.policies.window import PolicyWindow, compile_alert
+from evalsi.policies.window import PolicyWindow
 
 T0 = 1_800_000_000.0  # a window start for 60 s windows (a multiple of 60)
 
