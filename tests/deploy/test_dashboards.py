@@ -546,6 +546,19 @@ MAY_BE_EMPTY = {
     "otelcol_exporter_send_failed_scores_total": "only exporters that send scores to a backend (otlp, ...)",
     "otelcol_exporter_enqueue_failed_scores_total": "only exporters that send scores to a backend",
     "otelcol_exporter_sent_scores_total": "only exporters that send scores to a backend",
+    "evalsi_policy_difference": "no regressed(...) alert in the test's policies",
+    "evalsi_policy_difference_low": "no regressed(...) alert in the test's policies",
+    "evalsi_policy_difference_high": "no regressed(...) alert in the test's policies",
+    "evalsi_policy_regressed": "no regressed(...) alert in the test's policies",
+    "evalsi_judge_kappa": "no people's feedback beside judge verdicts in the test's traffic",
+    "evalsi_judge_kappa_low": "no people's feedback beside judge verdicts",
+    "evalsi_judge_kappa_high": "no people's feedback beside judge verdicts",
+    "evalsi_judge_sensitivity": "no people's feedback beside judge verdicts",
+    "evalsi_judge_specificity": "no people's feedback beside judge verdicts",
+    "evalsi_judge_rate_ppi": "no people's feedback beside judge verdicts",
+    "evalsi_judge_rate_ppi_low": "no people's feedback beside judge verdicts",
+    "evalsi_judge_rate_ppi_high": "no people's feedback beside judge verdicts",
+    "evalsi_judge_labeled": "no people's feedback beside judge verdicts",
 }
 
 

@@ -153,6 +153,68 @@ def window_table() -> table.Panel:
     )
 
 
+def metrics_table(title: str, description: str, by: str, fields: list[tuple[str, str]], labels: str) -> table.Panel:
+    """One row per `by` labels, a column per (field, metric): gauges read at once and merged."""
+    targets = [promql_table(f"max by ({by}) ({metric}{{{labels}}})") for _, metric in fields]
+    organize = dashboard.DataTransformerConfig(
+        id_val="organize",
+        options={
+            "excludeByName": {"Time": True},
+            "renameByName": {f"Value #{chr(ord('A') + i)}": field for i, (field, _) in enumerate(fields)},
+            "indexByName": {label.strip(): i for i, label in enumerate(by.split(","))},
+        },
+    )
+    panel = (
+        grid(title, description, targets, ds=PROMETHEUS, height=8)
+        .with_transformation(dashboard.DataTransformerConfig(id_val="merge", options={}))
+        .with_transformation(organize)
+    )
+    for field, _ in fields:
+        panel = panel.override_by_name(field, [dashboard.DynamicConfigValue("decimals", 3)])
+    return panel
+
+
+def regression_table() -> table.Panel:
+    return metrics_table(
+        "regressed(...): the window against its baseline",
+        "For each `regressed(...)` alert of the policy (docs/policies.md): the score's mean (or pass rate) in the "
+        "current window minus its baseline's (evalsi_policy_difference), the 95% interval of that difference "
+        "(Newcombe for rates, Welch for means; a confidence sequence in an anytime window) and whether it lies "
+        "wholly beyond the margin on the worse side (evalsi_policy_regressed, with the test that decided).",
+        "policy, score, baseline",
+        [
+            ("difference", "evalsi_policy_difference"),
+            ("low", "evalsi_policy_difference_low"),
+            ("high", "evalsi_policy_difference_high"),
+            ("regressed", "evalsi_policy_regressed"),
+        ],
+        'policy=~"$policy"',
+    )
+
+
+def calibration_table() -> table.Panel:
+    return metrics_table(
+        "Judges against people",
+        "Where people's feedback and a judge's verdicts exist for the same traces (docs/policies.md, judges "
+        "against people): Cohen's kappa and its 95% interval, the judge's sensitivity and specificity against "
+        "people, the pass rate by prediction-powered inference with its interval, and how many traces both "
+        "labeled. Read from the store every calibration.every.",
+        "policy, evaluator, score, feedback",
+        [
+            ("kappa", "evalsi_judge_kappa"),
+            ("kappa low", "evalsi_judge_kappa_low"),
+            ("kappa high", "evalsi_judge_kappa_high"),
+            ("sensitivity", "evalsi_judge_sensitivity"),
+            ("specificity", "evalsi_judge_specificity"),
+            ("rate (PPI)", "evalsi_judge_rate_ppi"),
+            ("rate low", "evalsi_judge_rate_ppi_low"),
+            ("rate high", "evalsi_judge_rate_ppi_high"),
+            ("labeled", "evalsi_judge_labeled"),
+        ],
+        'policy=~"$policy"',
+    )
+
+
 def online_quality() -> dashboard_b.Dashboard:
     pass_rate = (
         f"sum by (name) (increase(evalsi_score_passed_total{{{SCORE_LABELS}}}{RATE})) / ("
@@ -292,6 +354,9 @@ def online_quality() -> dashboard_b.Dashboard:
                 unit="short",
             )
         )
+        .with_row(row("Policy $policy: against its baseline, and judges against people"))
+        .with_panel(regression_table().span(12))
+        .with_panel(calibration_table().span(12))
         .with_row(row("Freshness"))
         .with_panel(
             ts(
