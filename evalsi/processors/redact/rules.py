@@ -10,8 +10,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fnmatch import translate
 
-import polars as pl
-
 from evalsi.pattern import compile_pattern
 from evalsi.pii import (
     CARD_PATTERN,
@@ -205,6 +203,8 @@ class RuleSet:
         # one pass of every pattern at once picks the strings any rule may change
         self._any = "|".join(f"(?:{r.pattern})" for r in rules)
         if rules:
+            import polars as pl  # here: every command that reads a config imports this module, few run it
+
             pl.Series([""], dtype=pl.String).str.contains(self._any)  # fails here, not on the first batch
 
     def __bool__(self) -> bool:
@@ -214,6 +214,8 @@ class RuleSet:
         """The strings that change. Every occurrence of a masked text in a string is masked."""
         if not texts or not self.rules:
             return []
+        import polars as pl
+
         series = pl.Series(texts, dtype=pl.String)
         hits = series.str.contains(self._any).arg_true()
         if hits.len() == 0:
