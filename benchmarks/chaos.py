@@ -638,6 +638,8 @@ def account(out: Outcome, senders: Senders, stored: Stored) -> None:
 def config(args: argparse.Namespace, endpoint: str, *, limit_mib: int | None = None) -> dict[str, Any]:
     cfg = serve_config(Path("unused"))
     cfg["exporters"]["clickhouse"] = {"endpoint": endpoint}  # the product's delivery defaults
+    if args.batch_size:
+        cfg["exporters"]["clickhouse"]["batch_size"] = args.batch_size
     processors: dict[str, Any] = {
         "normalize": {},
         "tail_sampling": {"decision_wait": f"{args.decision_wait:g}s"},
@@ -1451,6 +1453,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overload", type=float, default=3.0, help="(a) the load, in multiples of the capacity")
     p.add_argument("--limit-mib", type=int, help="(a) memory_limiter limit_mib; default: idle + --headroom-mib")
     p.add_argument("--headroom-mib", type=int, default=400, help="(a) hard limit above the idle memory")
+    p.add_argument("--batch-size", type=int, help="the clickhouse exporter's batch_size (default: the product's)")
     p.add_argument(
         "--store", choices=["embedded", "server"], default="embedded",
         help="(a) the embedded store (chDB in the collector) or a ClickHouse-HTTP stand-in in its own process",
