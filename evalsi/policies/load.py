@@ -32,8 +32,9 @@ from evalsi.policies.conditions import (
     LatencyAbove,
     compile_alert,
 )
-from evalsi.policies.engine import Policy, PolicySet, Promotion, Stage
+from evalsi.policies.engine import PolicySet
 from evalsi.policies.model import OnlineEvalPolicy
+from evalsi.policies.policy import Policy, Promotion, Stage
 from evalsi.policies.promote import dataset_path
 
 __all__ = ["PolicyError", "load_policies", "parse_policy"]

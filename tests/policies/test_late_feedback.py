@@ -14,8 +14,8 @@ from policy_helpers import fixture_spans, policy_doc, span, write
 
 from evalsi.model.score import Score
 from evalsi.policies import PolicyError, load_policies
-from evalsi.policies.engine import PolicyDecision
 from evalsi.policies.feedback import feedback_variable, verdict
+from evalsi.policies.policy import PolicyDecision
 
 
 def human(name: str, trace_id: str = "", **verdict_fields: object) -> Score:

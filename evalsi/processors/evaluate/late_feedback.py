@@ -20,8 +20,8 @@ from evalsi.component import Settings
 from evalsi.model.score import Score
 from evalsi.model.span import Span, TraceKey, trace_key
 from evalsi.policies import PolicySet
-from evalsi.policies.engine import PolicyDecision
 from evalsi.policies.feedback import is_feedback
+from evalsi.policies.policy import PolicyDecision
 from evalsi.processors.evaluate.config import LateSignalsConfig
 
 GONE_PER_TRACE = 10

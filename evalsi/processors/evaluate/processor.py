@@ -23,7 +23,7 @@ from evalsi.model.span import BatchKind, Span, SpanBatch, TraceKey, project_of, 
 from evalsi.model.trajectory import lone_sdk_call
 from evalsi.policies import PolicySet, StoreWindows
 from evalsi.policies.conditions import AlertRule
-from evalsi.policies.engine import Policy
+from evalsi.policies.policy import Policy
 from evalsi.policies.window import WindowRecord
 from evalsi.processors.evaluate.alerts import Alerts
 from evalsi.processors.evaluate.baselines import StoreBaselines
