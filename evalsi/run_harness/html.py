@@ -1,4 +1,5 @@
-"""The run as one self-contained HTML page (`--report out.html`): summary, metrics, gates, comparison, a task x trial
+"""The run as one self-contained HTML page (`--report out.html`): summary, metrics, gates, comparison, judge
+calibration (when the dataset carries people's labels), a task x trial
 grid of outcomes, every attempt with expected and actual output side by side (the difference marked), its scores and
 trajectory (failed ones open, passed ones folded, identical trials shown once), infrastructure errors and the
 manifest; inline CSS and a small inline script (filter and sort; the page reads the same without it), nothing
@@ -25,7 +26,7 @@ from evalsi.run_harness.examples import (
     score_outcome,
     trials_text,
 )
-from evalsi.run_harness.report import HEADERS, _num, faults_text, metric_rows
+from evalsi.run_harness.report import CALIBRATION_HEADERS, HEADERS, _num, calibration_rows, faults_text, metric_rows
 
 MAX_EXAMPLES = 200
 """Attempts shown in detail, failed ones first; the rest are counted (the grid shows every attempt)."""
@@ -317,6 +318,21 @@ def _comparison(comparison: dict[str, dict[str, Any]] | None) -> str:
     headers = ["metric", "n", "delta", "95% interval", "p", "test", "lost / gained", "verdict"]
     note = '<p class="muted">delta is this run minus the baseline, over the records both runs scored.</p>'
     return f"<section><h2>Compared with the baseline</h2>{_table(headers, rows, (1, 2, 3, 4, 6))}{note}</section>"
+
+
+def _calibration(calibration: list[dict[str, Any]] | None) -> str:
+    """The `judge-calibration` section, as in the Markdown report: each evaluator against people's labels."""
+    if not calibration:
+        return ""
+    rows = [[_e(cell.strip("`")) for cell in row] for row in calibration_rows(calibration)]
+    note = (
+        '<p class="muted">Each evaluator\'s verdicts against the labels people gave the dataset\'s tasks '
+        "(<code>reference.labels</code>); failing is the positive class. The prediction-powered rate corrects the "
+        "evaluator's pass rate on the unlabeled tasks by its error on the labeled ones (valid when the labeled tasks "
+        "are a uniform sample).</p>"
+    )
+    table = _table(CALIBRATION_HEADERS, rows, (2,))
+    return f'<section id="judge-calibration"><h2>Judge calibration</h2>{note}{table}</section>'
 
 
 def _infra(errors: list[dict[str, Any]]) -> str:
@@ -798,6 +814,7 @@ def html_report(
         _metrics(run),
         _gates(run.get("gates") or []),
         _comparison(run.get("comparison")),
+        _calibration(run.get("judge_calibration")),
         _outcomes(per_task, inputs, shown, trials),
         _attempts(per_task, tasks, shown, loaded),
         _infra(infra),

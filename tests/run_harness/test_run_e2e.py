@@ -401,7 +401,8 @@ def test_a_dataset_with_peoples_labels_gets_a_judge_calibration_section(tmp_path
         {"id": "de", "input": "What is the capital of Germany?", "reference": {"expected_output": "Berlin"}},
     ]  # fmt: skip
     path = run_file(tmp_path, data=data, gates=[])
-    res = evalsi("run", "-f", str(path), "--collector", collector.api, "--json", "--report", "out.md", cwd=tmp_path)
+    res = evalsi("run", "-f", str(path), "--collector", collector.api, "--json", "--report", "out.md", "--report",
+                 "out.html", cwd=tmp_path)  # fmt: skip
     run = run_json(res)
     [c] = run["judge_calibration"]
     assert (c["evaluator"], c["name"], c["feedback"], c["n"]) == ("builtin/exact-match", "exact-match", "labels", 9)
@@ -416,6 +417,9 @@ def test_a_dataset_with_peoples_labels_gets_a_judge_calibration_section(tmp_path
     md = (tmp_path / "out.md").read_text()
     assert '<a id="judge-calibration"></a>' in md and "## Judge calibration" in md
     assert "| `builtin/exact-match` | exact-match | 9 | 7 / 2 |" in md
+    page = (tmp_path / "out.html").read_text()
+    assert '<section id="judge-calibration"><h2>Judge calibration</h2>' in page
+    assert "<td>builtin/exact-match</td><td>exact-match</td><td class=\"num\">9</td><td>7 / 2</td>" in page
     # without labels, no section
     plain = run_json(evalsi("run", "-f", str(run_file(tmp_path, gates=[])), "--collector", collector.api, "--json",
                             cwd=tmp_path))  # fmt: skip
