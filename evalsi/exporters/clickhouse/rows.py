@@ -5,8 +5,10 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
+from itertools import accumulate
 from typing import Any
 
+import orjson
 import pyarrow as pa
 
 from evalsi import json_codec
@@ -59,24 +61,53 @@ def _strings(attrs: dict[str, Any]) -> list[str]:
 
 def _map_array(maps: list[dict[str, Any]], *, shared: bool = False) -> pa.Array:
     """A Map(String, String) column built flat (keys, values, offsets): far cheaper than a list of pair lists.
-    `shared`: the dicts repeat (spans of one OTLP resource share its attributes), so each is converted once."""
-    offsets = [0]
-    keys: list[str] = []
-    values: list[str] = []
-    converted: dict[int, list[str]] = {}
-    n = 0
-    for attrs in maps:
-        keys.extend(attrs)
-        if shared:
+    Keys and values are each one comprehension over every map, numbers and arrays turned into text inline (as
+    `attribute_string` does) without a call per value. `shared`: the dicts repeat (spans of one OTLP resource share
+    its attributes), so each is converted once."""
+    offsets = list(accumulate(map(len, maps), initial=0))
+    if shared:
+        keys: list[str] = []
+        values: list[str] = []
+        converted: dict[int, list[str]] = {}
+        for attrs in maps:
+            keys.extend(attrs)
             strings = converted.get(id(attrs))
             if strings is None:
                 strings = converted[id(attrs)] = _strings(attrs)
-        else:
-            strings = _strings(attrs)
-        values.extend(strings)
-        n += len(strings)
-        offsets.append(n)
+            values.extend(strings)
+    else:
+        keys = [k for attrs in maps for k in attrs]
+        values = [
+            v
+            if (t := type(v)) is str
+            else repr(v)
+            if t is int or t is float
+            else _json(v)
+            if t is list
+            else attribute_string(v)
+            for attrs in maps
+            for v in attrs.values()
+        ]
     return pa.MapArray.from_arrays(pa.array(offsets, _INT32), pa.array(keys, _STR), pa.array(values, _STR))
+
+
+_orjson_dumps = orjson.dumps
+
+
+def _json_column(values: list[Any], *, empty_too: bool = False) -> list[str] | list[bytes | str]:
+    """JSON text of each value, "" for None (and for any empty value with `empty_too`), as `_content` and `_json`
+    write it, in one orjson call a value and UTF-8 bytes Arrow takes as they are. When orjson refuses a value (an
+    integer past 64 bits, a key that is not a string, a lone surrogate) the whole column goes through `_json`,
+    which takes those to the stdlib."""
+    dumps = _orjson_dumps
+    try:
+        if empty_too:
+            return [dumps(v, default=str) if v else b"" for v in values]
+        return [b"" if v is None else dumps(v, default=str) for v in values]
+    except TypeError:
+        if empty_too:
+            return [_json(v) if v else "" for v in values]
+        return [_content(v) for v in values]
 
 
 def _empty_lists(n: int, item: pa.DataType) -> pa.Array:
@@ -134,12 +165,12 @@ def to_arrow(spans: list[Span]) -> pa.Table:
         [s.user_id or "" for s in spans],
         [s.cost_usd for s in spans],
         [s.error_type or "" for s in spans],
-        [_content(s.input) for s in spans],
-        [_content(s.output) for s in spans],
+        _json_column([s.input for s in spans]),
+        _json_column([s.output for s in spans]),
         [s.content_captured for s in spans],
         [s.convention for s in spans],
         [s.unparsed for s in spans],
-        [_json(s.details) if s.details else "" for s in spans],
+        _json_column([s.details for s in spans], empty_too=True),
     ]
     arrays = [
         _empty_lists(n, f.type.value_type) if c is None else c if isinstance(c, pa.Array) else pa.array(c, type=f.type)

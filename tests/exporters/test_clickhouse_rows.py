@@ -1,0 +1,176 @@
+"""The store's Arrow columns for spans (`rows.to_arrow`, built column-wise for speed) hold exactly the rows written
+one span at a time from the definitions: attribute values as `attribute_string`, content and details as
+`json_codec.dumps`, on the instrumentation fixtures, hostile OTLP values and values only the stdlib's JSON takes."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hostile_otlp import Case, hostile_cases
+from hypothesis import HealthCheck, given, settings
+
+from evalsi import json_codec
+from evalsi.exporters.clickhouse.rows import attribute_string, convert_good, to_arrow
+from evalsi.exporters.clickhouse.schema import TRACES_SCHEMA
+from evalsi.model.span import Span, SpanEvent, SpanLink
+from evalsi.processors.normalize import normalize_span
+from evalsi.receivers.otlp.decode import decode_traces_protobuf
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+_STATUS = {"UNSET": "STATUS_CODE_UNSET", "OK": "STATUS_CODE_OK", "ERROR": "STATUS_CODE_ERROR"}
+
+
+def _pairs(attrs: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(k, attribute_string(v)) for k, v in attrs.items()]
+
+
+def _count(n: int | None) -> int | None:
+    return None if n is None or n < 0 else n
+
+
+def row_of(s: Span) -> dict[str, Any]:
+    """One span's row as the store's columns define it, written field by field."""
+    return {
+        "Timestamp": s.start_time_unix_nano,
+        "TraceId": s.trace_id,
+        "SpanId": s.span_id,
+        "ParentSpanId": s.parent_span_id,
+        "TraceState": s.trace_state,
+        "SpanName": s.name,
+        "SpanKind": "SPAN_KIND_" + s.kind,
+        "ServiceName": s.service_name,
+        "ResourceAttributes": _pairs(s.resource_attributes),
+        "ScopeName": s.scope_name,
+        "ScopeVersion": s.scope_version,
+        "SpanAttributes": _pairs(s.attributes),
+        "Duration": s.duration_ns,
+        "StatusCode": _STATUS.get(s.status_code, "STATUS_CODE_UNSET"),
+        "StatusMessage": s.status_message,
+        "Events.Timestamp": [e.time_unix_nano for e in s.events],
+        "Events.Name": [e.name for e in s.events],
+        "Events.Attributes": [_pairs(e.attributes) for e in s.events],
+        "Links.TraceId": [ln.trace_id for ln in s.links],
+        "Links.SpanId": [ln.span_id for ln in s.links],
+        "Links.TraceState": [ln.trace_state for ln in s.links],
+        "Links.Attributes": [_pairs(ln.attributes) for ln in s.links],
+        "StepType": s.step_type,
+        "Model": s.model or "",
+        "Provider": s.provider or "",
+        "InputTokens": _count(s.input_tokens),
+        "OutputTokens": _count(s.output_tokens),
+        "ToolName": s.tool_name or "",
+        "SessionId": s.session_id or "",
+        "AgentName": s.agent_name or "",
+        "UserId": s.user_id or "",
+        "CostUsd": s.cost_usd,
+        "ErrorType": s.error_type or "",
+        "Input": "" if s.input is None else json_codec.dumps(s.input),
+        "Output": "" if s.output is None else json_codec.dumps(s.output),
+        "ContentCaptured": s.content_captured,
+        "Convention": s.convention,
+        "Unparsed": s.unparsed,
+        "Details": json_codec.dumps(s.details) if s.details else "",
+    }
+
+
+def row_wise(spans: list[Span]) -> pa.Table:
+    return pa.Table.from_pylist([row_of(s) for s in spans], schema=TRACES_SCHEMA)
+
+
+def assert_same_rows(spans: list[Span]) -> None:
+    """`to_arrow` and the row-wise table agree on every span, and on which spans cannot be stored."""
+    table, bad = convert_good(spans, to_arrow)
+    expected, expected_bad = convert_good(spans, row_wise)
+    assert [id(s) for s, _ in bad] == [id(s) for s, _ in expected_bad]
+    if expected is None:
+        assert table is None
+        return
+    assert table is not None
+    assert table.schema == TRACES_SCHEMA
+    assert table.to_pylist() == expected.to_pylist()
+
+
+def _spans_of(body: bytes) -> list[Span]:
+    spans = decode_traces_protobuf(body).batch.spans
+    for s in spans:
+        normalize_span(s)
+    return spans  # type: ignore[return-value]
+
+
+FIXTURE_FILES = sorted(p for p in FIXTURES.glob("*/*.pb") if ".logs." not in p.name)
+
+
+def test_there_are_fixtures() -> None:
+    assert len(FIXTURE_FILES) >= 20
+
+
+@pytest.mark.parametrize("folder", sorted({p.parent.name for p in FIXTURE_FILES}))
+def test_fixture_spans_store_the_rows_written_span_by_span(folder: str) -> None:
+    spans = [s for p in FIXTURE_FILES if p.parent.name == folder for s in _spans_of(p.read_bytes())]
+    assert spans
+    assert_same_rows(spans)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=hostile_cases())
+def test_hostile_values_store_the_rows_written_span_by_span(case: Case) -> None:
+    if not case.pb_parses:
+        return  # protobuf's parser refuses the request: no span of it reaches the store
+    spans = _spans_of(case.request.SerializeToString())
+    assert_same_rows(spans)
+
+
+def _span(i: int, resource: dict[str, Any], **fields: Any) -> Span:
+    span = Span(
+        trace_id=f"{i + 1:032x}",
+        span_id=f"{i + 1:016x}",
+        parent_span_id="",
+        name=f"span {i}",
+        kind="INTERNAL",
+        start_time_unix_nano=1_700_000_000_000_000_000 + i,
+        end_time_unix_nano=1_700_000_000_000_000_000 + 2 * i,
+    )
+    span.resource_attributes = resource
+    for name, value in fields.items():
+        setattr(span, name, value)
+    return span
+
+
+def test_values_orjson_refuses_are_stored_as_the_stdlib_writes_them() -> None:
+    shared = {"service.name": "svc", "n": 7, "ratio": 0.5, "flag": True}
+    spans = [
+        _span(0, shared, attributes={"big": 2**70, "neg": -(2**64), "f": math.nan, "inf": -math.inf, "b": False}),
+        _span(1, shared, attributes={"bytes": b"\x00\xff", "none": None, "list": [1, "a", [2**65]], "map": {"k": 1}}),
+        _span(2, shared, details={"big": 2**80, 3: "int key"}, input=[], output=[{"role": "assistant"}]),
+        _span(3, {"other": 1.0}, input=[{"content": 2**64}], details={}, attributes={"s": "", "e": []}),
+        _span(
+            4,
+            shared,
+            events=[SpanEvent(5, "ev", {"k": 1, "x": [1.5]}), SpanEvent(6, "e2", {})],
+            links=[SpanLink(f"{9:032x}", f"{9:016x}", "st", {"l": 2**66})],
+        ),
+        _span(5, shared, input_tokens=-1, output_tokens=2**63, cost_usd=0.25, unparsed=["input_tokens"]),
+    ]
+    assert_same_rows(spans)
+    assert_same_rows(spans[:2])  # columns orjson takes whole
+    table = to_arrow(spans[2:3])
+    assert table.column("Input").to_pylist() == ["[]"]
+    assert table.column("Details").to_pylist() == ['{"big":1208925819614629174706176,"3":"int key"}']
+
+
+def test_a_span_with_text_utf8_cannot_hold_is_left_out_alone() -> None:
+    spans = [
+        _span(0, {}, input=[{"content": "fine"}]),
+        _span(1, {}, input=[{"content": "lone \ud800 surrogate"}]),
+        _span(2, {}, attributes={"k": "also \udfff"}),
+        _span(3, {}, details={"why": "fine"}),
+    ]
+    assert_same_rows(spans)
+    table, bad = convert_good(spans, to_arrow)
+    assert table is not None
+    assert table.column("SpanId").to_pylist() == [spans[0].span_id, spans[3].span_id]
+    assert [s.span_id for s, _ in bad] == [spans[1].span_id, spans[2].span_id]
