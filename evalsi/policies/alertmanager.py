@@ -18,8 +18,7 @@ from typing import Any
 
 import httpx
 
-from evalsi.policies.notify import AlertEvent
-from evalsi.runtime.backoff import Backoff, retry_after
+from evalsi.policies.notify import AlertEvent, post_json
 
 __all__ = ["AlertmanagerNotifier", "alert_labels"]
 
@@ -156,23 +155,8 @@ class AlertmanagerNotifier:
                 return
 
     def _post(self, alerts: list[dict[str, Any]]) -> bool:
-        problem = ""
-        wait = Backoff(self.backoff, 8 * self.backoff)
-        server_says: float | None = None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(wait.next_wait(server_says))
-            server_says = None
-            try:
-                response = self._client.post(self.endpoint, json=alerts)
-            except httpx.HTTPError as e:
-                problem = f"{type(e).__name__}: {e}"
-                continue
-            if response.status_code < 300:
-                return True
-            problem = f"HTTP {response.status_code}: {response.text[:200]}"
-            if response.status_code != 429 and response.status_code < 500:
-                break
-            server_says = retry_after(response.headers.get("retry-after"))
+        problem = post_json(self._client, self.endpoint, alerts, retries=self.retries, backoff=self.backoff)
+        if problem is None:
+            return True
         log.warning("%d alerts not delivered to Alertmanager at %s (%s)", len(alerts), self.endpoint, problem)
         return False

@@ -16,7 +16,7 @@ import httpx
 
 from evalsi.runtime.backoff import Backoff, retry_after
 
-__all__ = ["AlertEvent", "AlertRecorder", "Notifier"]
+__all__ = ["AlertEvent", "AlertRecorder", "Notifier", "post_json"]
 
 log = logging.getLogger("evalsi.policies")
 
@@ -122,34 +122,40 @@ class Notifier:
 
     def _post(self, event: AlertEvent) -> bool:
         assert event.notify is not None
-        problem = self._deliver(event.notify, event.body())
+        problem = post_json(
+            self._client, event.notify, event.body(), retries=self.retries, backoff=self.backoff,
+            max_retry_after=self.max_retry_after,
+        )  # fmt: skip
         if problem is None:
             return True
         log.warning("alert %r of policy %s: webhook failed (%s)", event.alert, event.policy, problem)
         return False
 
-    def _deliver(self, url: str, body: dict[str, Any]) -> str | None:
-        """POST `body` to `url`, retrying with exponential backoff on connection errors, 429 and 5xx; None when
-        delivered, else what went wrong the last time."""
-        problem = ""
-        wait = Backoff(self.backoff, 8 * self.backoff, max_retry_after=self.max_retry_after)
-        server_says: float | None = None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(wait.next_wait(server_says))
-            server_says = None
-            try:
-                response = self._client.post(url, json=body)
-            except httpx.HTTPError as e:
-                problem = f"{type(e).__name__}: {e}"
-                continue
-            if response.status_code < 300:
-                return None
-            problem = f"HTTP {response.status_code}"
-            if response.status_code != 429 and response.status_code < 500:
-                break
-            server_says = retry_after(response.headers.get("retry-after"))
-        return problem
+
+def post_json(
+    client: httpx.Client, url: str, body: Any, *, retries: int, backoff: float, max_retry_after: float = 300.0
+) -> str | None:
+    """POST `body` as JSON to `url`, retrying connection errors, 429 and 5xx with the shared backoff (a `Retry-After`
+    honoured up to `max_retry_after`); other 4xx are not retried. None when delivered, else what went wrong last."""
+    problem = ""
+    wait = Backoff(backoff, 8 * backoff, max_retry_after=max_retry_after)
+    server_says: float | None = None
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(wait.next_wait(server_says))
+        server_says = None
+        try:
+            response = client.post(url, json=body)
+        except httpx.HTTPError as e:
+            problem = f"{type(e).__name__}: {e}"
+            continue
+        if response.status_code < 300:
+            return None
+        problem = f"HTTP {response.status_code}"
+        if response.status_code != 429 and response.status_code < 500:
+            break
+        server_says = retry_after(response.headers.get("retry-after"))
+    return problem
 
 
 class AlertRecorder:
