@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import yaml
 from evalsi_cli import evalsi_cli
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
 # real captures, copied from the project's shared/fixtures so a bare checkout can run the suite
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -139,3 +140,36 @@ def start_collector(tmp: Path, config: dict[str, Any], timeout: float = 60) -> C
 
 def fixture_files(folder: str, suffix: str) -> list[Path]:
     return sorted(p for p in (FIXTURES / folder).glob(f"*{suffix}") if ".logs." not in p.name)
+
+
+class ChosenIds(RandomIdGenerator):
+    """An OpenTelemetry SDK id generator whose trace ids come from a list (which worker owns each trace, and which
+    trace a score is of, are then known); span ids are random."""
+
+    def __init__(self, trace_ids: list[int]) -> None:
+        self._traces = iter(trace_ids)
+
+    def generate_trace_id(self) -> int:
+        return next(self._traces)
+
+
+def send_chats(http: str, trace_ids: list[int], answers: list[str], service: str = "support") -> list[str]:
+    """One GenAI chat span per answer, trace ids in order, sent with the real OTel SDK's OTLP/HTTP exporter to
+    `http`; the trace ids as hex."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": service}), id_generator=ChosenIds(trace_ids))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=http + "/v1/traces")))
+    tracer = provider.get_tracer("support.app")
+    for answer in answers:
+        with tracer.start_as_current_span("chat gpt-4o-mini") as chat:
+            chat.set_attribute("gen_ai.operation.name", "chat")
+            chat.set_attribute("gen_ai.request.model", "gpt-4o-mini")
+            reply = [{"role": "assistant", "parts": [{"type": "text", "content": answer}]}]
+            chat.set_attribute("gen_ai.output.messages", json.dumps(reply))
+    assert provider.force_flush(10_000)
+    provider.shutdown()
+    return [f"{i:032x}" for i in trace_ids]

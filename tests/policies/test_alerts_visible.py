@@ -6,18 +6,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from policy_helpers import policy_doc, span, write
-from running_collector import Collector, serve_config, start_collector, wait_until
+from running_collector import Collector, send_chats, serve_config, start_collector, wait_until
 
 from evalsi.model.span import trace_shard
 from evalsi.policies import AlertEvent, AlertRecorder, load_policies
@@ -109,32 +103,6 @@ spec:
 """
 
 
-class _ChosenIds(RandomIdGenerator):
-    """Trace ids from a list: which pipeline worker owns each trace is then known."""
-
-    def __init__(self, trace_ids: Iterator[int]) -> None:
-        self.trace_ids = trace_ids
-
-    def generate_trace_id(self) -> int:
-        return next(self.trace_ids)
-
-
-def _send(c: Collector, trace_ids: list[int], answers: list[str]) -> None:
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": "support"}), id_generator=_ChosenIds(iter(trace_ids))
-    )
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=c.http + "/v1/traces")))
-    tracer = provider.get_tracer("support.app")
-    for answer in answers:
-        with tracer.start_as_current_span("chat gpt-4o-mini") as chat:
-            chat.set_attribute("gen_ai.operation.name", "chat")
-            chat.set_attribute("gen_ai.request.model", "gpt-4o-mini")
-            reply = [{"role": "assistant", "parts": [{"type": "text", "content": answer}]}]
-            chat.set_attribute("gen_ai.output.messages", json.dumps(reply))
-    assert provider.force_flush(10_000)
-    provider.shutdown()
-
-
 def _collector(tmp_path: Path, workers: int) -> Collector:
     (tmp_path / "policies.yaml").write_text(POLICY)
     cfg = serve_config(tmp_path / "store")
@@ -169,7 +137,8 @@ def test_a_fired_alert_is_a_metric_a_stored_row_and_listed(tmp_path: Path) -> No
     c = _collector(tmp_path, workers=1)
     try:
         assert "no alerts" in c.cli("alerts", "list").stdout  # nothing yet, and it says where it looked
-        _send(c, [0xA1 << 64 | n for n in range(1, 5)], ["Paris.", "I am not sure.", "No idea.", "Maybe Rome?"])
+        answers = ["Paris.", "I am not sure.", "No idea.", "Maybe Rome?"]
+        send_chats(c.http, [0xA1 << 64 | n for n in range(1, 5)], answers)
         assert wait_until(lambda: _alerts(c)), c.log_path.read_text()[-3000:]
         [row] = _alerts(c, policy="answers", since="1h")
         assert (row["policy"], row["alert"], row["state"]) == ("answers", "wrong-answers", "firing")
@@ -208,7 +177,7 @@ def test_with_two_workers_an_alert_fires_once(tmp_path: Path) -> None:
     try:
         ids = [0xA1B2 << 64 | n for n in range(1, 7)]
         assert {trace_shard(format(t, "032x"), 2) for t in ids} == {0, 1}  # both workers own some
-        _send(c, ids, ["Paris."] + ["I am not sure."] * 5)
+        send_chats(c.http, ids, ["Paris."] + ["I am not sure."] * 5)
         assert wait_until(lambda: _alerts(c)), c.log_path.read_text()[-3000:]
         time.sleep(2.5)  # more alert checks, here and in the workers: it must not fire again
         [row] = _alerts(c)

@@ -4,19 +4,13 @@ evaluated traces gives the judge's calibration in `policies stats` and the metri
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from running_collector import Collector, serve_config, start_collector, wait_until
+from running_collector import Collector, send_chats, serve_config, start_collector, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 REGRESSED = "regressed('contains', baseline: '7d', margin: 0.02)"
@@ -52,28 +46,8 @@ store.close()
 """
 
 
-class _Ids(RandomIdGenerator):
-    def __init__(self, ids: list[int]) -> None:
-        self.ids = iter(ids)
-
-    def generate_trace_id(self) -> int:
-        return next(self.ids)
-
-
 def _send(c: Collector, first: int, answers: list[str]) -> list[str]:
-    ids = [0xA1 << 64 | n for n in range(first, first + len(answers))]
-    provider = TracerProvider(resource=Resource.create({"service.name": "support"}), id_generator=_Ids(ids))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=c.http + "/v1/traces")))
-    tracer = provider.get_tracer("support.app")
-    for answer in answers:
-        with tracer.start_as_current_span("chat gpt-4o-mini") as chat:
-            chat.set_attribute("gen_ai.operation.name", "chat")
-            chat.set_attribute("gen_ai.request.model", "gpt-4o-mini")
-            reply = [{"role": "assistant", "parts": [{"type": "text", "content": answer}]}]
-            chat.set_attribute("gen_ai.output.messages", json.dumps(reply))
-    assert provider.force_flush(10_000)
-    provider.shutdown()
-    return [f"{i:032x}" for i in ids]
+    return send_chats(c.http, [0xA1 << 64 | n for n in range(first, first + len(answers))], answers)
 
 
 def _metrics(c: Collector) -> dict[str, float]:
