@@ -72,6 +72,7 @@ class Result:
     stored_per_s: float = 0.0
     evaluated_s: float = 0.0
     cpu_us_per_span: float = 0.0
+    cpu_us_by_process: dict[str, float] = field(default_factory=dict)
     scores: float = 0.0
     scores_per_s: float = 0.0
     freshness_s: dict[str, float | None] = field(default_factory=dict)
@@ -169,6 +170,7 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
                 profilers.append(proc)
     try:
         cpu0 = cpu_seconds(*pids.values())
+        cpu0_by = {name: cpu_seconds(pid) for name, pid in pids.items()}
         log(f"[workers={workers}] sending {len(payloads)} requests x {args.spans_per_request} spans")
         t0 = time.perf_counter()
         sent = paced(c, payloads, args) if args.rate else send_all("http", c, payloads, args.spans_per_request,
@@ -188,6 +190,7 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
                     evaluated_at = now
                 time.sleep(0.1)
         cpu1 = cpu_seconds(*pids.values())
+        cpu1_by = {name: cpu_seconds(pid) for name, pid in pids.items()}
         for proc in profilers:
             ingest.stop_profiler(proc)
         res.rss_mb = {name: round(peak_rss_mb(pid), 1) for name, pid in pids.items()}
@@ -198,6 +201,8 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
         res.stored_per_s = sent.accepted_spans / ((stored_at or end) - t0)
         res.evaluated_s = end - t0
         res.cpu_us_per_span = 1e6 * (cpu1 - cpu0) / max(1, sent.accepted_spans)
+        res.cpu_us_by_process = {name: round(1e6 * (cpu1_by[name] - cpu0_by[name]) / max(1, sent.accepted_spans), 1)
+                                 for name in pids}  # fmt: skip
         res.scores = metric_sum(text, "evalsi_evaluate_scores_total")
         res.scores_per_s = res.scores / (end - t0)
         buckets = histogram(text, "evalsi_evaluate_freshness_seconds")
@@ -278,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r.cpu_us_per_span:.0f} µs CPU a span (every process)")  # fmt: skip
             print(f"  {r.scores:,.0f} scores, {r.scores_per_s:,.0f}/s; all evaluated after {r.evaluated_s:.1f}s")
             print(f"  freshness from a trace's last span: {r.freshness_s}")
+            print(f"  CPU µs a span by process: {r.cpu_us_by_process}")
             print(f"  peak RSS MB: {r.rss_mb}")
             print(f"  losses: {r.losses}")
             for f in r.failures:
