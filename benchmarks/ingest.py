@@ -230,12 +230,12 @@ def _partial_rejected(body: bytes) -> int:
 
 
 def _http_worker(url: str, payloads: list[bytes], take: Callable[[], int | None], spans: int, out: SendResult,
-                 lock: threading.Lock) -> None:  # fmt: skip
+                 lock: threading.Lock, extra_headers: dict[str, str] | None = None) -> None:  # fmt: skip
     # the standard library's client: a load generator should leave the CPU to the collector (with httpx the
     # client, poller included, took ~11% of a core at 9k spans/s; with http.client ~7%)
     u = urlsplit(url)
     conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=120)
-    headers = {"Content-Type": PROTOBUF}
+    headers = {"Content-Type": PROTOBUF, **(extra_headers or {})}
     try:
         while (i := take()) is not None:
             for _attempt in range(20):
@@ -295,7 +295,8 @@ def _grpc_worker(target: str, payloads: list[bytes], take: Callable[[], int | No
                 break
 
 
-def send_all(transport: str, c: Collector, payloads: list[bytes], spans: int, concurrency: int) -> SendResult:
+def send_all(transport: str, c: Collector, payloads: list[bytes], spans: int, concurrency: int,
+             headers: dict[str, str] | None = None) -> SendResult:  # fmt: skip
     out = SendResult()
     lock = threading.Lock()
     it = iter(range(len(payloads)))
@@ -305,11 +306,11 @@ def send_all(transport: str, c: Collector, payloads: list[bytes], spans: int, co
             return next(it, None)
 
     if transport == "http":
-        target, worker = c.http + "/v1/traces", _http_worker
+        target, worker, extra = c.http + "/v1/traces", _http_worker, (headers,)
     else:
-        target, worker = c.grpc, _grpc_worker
+        target, worker, extra = c.grpc, _grpc_worker, ()
     threads = [
-        threading.Thread(target=worker, args=(target, payloads, take, spans, out, lock), daemon=True)
+        threading.Thread(target=worker, args=(target, payloads, take, spans, out, lock, *extra), daemon=True)
         for _ in range(concurrency)
     ]
     for t in threads:

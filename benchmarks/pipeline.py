@@ -17,17 +17,23 @@ waits until every span is stored and every trace evaluated, and prints:
 
 `--workers 1 2` runs each setting against a fresh collector, one after the other; `--source DIR` runs the
 collector from another checkout (`git worktree add /tmp/base <rev>`), for a baseline measured in the same session.
+`--against mlflow` then sends the first `--against-spans` spans of the same payloads, with the same client, to a
+real `mlflow server` (sqlite, `--against-workers` workers) on its OTLP endpoint (`/v1/traces`, which answers once
+the spans are written), counts what its store holds, and prints both side by side with the ratios.
 Run `python benchmarks/pipeline.py --help`; figures in benchmarks/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import shutil
 import signal
+import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +48,7 @@ sys.path.insert(0, str(HERE))
 
 import ingest  # noqa: E402  (the payloads, the senders, the /proc readers)
 from ingest import cpu_seconds, log, metric_sum, send_all  # noqa: E402
+from local_server import free_port  # noqa: E402
 from running_collector import serve_config, start_collector  # noqa: E402
 
 POLICY = """apiVersion: evals.si/v1alpha1
@@ -79,6 +86,94 @@ class Result:
     rss_mb: dict[str, float] = field(default_factory=dict)
     losses: dict[str, float] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Peer:
+    """A peer server fed the same payloads: what it stored, how fast, at what CPU."""
+
+    name: str
+    workers: int
+    spans: int
+    stored: int = 0
+    stored_per_s: float = 0.0
+    cpu_us_per_span: float = 0.0
+    rss_mb: float = 0.0
+    retries: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+def session_pids(leader: int) -> list[int]:
+    """Every process in the session `leader` started (a server and its workers)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == leader:  # the session id
+                pids.append(int(entry))
+    return pids
+
+
+def run_mlflow(args: argparse.Namespace, payloads: list[bytes], workdir: Path) -> Peer:
+    """The same payloads into a real `mlflow server`'s OTLP endpoint: stored spans/s and CPU a span of the server's
+    every process, counted from its store when the load is done."""
+    n = max(1, args.against_spans // args.spans_per_request)
+    part = payloads[:n]
+    peer = Peer("mlflow server", args.against_workers, n * args.spans_per_request)
+    tmp = workdir / "mlflow"
+    tmp.mkdir(parents=True)
+    port = free_port()
+    cmd = [str(Path(sys.executable).parent / "mlflow"), "server",
+           "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db", "--default-artifact-root", str(tmp / "artifacts"),
+           "--host", "127.0.0.1", "--port", str(port), "--workers", str(args.against_workers)]  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    with (tmp / "server.log").open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=out, cwd=tmp, start_new_session=True,
+                                env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                peer.failures.append(f"mlflow server did not start: {(tmp / 'server.log').read_text()[-1500:]}")
+                return peer
+            time.sleep(0.5)
+        made = httpx.post(base + "/api/2.0/mlflow/experiments/create", json={"name": "bench"}, timeout=30)
+        made.raise_for_status()
+        experiment = made.json()["experiment_id"]
+        pids = session_pids(proc.pid)
+        log(f"[mlflow] sending {len(part)} requests x {args.spans_per_request} spans ({len(pids)} processes)")
+        cpu0 = cpu_seconds(*pids)
+        t0 = time.perf_counter()
+        sent = send_all("http", argparse.Namespace(http=base), part, args.spans_per_request, args.concurrency,
+                        headers={"x-mlflow-experiment-id": experiment})  # fmt: skip
+        elapsed = (sent.last_ok or time.perf_counter()) - t0
+        pids = session_pids(proc.pid)
+        cpu1 = cpu_seconds(*pids)
+        peer.retries = sent.retries
+        peer.failures += sent.errors[:3]
+        peer.rss_mb = round(sum(peak_rss_mb(pid) for pid in pids), 1)
+        with sqlite3.connect(tmp / "mlflow.db") as db:
+            peer.stored = db.execute("SELECT count(*) FROM spans").fetchone()[0]
+        peer.stored_per_s = peer.stored / max(1e-9, elapsed)
+        peer.cpu_us_per_span = 1e6 * (cpu1 - cpu0) / max(1, peer.stored)
+        if peer.stored != peer.spans:
+            peer.failures.append(f"mlflow stored {peer.stored:,} of {peer.spans:,} spans")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return peer
 
 
 def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
@@ -262,20 +357,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--profile", metavar="DIR", help="py-spy record (raw) every process during the load, into DIR")
     p.add_argument("--gil", action="store_true", help="with --profile: sample only the thread holding the GIL")
+    p.add_argument("--against", choices=["mlflow"], help="then the same payloads into this peer, side by side")
+    p.add_argument("--against-spans", type=int, default=20_000, help="how many of the spans the peer is sent")
+    p.add_argument("--against-workers", type=int, default=2, help="the peer server's worker processes")
     args = p.parse_args(argv)
     n_requests = args.spans // args.spans_per_request
     template = ingest.build_template(args.spans_per_request, args.content_bytes, args.seed)
     workdir = Path(tempfile.mkdtemp(prefix="evalsi-pipeline-"))
     results = []
+    peer = None
     try:
         for k, workers in enumerate(args.workers):
             tag = random.Random(args.seed + k).getrandbits(31) | 1
             payloads = ingest.build_payloads(template, n_requests, args.spans_per_trace, tag, time.time_ns())
             results.append(run(args, workers, payloads, workdir))
+        if args.against == "mlflow":
+            tag = random.Random(args.seed).getrandbits(31) | 1  # the first run's payloads, ids and all
+            payloads = ingest.build_payloads(template, n_requests, args.spans_per_trace, tag, time.time_ns())
+            peer = run_mlflow(args, payloads, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
-        print(json.dumps([asdict(r) for r in results], indent=1))
+        print(json.dumps({"evalsi": [asdict(r) for r in results], "peer": peer and asdict(peer)}, indent=1))
     else:
         for r in results:
             print(f"\nworkers={r.workers} ({r.source}): {r.spans:,} spans, {r.traces:,} traces")
@@ -288,7 +391,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  losses: {r.losses}")
             for f in r.failures:
                 print(f"  FAILED: {f}")
-    return 1 if any(r.failures for r in results) else 0
+        if peer is not None:
+            print(f"\n{peer.name} ({peer.workers} workers): {peer.stored:,} of {peer.spans:,} spans stored")
+            print(f"  stored {peer.stored_per_s:,.0f} spans/s; {peer.cpu_us_per_span:,.0f} µs CPU a span "
+                  f"(every process); peak RSS {peer.rss_mb:,.0f} MB (all processes); "
+                  f"{peer.retries} requests retried")  # fmt: skip
+            for f in peer.failures:
+                print(f"  FAILED: {f}")
+            for r in results:
+                if r.stored_per_s and peer.stored_per_s and peer.cpu_us_per_span:
+                    rate, cpu = r.stored_per_s / peer.stored_per_s, r.cpu_us_per_span / peer.cpu_us_per_span
+                    print(f"  evalsi workers={r.workers} against it: {rate:.1f}x the stored spans/s, "
+                          f"{cpu:.2f}x the CPU a span")  # fmt: skip
+    return 1 if any(r.failures for r in results) or (peer and peer.failures) else 0
 
 
 if __name__ == "__main__":
