@@ -148,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
         for b in fresh:
             loop.run_until_complete(normalize.consume(b))
 
+    def normalized_shards() -> None:  # redact takes normalized spans: made here when normalize did not just run
+        if not normalized.batches:
+            fresh_shards()
+            run_normalize()
+
     def run_redact() -> None:
         for b in normalized.batches:
             loop.run_until_complete(redact.consume(b))
@@ -181,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         ("receiver check (collector)", check, None),
         ("worker decode (both shards)", decode, None),
         ("normalize", run_normalize, fresh_shards),
-        ("redact", run_redact, None),
+        ("redact", run_redact, normalized_shards),
         ("to_arrow", lambda: [to_arrow(b.spans) for b in stored], None),
         ("fan-out to 2 exporters", fan_out, None),
         ("parse + check_spans", parse_and_check, None),
