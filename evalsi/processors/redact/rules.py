@@ -1,21 +1,24 @@
 """Redaction rules: built-in PII patterns, your regex rules and the OTel redaction processor's key rules. Value rules
-run over a whole batch of strings at once in the Rust regex engine (polars), then Python checks and replaces."""
+run over a batch's distinct strings at once in the Rust regex engine (polars), then Python checks and replaces."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from fnmatch import translate
 
 from evalsi.pattern import compile_pattern
 from evalsi.pii import (
     CARD_PATTERN,
+    CARD_SIEVE,
     EMAIL_PATTERN,
     IPV4_PATTERN,
+    IPV4_SIEVE,
     PHONE_PATTERN,
+    PHONE_SIEVE,
     as_is,
     card_parts,
     phone_parts,
@@ -119,12 +122,19 @@ def hasher_of(config: RedactConfig) -> Hasher:
 
 @dataclass(frozen=True)
 class Rule:
-    """A value rule: each text its `pattern` matches (the parts `parts` keeps of it) becomes `replacement(text)`."""
+    """A value rule: each text its `pattern` matches (the parts `parts` keeps of it) becomes `replacement(text)`.
+
+    The built-in rules also say how to scan faster without finding anything else: `ascii_pattern` is `pattern` for
+    texts that are all ASCII (where Unicode and ASCII classes agree), and a sieve matches every text `pattern` has a
+    match in (`ascii_sieve` among ASCII texts), so a text the sieve does not match is not scanned further."""
 
     name: str
     pattern: str
     replacement: Callable[[str], str]
     parts: Callable[[str], list[str]] = as_is
+    ascii_pattern: str | None = None
+    ascii_sieve: str | None = None
+    sieve: str | None = None
 
 
 @dataclass(frozen=True)
@@ -132,13 +142,16 @@ class _Builtin:
     pattern: str
     label: str
     parts: Callable[[str], list[str]]
+    ascii_sieve: str  # a text with no match of this cannot hold one of `pattern`, if it is all ASCII
+    sieve: str  # ... whatever its characters
 
 
 BUILTIN_RULES: dict[str, _Builtin] = {
-    "email": _Builtin(EMAIL_PATTERN, "<EMAIL_ADDRESS>", whole_match),
-    "card": _Builtin(CARD_PATTERN, "<CREDIT_CARD>", card_parts),
-    "phone": _Builtin(PHONE_PATTERN, "<PHONE_NUMBER>", phone_parts),
-    "ipv4": _Builtin(IPV4_PATTERN, "<IP_ADDRESS>", whole_match),
+    "email": _Builtin(EMAIL_PATTERN, "<EMAIL_ADDRESS>", whole_match, "@", "@"),
+    # every digit of an ASCII text is 0-9 (`\d` is Unicode's digits in the Rust engine, `[0-9]` is a fast search)
+    "card": _Builtin(CARD_PATTERN, "<CREDIT_CARD>", card_parts, "[0-9]", CARD_SIEVE),
+    "phone": _Builtin(PHONE_PATTERN, "<PHONE_NUMBER>", phone_parts, "[0-9]", PHONE_SIEVE),
+    "ipv4": _Builtin(IPV4_PATTERN, "<IP_ADDRESS>", whole_match, "[0-9]", IPV4_SIEVE),
 }
 assert tuple(BUILTIN_RULES) == BUILTIN_RULE_NAMES
 
@@ -157,19 +170,17 @@ def content_rules(config: RedactConfig, hasher: Hasher) -> list[Rule]:
         user = own.get(name)
         if user is None:
             assert builtin is not None
-            return Rule(name, builtin.pattern, _fixed(builtin.label), builtin.parts)
-        if user.pattern is not None:
-            pattern, parts = user.pattern, as_is
-        else:
-            assert builtin is not None
-            pattern, parts = builtin.pattern, builtin.parts
+            return _builtin_rule(name, builtin, _fixed(builtin.label))
         if user.hash:
             replacement: Callable[[str], str] = hasher
         elif user.replace is not None:
             replacement = _fixed(user.replace)
         else:
             replacement = _fixed(builtin.label if builtin else f"<{name.upper()}>")
-        return Rule(name, pattern, replacement, parts)
+        if user.pattern is not None:
+            return Rule(name, user.pattern, replacement)
+        assert builtin is not None
+        return _builtin_rule(name, builtin, replacement)
 
     for name in config.default_rules:
         rules.append(make(name))
@@ -177,6 +188,13 @@ def content_rules(config: RedactConfig, hasher: Hasher) -> list[Rule]:
         if r.name not in config.default_rules:
             rules.append(make(r.name))
     return rules + value_rules(config, hasher)
+
+
+def _builtin_rule(name: str, builtin: _Builtin, replacement: Callable[[str], str]) -> Rule:
+    # (?-u:...): ASCII classes and word boundaries, which agree with the Unicode ones on ASCII text and let the
+    # engine search with its fast automaton and literal prefilters
+    ascii_pattern = f"(?-u:{builtin.pattern})"
+    return Rule(name, builtin.pattern, replacement, builtin.parts, ascii_pattern, builtin.ascii_sieve, builtin.sieve)
 
 
 def value_rules(config: RedactConfig, hasher: Hasher) -> list[Rule]:
@@ -200,50 +218,98 @@ class RuleSet:
     def __init__(self, rules: list[Rule]) -> None:
         self.rules = rules
         self.names = [r.name for r in rules]
-        # one pass of every pattern at once picks the strings any rule may change
-        self._any = "|".join(f"(?:{r.pattern})" for r in rules)
+        # every pattern at once picks the strings any rule may change; the sieves first, which are cheaper
+        self._any = _either(r.pattern for r in rules)
+        self._sieve = _either(r.sieve or r.pattern for r in rules)
+        self._ascii_any = _either(r.ascii_pattern or r.pattern for r in rules)
+        self._ascii_sieve = _either(r.ascii_sieve or r.ascii_pattern or r.pattern for r in rules)
+        self._patterns = [r.pattern for r in rules]
+        self._ascii_patterns = [r.ascii_pattern or r.pattern for r in rules]
         if rules:
             import polars as pl  # here: every command that reads a config imports this module, few run it
 
-            pl.Series([""], dtype=pl.String).str.contains(self._any)  # fails here, not on the first batch
+            for pattern in (self._any, self._sieve, self._ascii_any, self._ascii_sieve):
+                pl.Series([""], dtype=pl.String).str.contains(pattern)  # fails here, not on the first batch
 
     def __bool__(self) -> bool:
         return bool(self.rules)
 
     def apply(self, texts: list[str]) -> list[Change]:
-        """The strings that change. Every occurrence of a masked text in a string is masked."""
+        """The strings that change. Every occurrence of a masked text in a string is masked. A string that recurs in
+        the batch (a system prompt, a document quoted again) is scanned and judged once."""
         if not texts or not self.rules:
             return []
-        import polars as pl
-
-        series = pl.Series(texts, dtype=pl.String)
-        hits = series.str.contains(self._any).arg_true()
-        if hits.len() == 0:
+        ascii_texts: list[str] = []
+        other_texts: list[str] = []
+        for text in dict.fromkeys(texts):
+            if text.isascii():
+                ascii_texts.append(text)
+            else:
+                other_texts.append(text)
+        found: dict[str, list[list[str]]] = {}  # text -> the matches of each rule in it
+        if ascii_texts:
+            _scan(ascii_texts, self._ascii_sieve, self._ascii_any, self._ascii_patterns, found)
+        if other_texts:  # every string goes through the engine: one it cannot take fails the batch, as it should
+            _scan(other_texts, self._sieve, self._any, self._patterns, found)
+        if not found:
             return []
-        candidates = series.gather(hits)
-        changes = [Change(i, texts[i]) for i in hits.to_list()]
-        for rule in self.rules:
-            found = candidates.str.extract_all(rule.pattern).to_list()
-            # the same match recurs (a span's raw attribute and its canonical content): judge and hash it once
-            masks: dict[str, list[tuple[str, str]]] = {}
-            for change, matches in zip(changes, found, strict=True):
+        outcome = self._judge(found)
+        if not outcome:
+            return []
+        changes = []
+        for i, text in enumerate(texts):
+            done = outcome.get(text)
+            if done is not None:
+                changes.append(Change(i, done[0], dict(done[1])))
+        return changes
+
+    def _judge(self, found: dict[str, list[list[str]]]) -> dict[str, tuple[str, dict[str, int]]]:
+        """Each text's new text and masked count per rule, for the texts that change."""
+        outcome: dict[str, tuple[str, dict[str, int]]] = {}
+        # the same match recurs (a span's raw attribute and its canonical content): judge and hash it once
+        masks: list[dict[str, list[tuple[str, str]]]] = [{} for _ in self.rules]
+        for original, per_rule in found.items():
+            text = original
+            counts: dict[str, int] = {}
+            for rule, matches, judged in zip(self.rules, per_rule, masks, strict=True):
                 if not matches:
                     continue
-                text = change.text
                 n = 0
                 for match in dict.fromkeys(matches):
-                    pairs = masks.get(match)
+                    pairs = judged.get(match)
                     if pairs is None:
-                        pairs = masks[match] = [(part, rule.replacement(part)) for part in rule.parts(match)]
+                        pairs = judged[match] = [(part, rule.replacement(part)) for part in rule.parts(match)]
                     for part, replacement in pairs:
                         k = text.count(part)
                         if k:
                             text = text.replace(part, replacement)
                             n += k
                 if n:
-                    change.text = text
-                    change.counts[rule.name] = change.counts.get(rule.name, 0) + n
-        return [c for c in changes if c.counts]
+                    counts[rule.name] = counts.get(rule.name, 0) + n
+            if counts:
+                outcome[original] = (text, counts)
+        return outcome
+
+
+def _either(patterns: Iterable[str]) -> str:
+    """One regex matching where any of `patterns` does (each once)."""
+    return "|".join(dict.fromkeys(f"(?:{p})" for p in patterns))
+
+
+def _scan(texts: list[str], sieve: str, any_rule: str, patterns: list[str], found: dict[str, list[list[str]]]) -> None:
+    """Add to `found` each of `texts` that some pattern matches, with the matches of each pattern in it."""
+    import polars as pl
+
+    series = pl.Series(texts, dtype=pl.String)
+    hits = series.str.contains(sieve).arg_true()
+    if hits.len() and any_rule != sieve:
+        hits = hits.gather(series.gather(hits).str.contains(any_rule).arg_true())
+    if hits.len() == 0:
+        return
+    candidates = series.gather(hits)
+    matches = [candidates.str.extract_all(p).to_list() for p in patterns]
+    for k, i in enumerate(hits.to_list()):
+        found[texts[i]] = [m[k] for m in matches]
 
 
 # --- key rules -------------------------------------------------------------------------------------
