@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from fnmatch import translate
+from typing import Any
 
 from evalsi.pattern import compile_pattern
 from evalsi.pii import (
@@ -126,7 +127,9 @@ class Rule:
 
     The built-in rules also say how to scan faster without finding anything else: `ascii_pattern` is `pattern` for
     texts that are all ASCII (where Unicode and ASCII classes agree), and a sieve matches every text `pattern` has a
-    match in (`ascii_sieve` among ASCII texts), so a text the sieve does not match is not scanned further."""
+    match in (`ascii_sieve` among ASCII texts), so a text the sieve does not match is not scanned further. With
+    `stand_in`, `ascii_pattern` also finds `pattern`'s matches in the ASCII stand-in of a text whose digits are all
+    0-9 (see `_FOREIGN_DIGIT`)."""
 
     name: str
     pattern: str
@@ -135,6 +138,7 @@ class Rule:
     ascii_pattern: str | None = None
     ascii_sieve: str | None = None
     sieve: str | None = None
+    stand_in: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,14 +148,17 @@ class _Builtin:
     parts: Callable[[str], list[str]]
     ascii_sieve: str  # a text with no match of this cannot hold one of `pattern`, if it is all ASCII
     sieve: str  # ... whatever its characters
+    stand_in: bool  # `pattern` is made of \d, \b and ASCII characters but x and # (see `_FOREIGN_DIGIT`)
 
 
 BUILTIN_RULES: dict[str, _Builtin] = {
-    "email": _Builtin(EMAIL_PATTERN, "<EMAIL_ADDRESS>", whole_match, "@", "@"),
+    # e-mail's classes are ASCII letters, which a stand-in's `x` would join: it runs on the text itself (it has no
+    # `\b`, so the engine's fast automaton takes it on any text)
+    "email": _Builtin(EMAIL_PATTERN, "<EMAIL_ADDRESS>", whole_match, "@", "@", stand_in=False),
     # every digit of an ASCII text is 0-9 (`\d` is Unicode's digits in the Rust engine, `[0-9]` is a fast search)
-    "card": _Builtin(CARD_PATTERN, "<CREDIT_CARD>", card_parts, "[0-9]", CARD_SIEVE),
-    "phone": _Builtin(PHONE_PATTERN, "<PHONE_NUMBER>", phone_parts, "[0-9]", PHONE_SIEVE),
-    "ipv4": _Builtin(IPV4_PATTERN, "<IP_ADDRESS>", whole_match, "[0-9]", IPV4_SIEVE),
+    "card": _Builtin(CARD_PATTERN, "<CREDIT_CARD>", card_parts, "[0-9]", CARD_SIEVE, stand_in=True),
+    "phone": _Builtin(PHONE_PATTERN, "<PHONE_NUMBER>", phone_parts, "[0-9]", PHONE_SIEVE, stand_in=True),
+    "ipv4": _Builtin(IPV4_PATTERN, "<IP_ADDRESS>", whole_match, "[0-9]", IPV4_SIEVE, stand_in=True),
 }
 assert tuple(BUILTIN_RULES) == BUILTIN_RULE_NAMES
 
@@ -194,7 +201,8 @@ def _builtin_rule(name: str, builtin: _Builtin, replacement: Callable[[str], str
     # (?-u:...): ASCII classes and word boundaries, which agree with the Unicode ones on ASCII text and let the
     # engine search with its fast automaton and literal prefilters
     ascii_pattern = f"(?-u:{builtin.pattern})"
-    return Rule(name, builtin.pattern, replacement, builtin.parts, ascii_pattern, builtin.ascii_sieve, builtin.sieve)
+    b = builtin
+    return Rule(name, b.pattern, replacement, b.parts, ascii_pattern, b.ascii_sieve, b.sieve, b.stand_in)
 
 
 def value_rules(config: RedactConfig, hasher: Hasher) -> list[Rule]:
@@ -212,6 +220,17 @@ class Change:
     counts: dict[str, int] = field(default_factory=dict)
 
 
+# A text's ASCII stand-in: each run of non-ASCII word characters becomes `x`, each other run of non-ASCII characters
+# `#`. Where the text has no digit outside 0-9, a pattern made of `\d`, `\b` and ASCII characters other than `x` and
+# `#` finds the same matches in the stand-in (ASCII classes, as `(?-u:...)`) as in the text (Unicode classes): each
+# position is a digit, a word character or a given ASCII character in both, and no match holds a stand-in character.
+# The classes are the regex engine's own, so its Unicode tables decide. The stand-in keeps the engine on its fast
+# automaton, where a Unicode `\b` next to non-ASCII text sends it to a ~100x slower one.
+_FOREIGN_DIGIT = r"[\d&&[^0-9]]"
+_FOREIGN_WORD = r"[\w&&[^\x00-\x7F]]+"
+_FOREIGN_OTHER = r"[^\x00-\x7F]+"
+
+
 class RuleSet:
     """Rules applied in order over a list of strings."""
 
@@ -225,6 +244,7 @@ class RuleSet:
         self._ascii_sieve = _either(r.ascii_sieve or r.ascii_pattern or r.pattern for r in rules)
         self._patterns = [r.pattern for r in rules]
         self._ascii_patterns = [r.ascii_pattern or r.pattern for r in rules]
+        self._stand_in = any(r.stand_in for r in rules)
         if rules:
             import polars as pl  # here: every command that reads a config imports this module, few run it
 
@@ -239,6 +259,8 @@ class RuleSet:
         the batch (a system prompt, a document quoted again) is scanned and judged once."""
         if not texts or not self.rules:
             return []
+        import polars as pl
+
         ascii_texts: list[str] = []
         other_texts: list[str] = []
         for text in dict.fromkeys(texts):
@@ -248,9 +270,15 @@ class RuleSet:
                 other_texts.append(text)
         found: dict[str, list[list[str]]] = {}  # text -> the matches of each rule in it
         if ascii_texts:
-            _scan(ascii_texts, self._ascii_sieve, self._ascii_any, self._ascii_patterns, found)
+            series = pl.Series(ascii_texts, dtype=pl.String)
+            hits = series.str.contains(self._ascii_sieve).arg_true()
+            if hits.len() and self._ascii_any != self._ascii_sieve:
+                hits = hits.gather(series.gather(hits).str.contains(self._ascii_any).arg_true())
+            if hits.len():
+                candidates = series.gather(hits)
+                self._extract(hits, ascii_texts, [(candidates, p) for p in self._ascii_patterns], found)
         if other_texts:  # every string goes through the engine: one it cannot take fails the batch, as it should
-            _scan(other_texts, self._sieve, self._any, self._patterns, found)
+            self._scan_non_ascii(pl.Series(other_texts, dtype=pl.String), other_texts, found)
         if not found:
             return []
         outcome = self._judge(found)
@@ -262,6 +290,35 @@ class RuleSet:
             if done is not None:
                 changes.append(Change(i, done[0], dict(done[1])))
         return changes
+
+    def _scan_non_ascii(self, series: Any, texts: list[str], found: dict[str, list[list[str]]]) -> None:
+        hits = series.str.contains(self._sieve).arg_true()
+        if hits.len() == 0:
+            return
+        plain = hits
+        if self._stand_in:
+            foreign = series.gather(hits).str.contains(_FOREIGN_DIGIT)
+            plain, standing = hits.filter(foreign), hits.filter(~foreign)
+            if standing.len():
+                candidates = series.gather(standing)
+                stand_in = candidates.str.replace_all(_FOREIGN_WORD, "x").str.replace_all(_FOREIGN_OTHER, "#")
+                scans = [
+                    (stand_in, r.ascii_pattern) if r.stand_in and r.ascii_pattern else (candidates, r.pattern)
+                    for r in self.rules
+                ]
+                self._extract(standing, texts, scans, found)
+        if plain.len() and self._any != self._sieve:
+            plain = plain.gather(series.gather(plain).str.contains(self._any).arg_true())
+        if plain.len():
+            candidates = series.gather(plain)
+            self._extract(plain, texts, [(candidates, p) for p in self._patterns], found)
+
+    @staticmethod
+    def _extract(hits: Any, texts: list[str], scans: list[tuple[Any, str]], found: dict[str, list[list[str]]]) -> None:
+        """Add to `found` the texts at `hits` with each rule's matches in them (rule i: pattern i over series i)."""
+        matches = [series.str.extract_all(pattern).to_list() for series, pattern in scans]
+        for k, i in enumerate(hits.to_list()):
+            found[texts[i]] = [m[k] for m in matches]
 
     def _judge(self, found: dict[str, list[list[str]]]) -> dict[str, tuple[str, dict[str, int]]]:
         """Each text's new text and masked count per rule, for the texts that change."""
@@ -294,22 +351,6 @@ class RuleSet:
 def _either(patterns: Iterable[str]) -> str:
     """One regex matching where any of `patterns` does (each once)."""
     return "|".join(dict.fromkeys(f"(?:{p})" for p in patterns))
-
-
-def _scan(texts: list[str], sieve: str, any_rule: str, patterns: list[str], found: dict[str, list[list[str]]]) -> None:
-    """Add to `found` each of `texts` that some pattern matches, with the matches of each pattern in it."""
-    import polars as pl
-
-    series = pl.Series(texts, dtype=pl.String)
-    hits = series.str.contains(sieve).arg_true()
-    if hits.len() and any_rule != sieve:
-        hits = hits.gather(series.gather(hits).str.contains(any_rule).arg_true())
-    if hits.len() == 0:
-        return
-    candidates = series.gather(hits)
-    matches = [candidates.str.extract_all(p).to_list() for p in patterns]
-    for k, i in enumerate(hits.to_list()):
-        found[texts[i]] = [m[k] for m in matches]
 
 
 # --- key rules -------------------------------------------------------------------------------------
