@@ -5,12 +5,16 @@ from __future__ import annotations
 import math
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_asgi_app
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Exemplar, GaugeMetricFamily, Metric
+from prometheus_client.validation import _validate_exemplar
+from prometheus_client.values import MutexValue
 from pydantic import Field, field_validator
 
 from evalsi.auth.asgi_gate import gate
@@ -24,6 +28,9 @@ from evalsi.runtime.serving import AsgiServer
 CONFIDENCE = 0.95
 SERIES = ["policy", "evaluator", "name"]
 OUTCOMES = get_args(Outcome)
+_GROUPED_FROM = 4
+"""A batch, and a label set within one, of fewer scores is recorded a score at a time (`PrometheusExporter.record`):
+a group's fixed cost is that of three or four scores."""
 # scores are mostly 0..1; the wide buckets keep counts and latencies in ms from landing all in +Inf
 DEFAULT_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 10.0, 100.0, 1_000.0, 10_000.0)
 
@@ -149,7 +156,8 @@ class _WindowCollector:
 
 @exporter("prometheus", config=PrometheusConfig, signals=("scores",))
 class PrometheusExporter:
-    """Each score updates in-memory metrics as it arrives (no I/O, so no queue: ingest never waits on a scrape);
+    """Each batch of scores updates in-memory metrics as it arrives (no I/O, so no queue: ingest never waits on a
+    scrape);
     Prometheus scrapes them from `endpoint`. Label sets are (policy, evaluator, name), at most `max_series`."""
 
     def __init__(self, config: PrometheusConfig, settings: Settings) -> None:
@@ -225,21 +233,84 @@ class PrometheusExporter:
     async def consume_scores(self, batch: ScoreBatch) -> None:
         if self._stopping:
             raise Refused("the collector is shutting down", unavailable=True, retry_after=5)
-        recorded = dropped = 0
-        now = self.clock()
-        for score in batch:
-            if self._record(score, now):
-                recorded += 1
-            else:
-                dropped += 1
+        recorded, dropped = self.record(batch.scores, self.clock())
         if recorded:
             self._sent.inc(recorded)
         if dropped:
             self._failed.inc(dropped)
             self._dropped.inc(dropped)
 
+    def record(self, scores: list[Score], now: float) -> tuple[int, int]:
+        """The metrics of a batch of scores: (recorded, dropped past `max_series`). The same metrics, exemplars
+        and windows as `_record` one score at a time, in order (tests/exporters/test_prometheus_batched.py), with
+        one update a label set and metric instead of one a score: a label set whose metric children all exist
+        already is recorded as a group (`_record_group`); the others (new label sets, a first verdict or value, an
+        unknown outcome) one score at a time, in batch order, so children are created in the same order."""
+        if len(scores) < _GROUPED_FROM:
+            recorded = sum(1 for score in scores if self._record(score, now))
+            return recorded, len(scores) - recorded
+        groups: dict[tuple[str, str, str], list[Score]] = {}
+        for key, score in zip(map(_series_key, scores), scores, strict=True):
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [score]
+            else:
+                group.append(score)
+        ready: list[tuple[_Children, list[Score]]] = []
+        slow: set[tuple[str, str, str]] = set()
+        for key, group in groups.items():
+            children = self._children.get(key)
+            if children is None or len(group) < _GROUPED_FROM or not children.takes(group, self.windows):
+                slow.add(key)
+            else:
+                ready.append((children, group))
+        recorded = dropped = 0
+        if slow:
+            for score in scores:
+                key = _series_key(score)
+                if key not in slow:
+                    continue
+                if self._record_series(score, key, now):
+                    recorded += 1
+                else:
+                    dropped += 1
+        start = self.window_start(now)
+        for children, group in ready:
+            self._record_group(children, group, start)
+            recorded += len(group)
+        # judge counters, in batch order: their sums add floats, and several names share a (policy, evaluator)
+        children_of = self._children
+        for score in scores:
+            if (score.source == "llm_judge" or score.reason == "budget exhausted") and (
+                _series_key(score) in children_of
+            ):
+                self._record_judge(score)
+        return recorded, dropped
+
     def _record(self, score: Score, now: float) -> bool:
-        key = (score.policy, score.evaluator, score.name)
+        """One score's metrics (what `record` does for a batch); False when its label set passes `max_series`."""
+        key = _series_key(score)
+        if not self._record_series(score, key, now):
+            return False
+        self._record_judge(score)
+        return True
+
+    def _record_judge(self, score: Score) -> None:
+        judge = (score.policy, score.evaluator)
+        if score.source == "llm_judge":
+            if judge not in self._judges:  # at 0 first (see _start_at_zero)
+                self._judges.add(judge)
+                for counter in (self._judge_tokens, self._judge_cost, self._budget):
+                    counter.labels(*judge)
+            if score.judge_cost_usd:
+                self._judge_cost.labels(*judge).inc(score.judge_cost_usd)
+            tokens = _tokens(score.metadata)
+            if tokens:
+                self._judge_tokens.labels(*judge).inc(tokens)
+        if score.outcome == "skipped" and score.reason == "budget exhausted":
+            self._budget.labels(*judge).inc()
+
+    def _record_series(self, score: Score, key: tuple[str, str, str], now: float) -> bool:
         children = self._children.get(key)
         if children is None:
             if len(self._series) >= self._config.max_series:
@@ -247,20 +318,11 @@ class PrometheusExporter:
             self._series.add(key)
             # every outcome at 0 (see _start_at_zero); each series' children looked up once, not per score
             children = self._children[key] = _Children(
-                {outcome: self._scores.labels(*key, outcome) for outcome in OUTCOMES}
+                key, {outcome: self._scores.labels(*key, outcome) for outcome in OUTCOMES}
             )
         self._start_at_zero(score, key)
         outcome = children.outcomes.get(score.outcome)
         (outcome if outcome is not None else self._scores.labels(*key, score.outcome)).inc()
-        if score.source == "llm_judge":
-            judge = (score.policy, score.evaluator)
-            if score.judge_cost_usd:
-                self._judge_cost.labels(*judge).inc(score.judge_cost_usd)
-            tokens = _tokens(score.metadata)
-            if tokens:
-                self._judge_tokens.labels(*judge).inc(tokens)
-        if score.outcome == "skipped" and score.reason == "budget exhausted":
-            self._budget.labels(score.policy, score.evaluator).inc()
         if score.outcome != "scored":
             return True  # only scored outcomes count in values, verdicts and windows
         if score.value is not None and math.isfinite(score.value):
@@ -279,6 +341,38 @@ class PrometheusExporter:
             window.add(score)
         return True
 
+    def _record_group(self, children: _Children, group: list[Score], start: float) -> None:
+        """Scores of one label set whose metric children all exist (`_Children.takes`), in batch order."""
+        scored = [s for s in group if s.outcome == "scored"]
+        outcomes = children.outcomes
+        if len(scored) == len(group):
+            outcomes["scored"].inc(len(group))
+        else:
+            counts: dict[str, int] = {}
+            for s in group:
+                counts[s.outcome] = counts.get(s.outcome, 0) + 1
+            for outcome, n in counts.items():
+                outcomes[outcome].inc(n)
+        if not scored:
+            return
+        finite = [s for s in scored if s.value is not None and math.isfinite(s.value)]
+        if finite:
+            _observe_all(children.value, finite)
+        verdicts = [s.passed for s in scored if s.passed is not None]
+        if verdicts:
+            passed = sum(1 for v in verdicts if v)
+            if passed:
+                children.passed.inc(passed)
+            if passed < len(verdicts):
+                children.failed.inc(len(verdicts) - passed)
+        key = children.key
+        with self.lock:
+            window = self.windows.get(key)
+            if window is None or window.start != start:
+                window = self.windows[key] = _Window(start)
+            for s in scored:
+                window.add(s)
+
     def _start_at_zero(self, score: Score, key: tuple[str, str, str]) -> None:
         """Exposes at 0 the counters a label set may move (outcomes from its first score, passed/failed from its first
         verdict, judge counters from its first judge score). A series that first appears at 1 shows no increase, so
@@ -287,11 +381,6 @@ class PrometheusExporter:
             self._verdicts.add(key)
             self._passed.labels(*key)
             self._failed_scores.labels(*key)
-        judge = key[:2]
-        if score.source == "llm_judge" and judge not in self._judges:
-            self._judges.add(judge)
-            for counter in (self._judge_tokens, self._judge_cost, self._budget):
-                counter.labels(*judge)
 
     async def shutdown(self) -> None:
         """Nothing is held between scores; stop serving the endpoint."""
@@ -305,10 +394,66 @@ class PrometheusExporter:
 class _Children:
     """One (policy, evaluator, name) series' metric children."""
 
+    key: tuple[str, str, str]
     outcomes: dict[str, Any]
     value: Any = None
     passed: Any = None
     failed: Any = None
+
+    def takes(self, group: list[Score], windows: dict[tuple[str, str, str], _Window]) -> bool:
+        """Whether `group` (scores of this series) moves only children and a window that exist: it creates no
+        child, so recording it as a group keeps the order in which children (and windows) appear."""
+        if not {s.outcome for s in group} <= self.outcomes.keys():
+            return False  # an outcome outside `Outcome`: its child is made on the spot
+        if self.passed is None and any(s.passed is not None for s in group):
+            return False
+        if self.key not in windows or self.value is None:
+            scored = [s for s in group if s.outcome == "scored"]
+            if scored and self.key not in windows:
+                return False
+            if self.value is None and any(s.value is not None and math.isfinite(s.value) for s in scored):
+                return False
+        return True
+
+
+_series_key: Callable[[Score], tuple[str, str, str]] = attrgetter("policy", "evaluator", "name")
+
+
+def _observe_all(histogram: Any, scores: list[Score]) -> None:
+    """`histogram.observe(s.value, exemplar=_exemplar(s))` for each score, in order, with one update a bucket: the
+    same counts, the same sum (added in the same order) and, per bucket, the exemplar of its last observation that
+    has one (its timestamp: now). Through prometheus_client's private fields (`_upper_bounds`, `_buckets`, `_sum`
+    and `MutexValue`'s `_value` and `_lock`; tests/exporters/test_prometheus_batched.py checks they are there);
+    one at a time where they are not as expected (multiprocess mode)."""
+    total = getattr(histogram, "_sum", None)
+    if type(total) is not MutexValue:
+        for s in scores:
+            histogram.observe(s.value, exemplar=_exemplar(s))
+        return
+    bounds, buckets = histogram._upper_bounds, histogram._buckets
+    counts: dict[int, int] = {}
+    last: dict[int, int] = {}
+    at = [bisect_left(bounds, s.value) for s in scores]
+    for n, i in enumerate(at):
+        counts[i] = counts.get(i, 0) + 1
+        last[i] = n
+    with total._lock:
+        value = total._value
+        for s in scores:
+            value += s.value  # type: ignore[operator]
+        total._value = value
+    for i, count in counts.items():
+        buckets[i].inc(count)
+    stamp = time.time()
+    for i, n in last.items():
+        exemplar = _exemplar(scores[n])
+        while exemplar is None and n > 0:  # the bucket's latest observation that has one
+            n -= 1
+            if at[n] == i:
+                exemplar = _exemplar(scores[n])
+        if exemplar:
+            _validate_exemplar(exemplar)
+            buckets[i].set_exemplar(Exemplar(exemplar, scores[n].value, stamp))
 
 
 def _tokens(metadata: dict[str, Any]) -> int:
