@@ -61,13 +61,14 @@ class Program:
     so span maps carry only the canonical fields the expression names.
     """
 
-    __slots__ = ("_expression", "_reads", "fields", "names", "source", "trace_spans", "variables")
+    __slots__ = ("_expression", "_leaves", "_reads", "fields", "names", "source", "trace_spans", "variables")
 
     def __init__(self, source: str, expression: Any, variables: Iterable[str] = VARIABLES) -> None:
         self.source = source
         self._expression = expression
         self.variables = frozenset(variables)
         self._reads: list[Read] | None = None
+        self._leaves: tuple[tuple[str, ...], ...] | bool | None = False  # False: not worked out yet
         # a name in the text (even inside a string, as in s["model"]) is enough to keep that field
         self.names: frozenset[str] = frozenset(_IDENTIFIER.findall(source))
         """Every name in the text, strings' words included."""
@@ -84,13 +85,31 @@ class Program:
         """The chains of field accesses from the variables (`trace.llm_calls`, `scores['x'].passed`), from the
         checked AST (string literals are not reads); worked out on first use, for compile-time checks only."""
         if self._reads is None:
-            walk = _Walk(self.variables)
-            checked = _message_fields(_one(_message_fields(self._expression.serialize()), 2))  # Any.value
-            root = _one(checked, 4)  # CheckedExpr.expr
-            if root is not None:
-                walk.expr(root, {})
-            self._reads = walk.reads
+            self._walk()
+        assert self._reads is not None
         return self._reads
+
+    @property
+    def leaves(self) -> tuple[tuple[str, ...], ...] | None:
+        """Every path the expression reads a value at and uses as a whole (`trace.service_name`,
+        `span.attributes['app.route']`; `size(span.attributes)` uses `span.attributes`), when each is a chain of
+        constant field or key steps from a variable; None when it loops (`exists`, `all`, ...), indexes a list or a
+        map by a computed key, or has no such path. Its value then depends on those values alone, once the
+        activation converts (see `conditions.Condition`)."""
+        if self._leaves is False:
+            self._walk()
+        return self._leaves  # type: ignore[return-value]
+
+    def _walk(self) -> None:
+        walk = _Walk(self.variables)
+        checked = _message_fields(_one(_message_fields(self._expression.serialize()), 2))  # Any.value
+        root = _one(checked, 4)  # CheckedExpr.expr
+        if root is not None:
+            walk.consume(walk.expr(root, {}))
+        self._reads = walk.reads
+        paths = tuple(dict.fromkeys(read.path for read in walk.leaves))
+        simple = not walk.loops and paths and all(ITEM not in path for path in paths)
+        self._leaves = paths if simple else None
 
     def matches(self, activation: Mapping[str, Any]) -> bool:
         """True when the expression evaluates to boolean true; an evaluation error counts as no match."""
@@ -172,6 +191,8 @@ def trace_activation(
     ordered = sorted(spans, key=lambda s: s.start_time_unix_nano)
     root_at = next((i for i, s in enumerate(ordered) if not s.parent_span_id), 0)
     root = ordered[root_at] if ordered else None
+    if keys is not None and not span_maps and keys.isdisjoint(_COUNTED_KEYS):
+        return {"trace": _uncounted(ordered, root, trace_id, keys)}
     if fields is not None:
         fields = tuple(fields)
     canonical = [_span_map(s, fields) for s in ordered] if span_maps else []
@@ -179,34 +200,36 @@ def trace_activation(
     tools: dict[str, None] = {}
     errors = llm = tool = tokens_in = tokens_out = 0
     cost = 0.0
-    folded, usage = counted_once(ordered)
-    aggregates = aggregate_usage(ordered, folded)
-    for s in ordered:
-        if s.span_id in folded:  # a vendor SDK's record of a call an instrumentation's span records too
-            continue
-        if s.status_code == "ERROR":
-            errors += 1
-        if s.step_type == "llm":
-            llm += 1
-        elif s.step_type == "tool":
-            tool += 1
-        if s.model:
-            models[s.model] = None
-        if s.tool_name:
-            tools[s.tool_name] = None
-        if s.span_id in aggregates:  # its usage is that of the calls below it, counted there
-            continue
-        used_in, used_out, used_usd = call_usage(s, usage.get(s.span_id))
-        tokens_in += used_in or 0
-        tokens_out += used_out or 0
-        cost += used_usd or 0.0
+    # with `keys`, the sums over the spans are made only when some key needs them (the rest costs little)
+    counted = keys is None or not keys.isdisjoint(_COUNTED_KEYS)
+    used = keys is None or not keys.isdisjoint(_USAGE_KEYS)
+    if counted:
+        folded, usage = counted_once(ordered)
+        aggregates = aggregate_usage(ordered, folded) if used else set()
+        for s in ordered:
+            if s.span_id in folded:  # a vendor SDK's record of a call an instrumentation's span records too
+                continue
+            if s.status_code == "ERROR":
+                errors += 1
+            if s.step_type == "llm":
+                llm += 1
+            elif s.step_type == "tool":
+                tool += 1
+            if s.model:
+                models[s.model] = None
+            if s.tool_name:
+                tools[s.tool_name] = None
+            if not used or s.span_id in aggregates:  # its usage is that of the calls below it, counted there
+                continue
+            used_in, used_out, used_usd = call_usage(s, usage.get(s.span_id))
+            tokens_in += used_in or 0
+            tokens_out += used_out or 0
+            cost += used_usd or 0.0
     start = min((s.start_time_unix_nano for s in ordered), default=0)
     end = max((s.end_time_unix_nano for s in ordered), default=0)
 
     def first(field: str) -> Any:
-        if root is not None and getattr(root, field):
-            return getattr(root, field)
-        return next((getattr(s, field) for s in ordered if getattr(s, field)), None)
+        return _first(ordered, root, field)
 
     trace: dict[str, Any] = {"trace_id": trace_id if trace_id is not None else (root.trace_id if root else "")}
     if span_maps:
@@ -233,6 +256,41 @@ def trace_activation(
     if keys is not None:
         trace = {k: v for k, v in trace.items() if k in keys}
     return {"trace": trace}
+
+
+def _first(ordered: list[Span], root: Span | None, field: str) -> Any:
+    """The root's `field`, else the first span's that has one."""
+    if root is not None and getattr(root, field):
+        return getattr(root, field)
+    return next((getattr(s, field) for s in ordered if getattr(s, field)), None)
+
+
+def _uncounted(ordered: list[Span], root: Span | None, trace_id: str | None, keys: frozenset[str]) -> dict[str, Any]:
+    """`trace_activation`'s `trace` with only `keys`, none of them counted over the spans (`_COUNTED_KEYS`),
+    `spans` and `root` left out: the same values, made without the counting."""
+    trace: dict[str, Any] = {}
+    if "trace_id" in keys:
+        trace["trace_id"] = trace_id if trace_id is not None else (root.trace_id if root else "")
+    if "start_time_unix_nano" in keys or "duration_ns" in keys:
+        start = min((s.start_time_unix_nano for s in ordered), default=0)
+        if "start_time_unix_nano" in keys:
+            trace["start_time_unix_nano"] = start
+        if "duration_ns" in keys:
+            trace["duration_ns"] = max(0, max((s.end_time_unix_nano for s in ordered), default=0) - start)
+    if "span_count" in keys:
+        trace["span_count"] = len(ordered)
+    for field in ("session_id", "user_id"):
+        if field in keys:
+            trace[field] = _first(ordered, root, field)
+    if "service_name" in keys:
+        trace["service_name"] = _first(ordered, root, "service_name") or ""
+    return trace
+
+
+_USAGE_KEYS = frozenset({"input_tokens", "output_tokens", "cost_usd"})
+"""`trace` keys `trace_activation` sums from each call's usage."""
+_COUNTED_KEYS = _USAGE_KEYS | {"error_count", "llm_calls", "tool_calls", "models", "tool_names"}
+"""`trace` keys `trace_activation` counts over the spans, each model call once."""
 
 
 # --- what an expression reads, and the schema it is checked against ------------------------------------------------
@@ -358,6 +416,14 @@ class _Walk:
     def __init__(self, variables: frozenset[str]) -> None:
         self.variables = variables
         self.reads: list[Read] = []
+        self.leaves: list[Read] = []
+        """Reads used as a whole (an operand, an argument, the result), not only stepped into."""
+        self.loops = False
+        """Whether the expression has a comprehension (`exists`, `all`, `map`, `filter`)."""
+
+    def consume(self, read: Read | None) -> None:
+        if read is not None:
+            self.leaves.append(read)
 
     def expr(self, buf: bytes, scope: Mapping[str, Read | None]) -> Read | None:
         """Walk one Expr; returns the read it is (to extend by a select or an index around it), if any."""
@@ -384,22 +450,23 @@ class _Walk:
                 return self._index(args[0], args[1], scope)
             target = _one(c, 1)
             if target is not None:
-                self.expr(target, scope)
+                self.consume(self.expr(target, scope))
             for arg in args:
-                self.expr(arg, scope)
+                self.consume(self.expr(arg, scope))
             return None
         if _LIST in e:
             for element in _message_fields(_one(e, _LIST)).get(1, []):
-                self.expr(element, scope)
+                self.consume(self.expr(element, scope))
             return None
         if _STRUCT in e:
             for entry in _message_fields(_one(e, _STRUCT)).get(2, []):
                 parts = _message_fields(entry)
                 for number in (3, 4):  # map_key, value
                     if number in parts:
-                        self.expr(_one(parts, number), scope)
+                        self.consume(self.expr(_one(parts, number), scope))
             return None
         if _COMPREHENSION in e:
+            self.loops = True
             self._comprehension(_message_fields(_one(e, _COMPREHENSION)), scope)
         return None
 
@@ -408,7 +475,8 @@ class _Walk:
         k = _message_fields(key)
         literal = _message_fields(_one(k, _CONST)) if _CONST in k else None
         if literal is None:
-            self.expr(key, scope)
+            self.consume(base)  # indexed by a computed key: any key of it may be read
+            self.consume(self.expr(key, scope))
             return None
         if base is None:
             return None
@@ -418,6 +486,7 @@ class _Walk:
         elif 3 in literal or 4 in literal:  # a number: l[0] reads an element
             read = base.then(ITEM, f"[{_one(literal, 3) if 3 in literal else _one(literal, 4)}]")
         else:
+            self.consume(base)
             return None
         self.reads.append(read)
         return read

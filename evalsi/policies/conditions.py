@@ -51,17 +51,57 @@ def _uses(source: str, variables: Iterable[str]) -> tuple[str, ...]:
     return tuple(v for v in variables if re.search(rf"(?<![\w.]){v}\b", source))
 
 
+MEMO_SIZE = 4096
+"""Distinct inputs a condition remembers its result for (`Condition.matches`); past it the memo starts afresh."""
+_MISSING = object()
+_MAX_DEPTH = 32
+_SCALARS = frozenset({str, int, bool, bytes, type(None)})
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate: CEL refuses the whole activation
+        return False
+    return True
+
+
+def _converts(value: Any, depth: int = 0) -> bool:
+    """Whether CEL takes `value` as it is (a conservative check: False also for some values CEL would take). CEL
+    converts the whole activation before it evaluates, so one value it refuses anywhere makes the condition false,
+    whatever the values it reads."""
+    t = type(value)
+    if t is str:
+        return value.isascii() or _utf8(value)
+    if t is int:
+        return -(2**63) <= value < 2**64
+    if t is bool or t is float or t is bytes or value is None:
+        return True
+    if depth >= _MAX_DEPTH:
+        return False
+    if t is dict:
+        return all(type(k) is str and (k.isascii() or _utf8(k)) and _converts(v, depth + 1) for k, v in value.items())
+    if t is list:
+        return all(_converts(v, depth + 1) for v in value)
+    return False
+
+
 class Condition:
     """A compiled CEL condition; only the variables it names are built and handed to CEL. A field its variables do
-    not have (`SCHEMA`) is refused here, at load, with a did-you-mean (`cel.FieldError`)."""
+    not have (`SCHEMA`) is refused here, at load, with a did-you-mean (`cel.FieldError`).
 
-    __slots__ = ("program", "source", "uses")
+    When the expression reads only values at fixed paths (`cel.Program.leaves`) and the variables handed over all
+    convert, its result depends on those values alone: it is remembered for each distinct tuple of them (with
+    their types), at most `MEMO_SIZE`, so a selector that sees the same service or route again skips CEL."""
+
+    __slots__ = ("_memo", "program", "source", "uses")
 
     def __init__(self, source: str, variables: Iterable[str]) -> None:
         variables = tuple(variables)
         self.source = source
         self.program = cel.compile(source, variables, SCHEMA)  # ValueError with CEL's message, or FieldError
         self.uses = _uses(source, variables)
+        self._memo: dict[tuple[Any, ...], bool] | None = {} if self.program.leaves is not None else None
 
     @property
     def fields(self) -> frozenset[str]:
@@ -73,7 +113,44 @@ class Condition:
 
     def matches(self, view: TraceView, scores: dict[str, Any] | None = None) -> bool:
         data = {v: (scores if scores is not None else {}) if v == "scores" else view.variable(v) for v in self.uses}
-        return self.program.matches(data)
+        memo = self._memo
+        if memo is None:
+            return self.program.matches(data)
+        key = self._key(data)
+        if key is None:
+            return self.program.matches(data)
+        found = memo.get(key)
+        if found is None:
+            if len(memo) >= MEMO_SIZE:
+                memo.clear()
+            found = memo[key] = self.program.matches(data)
+        return found
+
+    def _key(self, data: dict[str, Any]) -> tuple[Any, ...] | None:
+        """The values the expression reads, each with its type (1, 1.0 and true differ in CEL; so do 0.0 and -0.0
+        under division); None when one is not a plain scalar or some value of `data` would not convert."""
+        parts: list[Any] = []
+        for path in self.program.leaves or ():
+            value = data
+            for step in path:
+                if type(value) is not dict:
+                    return None  # CEL errs on a step into a non-map: no memo, CEL says so itself
+                value = value.get(step, _MISSING)
+                if value is _MISSING:
+                    break
+            if value is _MISSING:
+                parts.append(_MISSING)
+                continue
+            t = type(value)
+            if t is float:
+                parts += (t, value if value else repr(value))
+            elif t in _SCALARS:
+                parts += (t, value)
+            else:
+                return None
+        if not all(_converts(value) for value in data.values()):
+            return None
+        return tuple(parts)
 
     def matches_span(self, span: Span) -> bool:
         return self.program.matches(cel.span_activation(span, self.program.fields))
