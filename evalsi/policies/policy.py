@@ -175,6 +175,8 @@ class Policy:
         self.stats = PolicyStats()
         self.feedback_always = [a for a in self.always if isinstance(a, Condition) and a.reads_feedback]
         self.late = any(c.reads_feedback for c in self.conditions())
+        self._reads_scores = promote is not None or any(s.when is not None for s in stages)
+        """Whether a `when` (a stage's, or `promote.when`) may read `scores`: else the cascade keeps no summaries."""
         """Whether late feedback can change what this policy does with a trace (some condition names `feedback`)."""
 
     def conditions(self) -> list[Condition]:
@@ -185,7 +187,8 @@ class Policy:
         return found
 
     def sampled(self, key: str) -> bool:
-        return sampling_hash(key) < self.threshold
+        # every 64-bit hash is below 2**64: at rate 1 the hash is not worked out
+        return self.threshold >= _TWO_64 or sampling_hash(key) < self.threshold
 
     def _admit(self, view: TraceView, key: str) -> bool | None:
         """Whether to evaluate the trace; None when the selector leaves it out."""
@@ -245,6 +248,8 @@ class Policy:
                     s.timestamp_unix_nano = stamp
                     st.scores[s.outcome] += 1
                 out.extend(produced)
+            if not self._reads_scores:
+                continue
             by_name: dict[str, list[Score]] = {}
             for s in produced:
                 by_name.setdefault(s.name, []).append(s)

@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
-from functools import cached_property
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 from evalsi import cel
 from evalsi.evaluators import Target
@@ -19,6 +18,27 @@ from evalsi.model.trajectory import build_trajectory, counted_once
 from evalsi.policies.feedback import NEGATIVE_BELOW, feedback_variable
 
 __all__ = ["SessionView", "TraceView"]
+
+T = TypeVar("T")
+
+
+class lazy_property(Generic[T]):
+    """`functools.cached_property` without its lock (Python 3.11 takes one on every first read): worked out on first
+    read into the instance's `__dict__`, which later reads find first. A view belongs to one thread."""
+
+    def __init__(self, fn: Callable[[Any], T]) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: Any, owner: type | None = None) -> T:
+        if instance is None:
+            return self  # type: ignore[return-value]
+        value = instance.__dict__[self.name] = self.fn(instance)
+        return value
 
 
 class TraceView:
@@ -58,13 +78,13 @@ class TraceView:
         self.judges = judges
         self._variables: dict[str, Any] = {}
 
-    @cached_property
+    @lazy_property
     def folded(self) -> set[str]:
         """Vendor SDK spans recording a call an instrumentation span of the trace records too: the trajectory, the
         trace's sums and span-scope evaluators count the call once, on the instrumentation's span."""
         return counted_once(self.spans)[0]
 
-    @cached_property
+    @lazy_property
     def source_ids(self) -> dict[str, tuple[str, str]]:
         """For traces a pull receiver imported from a tool whose ids are not OTel ids (`evalsi.source.trace_id`,
         `evalsi.source.span_id`): span id -> the trace's and the span's ids there. Empty for every other trace."""
@@ -75,18 +95,18 @@ class TraceView:
                 out[s.span_id] = (str(trace), str(s.attributes.get(SOURCE_SPAN_ID, "")))
         return out
 
-    @cached_property
+    @lazy_property
     def session_id(self) -> str:
         if self.root.session_id:
             return self.root.session_id
         return next((s.session_id for s in self.spans if s.session_id), None) or ""
 
-    @cached_property
+    @lazy_property
     def duration_ns(self) -> int:
         start = self.spans[0].start_time_unix_nano
         return max(0, max(s.end_time_unix_nano for s in self.spans) - start)
 
-    @cached_property
+    @lazy_property
     def run_ids(self) -> tuple[str, int, str]:
         """(run id, trial, task id) from harness spans' `evalsi.*` attributes; empty for production traces."""
         for span in (self.root, *self.spans):
@@ -134,7 +154,7 @@ class TraceView:
             self._trajectory = build_trajectory(self.spans)
         return self._trajectory
 
-    @cached_property
+    @lazy_property
     def context(self) -> list[str]:
         """Retrieved documents' text, from retriever spans, for evaluators that require `context`."""
         return [
@@ -144,7 +164,7 @@ class TraceView:
             if isinstance(d, dict) and isinstance(d.get("content"), str)
         ]
 
-    @cached_property
+    @lazy_property
     def target(self) -> Target:
         # the trajectory is built only if an evaluator reads it (Target.trajectory is lazy)
         trajectory = self._trajectory if self._trajectory is not None else FROM_SPANS

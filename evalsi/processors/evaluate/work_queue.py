@@ -90,6 +90,7 @@ class EvaluationQueue:
         self._scores = m.counter(
             "evalsi_evaluate_scores", "Scores the policies produced, by outcome.", ["processor", "outcome"]
         )
+        self._scores_by_outcome: dict[str, Any] = {}
         self._dropped_scores = m.counter(
             "evalsi_evaluate_scores_dropped", "Scores no scores pipeline would take.", ["processor"]
         ).labels(sid)
@@ -166,10 +167,6 @@ class EvaluationQueue:
         self._queue_gauge.set(len(self._queue))
         self._wake.set()
 
-    def count_scores(self, scores: list[Score]) -> None:
-        for s in scores:
-            self._scores.labels(self.settings.id, s.outcome).inc()
-
     async def hand_on(self, scores: list[Score]) -> None:
         """Scores to the scores pipeline (retried while refused), or from a worker to the collector process with
         what the policies' windows would hold."""
@@ -243,32 +240,59 @@ class EvaluationQueue:
 
     def evaluate(self, work: Work) -> list[Score]:
         """Every policy over one trace or session, or the late path for feedback."""
-        t0 = time.perf_counter()
-        if work.unit == "feedback":
-            scores = self.late.evaluate_feedback(self.policies, work.feedback or [])
-        else:
-            if work.unit == "trace":
-                scores = self.late.evaluate_trace(self.policies, work.spans)
-                self._traces.inc()
-            else:
-                scores = self.policies.evaluate_session(work.spans)
-            self._latency.observe(time.perf_counter() - t0)
-        self.alerts.send(self.policies)
-        if self.store_datasets is not None and self.promoted is not None:
-            rows = self.store_datasets.drain()
-            if rows:
-                self.promoted(rows)
-        # a trace's (or session's) scores carry its project, stamped at the receiver; `project` names only traces
-        # with none. The late path's scores keep the project of the feedback they came with.
-        project = project_of(work.spans[0], self.project) if work.unit != "feedback" and work.spans else None
-        for s in scores:
-            if project is not None:
-                s.project = project
-            self._scores.labels(self.settings.id, s.outcome).inc()
-        return scores
+        return self.evaluate_all([work])
 
     def evaluate_all(self, works: list[Work]) -> list[Score]:
-        return [s for work in works for s in self.evaluate(work)]
+        """`evaluate` over each work, in order; the counters and the latency histogram are updated once a call."""
+        out: list[Score] = []
+        latencies: list[float] = []
+        traces = 0
+        late, policies, alerts = self.late, self.policies, self.alerts
+        promoted = self.promoted if self.store_datasets is not None else None
+        try:
+            for work in works:
+                t0 = time.perf_counter()
+                unit = work.unit
+                if unit == "feedback":
+                    scores = late.evaluate_feedback(policies, work.feedback or [])
+                else:
+                    if unit == "trace":
+                        scores = late.evaluate_trace(policies, work.spans)
+                        traces += 1
+                    else:
+                        scores = policies.evaluate_session(work.spans)
+                    latencies.append(time.perf_counter() - t0)
+                alerts.send(policies)
+                if promoted is not None:
+                    rows = self.store_datasets.drain()  # type: ignore[union-attr]
+                    if rows:
+                        promoted(rows)
+                # a trace's (or session's) scores carry its project, stamped at the receiver; `project` names only
+                # traces with none. The late path's scores keep the project of the feedback they came with.
+                if unit != "feedback" and work.spans and scores:
+                    project = project_of(work.spans[0], self.project)
+                    for s in scores:
+                        s.project = project
+                out += scores
+        finally:
+            if traces:
+                self._traces.inc(traces)
+            observe = self._latency.observe
+            for seconds in latencies:
+                observe(seconds)
+            self.count_scores(out)
+        return out
+
+    def count_scores(self, scores: list[Score]) -> None:
+        """`evalsi_evaluate_scores` by outcome, one increment an outcome."""
+        counts: dict[str, int] = {}
+        for s in scores:
+            counts[s.outcome] = counts.get(s.outcome, 0) + 1
+        for outcome, n in counts.items():
+            child = self._scores_by_outcome.get(outcome)
+            if child is None:
+                child = self._scores_by_outcome[outcome] = self._scores.labels(self.settings.id, outcome)
+            child.inc(n)
 
     def close_windows(self, now: float | None = None) -> None:
         """Close the windows due (all of them with `now=inf`), send their alerts, expire the late buffers."""
