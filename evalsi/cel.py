@@ -225,11 +225,12 @@ def trace_activation(
             tokens_in += used_in or 0
             tokens_out += used_out or 0
             cost += used_usd or 0.0
-    start = min((s.start_time_unix_nano for s in ordered), default=0)
-    end = max((s.end_time_unix_nano for s in ordered), default=0)
+    timed = keys is None or "start_time_unix_nano" in keys or "duration_ns" in keys
+    start = min((s.start_time_unix_nano for s in ordered), default=0) if timed else 0
+    end = max((s.end_time_unix_nano for s in ordered), default=0) if timed else 0
 
-    def first(field: str) -> Any:
-        return _first(ordered, root, field)
+    def first(field: str) -> Any:  # (a key left out below is not looked for)
+        return _first(ordered, root, field) if keys is None or field in keys else None
 
     trace: dict[str, Any] = {"trace_id": trace_id if trace_id is not None else (root.trace_id if root else "")}
     if span_maps:

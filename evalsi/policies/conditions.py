@@ -71,18 +71,32 @@ def _converts(value: Any, depth: int = 0) -> bool:
     converts the whole activation before it evaluates, so one value it refuses anywhere makes the condition false,
     whatever the values it reads."""
     t = type(value)
+    if t is dict:
+        if depth >= _MAX_DEPTH:
+            return False
+        for k, v in value.items():
+            if type(k) is not str or not (k.isascii() or _utf8(k)):
+                return False
+            if not _plain(v, depth):
+                return False
+        return True
+    if t is list:
+        if depth >= _MAX_DEPTH:
+            return False
+        return all(_plain(v, depth) for v in value)
+    return _plain(value, depth)
+
+
+def _plain(value: Any, depth: int) -> bool:
+    t = type(value)
     if t is str:
         return value.isascii() or _utf8(value)
-    if t is int:
-        return -(2**63) <= value < 2**64
     if t is bool or t is float or t is bytes or value is None:
         return True
-    if depth >= _MAX_DEPTH:
-        return False
-    if t is dict:
-        return all(type(k) is str and (k.isascii() or _utf8(k)) and _converts(v, depth + 1) for k, v in value.items())
-    if t is list:
-        return all(_converts(v, depth + 1) for v in value)
+    if t is int:
+        return -(2**63) <= value < 2**64
+    if t is dict or t is list:
+        return _converts(value, depth + 1)
     return False
 
 
