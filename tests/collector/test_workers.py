@@ -87,6 +87,23 @@ def test_ready_line_names_the_workers_and_spans_of_both_shards_are_stored(two_wo
     assert all(t["span_count"] == 2 for t in listed)
 
 
+def _loaded_pandas(pid: int) -> bool:
+    """Whether a process has pandas' compiled modules mapped: what importing pandas leaves in it (~45 MB)."""
+    return "/pandas/" in Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/<pid>/maps")
+def test_no_process_loads_pandas_though_pyarrow_would(two_workers: Collector) -> None:
+    """pyarrow imports pandas on its first array built from Python objects when pandas is installed (chDB requires
+    it); nothing in evalsi uses it, so no process of `evalsi serve` may carry it."""
+    c = two_workers
+    body = _request([_trace_id(n) for n in range(4)]).SerializeToString()
+    assert httpx.post(c.http + "/v1/traces", content=body, headers=PROTOBUF).status_code == 200
+    assert c.wait_stored(8) == 8  # every process converted rows to Arrow
+    loaded = {pid: _loaded_pandas(pid) for pid in (c.proc.pid, *c.ready["workers"])}
+    assert loaded == dict.fromkeys(loaded, False)
+
+
 def test_invalid_spans_get_partial_success_and_the_rest_is_stored(two_workers: Collector) -> None:
     c = two_workers
     req = _request([_trace_id(1), _trace_id(2)])

@@ -5,6 +5,8 @@ one span at a time from the definitions: attribute values as `attribute_string`,
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +176,20 @@ def test_a_span_with_text_utf8_cannot_hold_is_left_out_alone() -> None:
     assert table is not None
     assert table.column("SpanId").to_pylist() == [spans[0].span_id, spans[3].span_id]
     assert [s.span_id for s, _ in bad] == [spans[1].span_id, spans[2].span_id]
+
+
+def test_converting_rows_leaves_pandas_unloaded_yet_importable() -> None:
+    """pyarrow would import pandas on its first conversion (~45 MB in every process); `load_arrow` keeps it out, and
+    a pandas conversion asked for later still works. In a fresh interpreter: this one may hold pandas already."""
+    script = """
+import sys
+from evalsi.exporters.clickhouse.rows import ArrowRows, to_arrow
+ArrowRows().prepare()
+to_arrow([])
+loaded_after_start = "pandas" in sys.modules
+import pyarrow as pa
+frame = pa.table({"a": [1, 2]}).to_pandas()
+print(loaded_after_start, type(frame).__name__, list(frame["a"]))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "DataFrame", "[1,", "2]"]

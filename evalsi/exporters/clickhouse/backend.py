@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from evalsi.embedded_store import SERVED_BY, StoreLocked, wait_for_store
 from evalsi.exporters.clickhouse.schema import EMBEDDED_TABLE_SETTINGS, insert_sql
+from evalsi.runtime.pandas_hidden import pandas_hidden
 from evalsi.store import StoreError
 
 # ClickHouse errors that an insert raises for the data it was given: the same rows fail again, other rows pass.
@@ -109,7 +110,7 @@ class ChdbBackend:
 
     def insert(self, table: str, data: pa.Table) -> None:
         batch = data  # noqa: F841 - chDB's Python() table function finds the table by this local name
-        with self._lock:
+        with self._lock, pandas_hidden():  # else chDB imports pandas to ask whether `batch` is a DataFrame
             self._session.query(insert_sql(table, data.schema, "Python(batch)"))
 
     def ping(self) -> bool:
