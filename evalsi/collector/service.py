@@ -32,7 +32,6 @@ from evalsi.capabilities import (
     Settler,
     WorkerWatcher,
 )
-from evalsi.collector.api import OPEN_PATHS, build_api
 from evalsi.collector.config import Config, ConfigError, is_store, listeners, load_config, type_of
 from evalsi.collector.fanout import FanOut, LogFanOut, ScoreFanOut, fan
 from evalsi.collector.heap import tune_gc
@@ -474,6 +473,8 @@ class Service:
                     metrics_app = gate(metrics_app, self.auth, surface="metrics")
                 self.telemetry = AsgiServer(metrics_app, telemetry.address)
                 await self.telemetry.start()
+            from evalsi.collector.api import OPEN_PATHS, build_api  # here: FastAPI is ~11 MB a worker never serves
+
             api = build_api(
                 self.store, self.status, self.scores, self.not_ready, judges=self.judges, auth=self.auth,
                 config=self.config.service.api, memory=[p for _, p in self.processors if isinstance(p, BodyAdmitter)],

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,6 +103,20 @@ def test_no_process_loads_pandas_though_pyarrow_would(two_workers: Collector) ->
     assert c.wait_stored(8) == 8  # every process converted rows to Arrow
     loaded = {pid: _loaded_pandas(pid) for pid in (c.proc.pid, *c.ready["workers"])}
     assert loaded == dict.fromkeys(loaded, False)
+
+
+def test_what_a_worker_imports_leaves_out_pandas_chdb_and_fastapi() -> None:
+    """A worker process imports its module, the service and every built-in component; none of them may pull in what
+    only the collector process uses (chDB, FastAPI for the API) or nothing uses (pandas): ~11-250 MB a worker."""
+    script = """
+import sys
+import evalsi.collector.service, evalsi.collector.workers.worker
+from evalsi.collector.builtin import load_builtin_components
+load_builtin_components()
+print(sorted(m for m in ("chdb", "fastapi", "pandas") if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_invalid_spans_get_partial_success_and_the_rest_is_stored(two_workers: Collector) -> None:
