@@ -12,7 +12,7 @@ waits until every span is stored and every trace evaluated, and prints:
 - freshness p50/p95/p99: from a trace's completion (tail sampling's decision, `decision_wait` after its last span)
   to its scores handed to the scores pipeline (`evalsi_evaluate_freshness_seconds`), plus `decision_wait`: from
   the trace's last span;
-- the peak RSS of every process;
+- the RSS of every process: idle after start, its peak, and after the load (everything stored and evaluated);
 - every loss: spans not stored, traces not evaluated (shed or dropped), sessions evicted, refused requests.
 
 `--workers 1 2` runs each setting against a fresh collector, one after the other; `--source DIR` runs the
@@ -84,6 +84,8 @@ class Result:
     scores_per_s: float = 0.0
     freshness_s: dict[str, float | None] = field(default_factory=dict)
     rss_mb: dict[str, float] = field(default_factory=dict)
+    idle_rss_mb: dict[str, float] = field(default_factory=dict)
+    after_rss_mb: dict[str, float] = field(default_factory=dict)
     losses: dict[str, float] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
 
@@ -203,10 +205,11 @@ def histogram(text: str, name: str) -> list[tuple[float, float]]:
     return sorted(sums.items())
 
 
-def peak_rss_mb(pid: int) -> float:
+def peak_rss_mb(pid: int, line_name: str = "VmHWM:") -> float:
+    """A process's peak RSS (or, with "VmRSS:", its RSS now) in MB; 0 once it is gone."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(line_name):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -263,6 +266,7 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
             proc = ingest.start_profiler(pid, out / f"workers{workers}-{name.replace(' ', '')}.txt", 100, extra)
             if proc is not None:
                 profilers.append(proc)
+    res.idle_rss_mb = {name: round(peak_rss_mb(pid, "VmRSS:"), 1) for name, pid in pids.items()}
     try:
         cpu0 = cpu_seconds(*pids.values())
         cpu0_by = {name: cpu_seconds(pid) for name, pid in pids.items()}
@@ -289,6 +293,7 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
         for proc in profilers:
             ingest.stop_profiler(proc)
         res.rss_mb = {name: round(peak_rss_mb(pid), 1) for name, pid in pids.items()}
+        res.after_rss_mb = {name: round(peak_rss_mb(pid, "VmRSS:"), 1) for name, pid in pids.items()}
         if stored_at is None or evaluated_at is None:
             res.failures.append(f"not done after {args.timeout}s: stored={stored_at is not None}, "
                                 f"evaluated={evaluated_at is not None}")  # fmt: skip
@@ -387,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {r.scores:,.0f} scores, {r.scores_per_s:,.0f}/s; all evaluated after {r.evaluated_s:.1f}s")
             print(f"  freshness from a trace's last span: {r.freshness_s}")
             print(f"  CPU µs a span by process: {r.cpu_us_by_process}")
-            print(f"  peak RSS MB: {r.rss_mb}")
+            print(f"  peak RSS MB: {r.rss_mb} (sum {sum(r.rss_mb.values()):,.0f})")
+            print(f"  RSS MB idle after start: {r.idle_rss_mb}; after the load: {r.after_rss_mb}")
             print(f"  losses: {r.losses}")
             for f in r.failures:
                 print(f"  FAILED: {f}")
