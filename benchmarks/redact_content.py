@@ -5,8 +5,9 @@ the fast scan) measured in the same run on the same spans.
 Each span is a chat span as normalize leaves it: a raw `gen_ai.input.messages` (JSON text, UTF-8 as most
 instrumentations write it) and the canonical messages made from it, a shared system prompt and a user prompt of about
 `--content-bytes` that no other span repeats (so scanning each distinct string once saves nothing but the system
-prompt). Each figure is the best of `--rounds` rounds of CPU time of this process over fresh copies of the spans;
-the plain and the fast scan alternate within each round.
+prompt). Each figure is the best of `--rounds` rounds of CPU time of this process over fresh copies of the spans,
+each round with new processors (so that nothing is remembered from an earlier round); the plain and the fast scan
+alternate within each round.
 
 Run `python benchmarks/redact_content.py --help`; see docs/processors/redact.md (Speed).
 """
@@ -128,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, float] = {}
     for kind in kinds:
         spans = chat_spans(kind, args.spans, args.content_bytes)
-        redactors = {"plain": processor(plain=True), "this": processor(plain=False)}
-        best = {name: float("inf") for name in redactors}
+        best = {"plain": float("inf"), "this": float("inf")}
         for _ in range(args.rounds):
-            for name, redact in redactors.items():
+            for name in best:
+                redact = processor(plain=name == "plain")
                 fresh = copy.deepcopy(spans)  # redaction changes the spans that hold PII
                 batches = [SpanBatch(fresh[i : i + args.batch]) for i in range(0, len(fresh), args.batch)]
 

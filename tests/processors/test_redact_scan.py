@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from test_redact import FIXTURES, everything, fixture_spans, make
 
 from evalsi.model.span import SpanBatch
-from evalsi.processors.redact import Redact, RedactConfig
+from evalsi.processors.redact import Redact, RedactConfig, rules as rules_module
 from evalsi.processors.redact.rules import Change, Rule, RuleSet, content_rules, hasher_of, value_rules
 
 SHARED_FIXTURES = Path("/work/shared/fixtures")
@@ -88,6 +88,10 @@ def rule_sets(name: str) -> tuple[RuleSet, RuleSet]:
     return RuleSet(rules), PlainRuleSet(rules)
 
 
+# one fast rule set per config for the whole module: what it remembers of earlier batches is used as it would be
+_LONG_LIVED: dict[str, RuleSet] = {}
+
+
 def outcome(rules: RuleSet, texts: list[str]) -> Any:
     """What the rules change (index, text, counts in order), or the error they raise."""
     try:
@@ -97,9 +101,14 @@ def outcome(rules: RuleSet, texts: list[str]) -> Any:
 
 
 def assert_same(texts: list[str]) -> None:
+    """A fresh rule set, one that saw earlier batches, and this batch again all change what the plain scan does."""
     for name in CONFIGS:
         fast, plain = rule_sets(name)
-        assert outcome(fast, texts) == outcome(plain, texts), name
+        expected = outcome(plain, texts)
+        assert outcome(fast, texts) == expected, name
+        assert outcome(fast, texts) == expected, f"{name}, the same batch again"
+        long_lived = _LONG_LIVED.setdefault(name, rule_sets(name)[0])
+        assert outcome(long_lived, texts) == expected, f"{name}, after earlier batches"
 
 
 # --- strings -----------------------------------------------------------------------------------------
@@ -226,6 +235,19 @@ def test_a_string_recurring_in_a_batch_is_changed_at_each_place() -> None:
     assert {c.text for c in changes} == {"mail <EMAIL_ADDRESS>", "é <EMAIL_ADDRESS>"}
     changes[0].counts["presidio.EMAIL_ADDRESS"] = 1  # each change is its own: Presidio adds to one only
     assert changes[1].counts == {"email": 1}
+
+
+def test_strings_seen_before_are_changed_as_at_first_after_the_memory_empties(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rules_module, "_SEEN_CHARS", 60)  # a few strings, then emptied
+    fast, plain = rule_sets("hashed and own rules")
+    batches = [[t, f"x {t} y", "clean text", "é " + t] for t in PII + NON_ASCII] * 2
+    for texts in batches:
+        assert outcome(fast, texts) == outcome(plain, texts)
+    assert 0 < sum(map(len, fast._seen)) == fast._seen_chars <= 60  # what it holds stays bounded
+    bad = ["ok", "\ud800 jane.doe@example.com"]
+    for _ in range(2):  # a string the engine cannot take is never remembered: it fails every batch it is in
+        failed = outcome(fast, bad)
+        assert failed == outcome(plain, bad) and isinstance(failed, type) and issubclass(failed, Exception)
 
 
 def test_blocked_values_alone_are_scanned_as_before() -> None:

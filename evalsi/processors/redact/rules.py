@@ -230,6 +230,10 @@ _FOREIGN_DIGIT = r"[\d&&[^0-9]]"
 _FOREIGN_WORD = r"[\w&&[^\x00-\x7F]]+"
 _FOREIGN_OTHER = r"[^\x00-\x7F]+"
 
+_UNSEEN = object()
+_SEEN_CHARS = 4_000_000  # strings remembered, in characters: the cache is emptied when it would hold more
+_SEEN_LONGEST = 65_536  # a longer string is not remembered
+
 
 class RuleSet:
     """Rules applied in order over a list of strings."""
@@ -245,6 +249,9 @@ class RuleSet:
         self._patterns = [r.pattern for r in rules]
         self._ascii_patterns = [r.ascii_pattern or r.pattern for r in rules]
         self._stand_in = any(r.stand_in for r in rules)
+        # what the rules made of strings seen before (None: nothing); the rules never change, so neither does that
+        self._seen: dict[str, tuple[str, dict[str, int]] | None] = {}
+        self._seen_chars = 0
         if rules:
             import polars as pl  # here: every command that reads a config imports this module, few run it
 
@@ -256,18 +263,24 @@ class RuleSet:
 
     def apply(self, texts: list[str]) -> list[Change]:
         """The strings that change. Every occurrence of a masked text in a string is masked. A string that recurs in
-        the batch (a system prompt, a document quoted again) is scanned and judged once."""
+        the batch or came in a recent one (a system prompt, a document quoted again) is scanned and judged once."""
         if not texts or not self.rules:
             return []
         import polars as pl
 
+        seen = self._seen
+        outcome: dict[str, tuple[str, dict[str, int]]] = {}  # text -> its new text and masked count per rule
         ascii_texts: list[str] = []
         other_texts: list[str] = []
         for text in dict.fromkeys(texts):
-            if text.isascii():
-                ascii_texts.append(text)
-            else:
-                other_texts.append(text)
+            done = seen.get(text, _UNSEEN)
+            if done is _UNSEEN:
+                if text.isascii():
+                    ascii_texts.append(text)
+                else:
+                    other_texts.append(text)
+            elif done is not None:
+                outcome[text] = done
         found: dict[str, list[list[str]]] = {}  # text -> the matches of each rule in it
         if ascii_texts:
             series = pl.Series(ascii_texts, dtype=pl.String)
@@ -277,11 +290,12 @@ class RuleSet:
             if hits.len():
                 candidates = series.gather(hits)
                 self._extract(hits, ascii_texts, [(candidates, p) for p in self._ascii_patterns], found)
-        if other_texts:  # every string goes through the engine: one it cannot take fails the batch, as it should
+        if other_texts:  # every new string goes through the engine: one it cannot take fails the batch
             self._scan_non_ascii(pl.Series(other_texts, dtype=pl.String), other_texts, found)
-        if not found:
-            return []
-        outcome = self._judge(found)
+        judged = self._judge(found) if found else {}
+        outcome.update(judged)
+        self._remember(ascii_texts, judged)
+        self._remember(other_texts, judged)
         if not outcome:
             return []
         changes = []
@@ -290,6 +304,18 @@ class RuleSet:
             if done is not None:
                 changes.append(Change(i, done[0], dict(done[1])))
         return changes
+
+    def _remember(self, texts: list[str], judged: dict[str, tuple[str, dict[str, int]]]) -> None:
+        """Keep what the rules made of `texts` for later batches, up to `_SEEN_CHARS` characters of them."""
+        for text in texts:
+            size = len(text)
+            if size > _SEEN_LONGEST:
+                continue
+            if self._seen_chars + size > _SEEN_CHARS:
+                self._seen.clear()
+                self._seen_chars = 0
+            self._seen[text] = judged.get(text)
+            self._seen_chars += size
 
     def _scan_non_ascii(self, series: Any, texts: list[str], found: dict[str, list[list[str]]]) -> None:
         hits = series.str.contains(self._sieve).arg_true()
