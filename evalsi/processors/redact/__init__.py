@@ -65,13 +65,17 @@ class _Texts:
         """Canonical messages: every string but the structural ones normalize writes (role, part type, ids)."""
         add = self.add
         texts, slots = self.texts, self.slots
-        for m, message in enumerate(messages):
+        m = -1
+        for message in messages:
+            m += 1
             if type(message) is not dict:
                 add(message, messages, m, owner, label)
                 continue
             for k, v in message.items():
                 if k == "parts" and type(v) is list:
-                    for p, part in enumerate(v):
+                    p = -1
+                    for part in v:
+                        p += 1
                         if type(part) is not dict:
                             add(part, v, p, owner, label)
                             continue
@@ -178,10 +182,11 @@ class Redact:
                     content.add_messages(span.input, i, "canonical.input")
                 if span.output:
                     content.add_messages(span.output, i, "canonical.output")
-                if span.details:
+                details = span.details
+                if details:
                     for key in _CONTENT_DETAILS:
-                        if key in span.details:
-                            content.add(span.details[key], span.details, key, i, "canonical.details")
+                        if key in details:
+                            content.add(details[key], details, key, i, "canonical.details")
             if span.status_message:  # error messages quote the input now and then
                 content.add(span.status_message, span, "status_message", i, "status_message")
             for event in span.events:
@@ -211,11 +216,17 @@ class Redact:
         if not todo:
             return False
         is_content = self.keys.is_content
+        content = plan.content
         dropped = False
         for k, a in todo:
             v = attrs[k]
             if a == CONTENT:
-                plan.content.add(v, attrs, k, owner, k)
+                if type(v) is str:  # the common case, inlined
+                    if v:
+                        content.texts.append(v)
+                        content.slots.append((attrs, k, owner, k))
+                else:
+                    content.add(v, attrs, k, owner, k)
             elif a == VALUES:
                 plan.values.add(v, attrs, k, owner, k)
             elif a == REMOVE:
