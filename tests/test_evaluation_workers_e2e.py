@@ -139,7 +139,13 @@ def test_evaluation_past_its_capacity_pushes_back_or_sheds_as_configured(tmp_pat
         done = 'evalsi_evaluate_traces_total{processor="evaluate"}'
         shed = 'evalsi_evaluate_traces_shed_total{processor="evaluate"}'
         assert wait_until(lambda: _metric(c, done) + _metric(c, shed) == 10, timeout=60), httpx.get(c.metrics).text
-        judged = {s["trace_id"] for s in _scores(c) if s["name"] == "llm-judge"}
+
+        def judged_stored() -> set[str]:
+            return {s["trace_id"] for s in _scores(c) if s["name"] == "llm-judge"}
+
+        # the last traces' scores reach the store within its flush interval after they are counted evaluated
+        assert wait_until(lambda: len(judged_stored()) == 10 - _metric(c, shed)), _scores(c)
+        judged = judged_stored()
         if overload == "backpressure":  # held upstream until evaluation had room: every trace judged
             assert _metric(c, shed) == 0 and judged == set(sent)
         else:  # left out, counted, never silently

@@ -48,6 +48,10 @@ class Lane(Generic[T]):
     send and with every item dropped unsent. With `held_in_flight`, the chunk being sent counts in `held` (for a lane
     whose send may put items back, or whose queue's capacity bounds what is being sent too).
 
+    `keeps_order` (for a queue `partial_once_per_flush` whose sender is `ordered`): a chunk of the lane takes along
+    what the lanes before it hold, so it never goes ahead of them; False for a lane whose items do not depend on
+    theirs (scores behind spans), so its chunk goes alone.
+
     `weight(item)` is what an item counts for (default 1; e.g. the rows of a table): capacity, `held` and the gauge,
     `batch_size` and `wake_at` (a chunk takes the oldest items until their weight reaches the batch size), and what
     the queue counts in `dropped` and `failed` are in weight, not items."""
@@ -63,10 +67,12 @@ class Lane(Generic[T]):
     select: Callable[[deque[T], int], list[T]] | None = None
     done: Callable[[list[T]], None] | None = None
     held_in_flight: bool = False
+    keeps_order: bool = True
     weight: Callable[[T], int] | None = None
     items: deque[T] = field(default_factory=deque)
     queued: int = 0  # the weight of `items`
     in_flight: int = 0  # the weight taken by the sender and neither sent, dropped nor put back yet
+    visited_at: float = float("-inf")  # when the sender started, or last took a chunk of it (monotonic)
 
     @property
     def held(self) -> int:
@@ -135,6 +141,11 @@ class SendQueue:
     and logs the rest, or hands each lane's count to `on_unsent(lane, n)` in place of that log. It waits for the
     senders `attempt_timeout` past the deadline (plus a second) before it cancels them; with `attempt_timeout` None
     (a send that cannot be cancelled, e.g. a thread), without bound: then `send` must stop by `deadline()` itself.
+    `partial_once_per_flush`, for a backend that pays a fixed cost per write: a lane's chunk short of its batch size
+    (`wake_at`) goes a flush interval after the sender started or last took a chunk of that lane, not before; a full
+    chunk goes at once (with what the lanes before it hold when it `keeps_order`). Without it, what came in while a
+    chunk was being sent goes at once after it, in small chunks. Either way a partial chunk waits at most the flush
+    interval, and shutdown sends everything at once.
     Keeps `otelcol_exporter_queue_size` (`held`) and `otelcol_exporter_queue_capacity`."""
 
     def __init__(
@@ -153,6 +164,7 @@ class SendQueue:
         refusal: Callable[[], Refused] | None = None,
         on_unsent: Callable[[Lane[Any], int], None] | None = None,
         log_extra: dict[str, Any] | None = None,
+        partial_once_per_flush: bool = False,
     ) -> None:
         if capacity is None and any(lane.capacity is None for lane in lanes):
             raise ValueError("give the queue a capacity, or each lane its own")
@@ -162,6 +174,7 @@ class SendQueue:
         self._capacity = capacity
         self._full = full
         self._flush_interval = flush_interval
+        self._partial_once = partial_once_per_flush
         self._shutdown_timeout = shutdown_timeout
         self._attempt_timeout = attempt_timeout
         self._what = what
@@ -196,6 +209,8 @@ class SendQueue:
 
     def start(self) -> None:
         """Start the senders (in a running event loop); each is restarted if it fails, counted in sender errors."""
+        for lane in self._lanes:  # a partial chunk goes a flush interval after the start at the soonest
+            lane.visited_at = time.monotonic()
         for sender in self._senders:
             kinds = "" if len(self._senders) == 1 else f" {sender.lanes[0].kind}"
             sender.task = supervise(
@@ -279,7 +294,7 @@ class SendQueue:
         while True:
             if not self._stopping:
                 try:
-                    await asyncio.wait_for(sender.wake.wait(), timeout=self._flush_interval)
+                    await asyncio.wait_for(sender.wake.wait(), timeout=self._next_round_in(sender.lanes))
                 except TimeoutError:
                     pass
             sender.wake.clear()
@@ -291,15 +306,39 @@ class SendQueue:
                 # only items not ready yet are left (a lane's `select`): look again soon, until the deadline
                 await asyncio.sleep(min(self._flush_interval, max(0.0, self._deadline - time.monotonic())))
 
+    def _next_round_in(self, lanes: tuple[Lane[Any], ...]) -> float:
+        """How long a sender waits for a wake-up before its next round: the flush interval, or with
+        `partial_once_per_flush` until the first of its lanes holding items is due (at most the flush interval)."""
+        if not self._partial_once:
+            return self._flush_interval
+        due = min((lane.visited_at for lane in lanes if lane.items), default=float("inf")) + self._flush_interval
+        return max(0.0, min(self._flush_interval, due - time.monotonic()))
+
+    def _due(self, lanes: tuple[Lane[Any], ...]) -> list[Lane[Any]] | tuple[Lane[Any], ...]:
+        """The lanes a round visits: all of them, but with `partial_once_per_flush` (and not stopping) those holding
+        a full batch or not visited for the flush interval, and the lanes before such a lane that `keeps_order`;
+        none when no lane is due."""
+        if not self._partial_once or self._stopping:
+            return lanes
+        since = time.monotonic() - self._flush_interval
+        due = [
+            bool(lane.items) and (lane.queued >= (lane.wake_at or lane.batch_size) or lane.visited_at <= since)
+            for lane in lanes
+        ]
+        last = max((i for i, lane in enumerate(lanes) if due[i] and lane.keeps_order), default=-1)
+        return [lane for i, lane in enumerate(lanes) if due[i] or i < last]
+
     async def _round(self, lanes: tuple[Lane[Any], ...]) -> bool:
-        """Send a chunk of each lane in turn; False when none had one ready. Past the deadline, drop what is left."""
+        """Send a chunk of each lane due in turn; False when none had one ready. Past the deadline, drop what is
+        left."""
         sent = False
-        for lane in lanes:
+        for lane in self._due(lanes):
             if not lane.items:
                 continue
             if time.monotonic() >= self._deadline:
                 self._drop_left(lanes, "shutdown timeout: dropping {kind} not yet sent")
                 return False
+            lane.visited_at = time.monotonic()
             chunk = lane.take()
             if chunk:
                 sent = True

@@ -295,6 +295,79 @@ def test_an_ordered_sender_visits_the_lanes_in_turn() -> None:
     asyncio.run(run())
 
 
+# --- partial_once_per_flush: a backend that pays a fixed cost per write -----------------------------
+
+
+def test_what_comes_in_during_a_send_waits_for_the_flush_interval_with_partial_once_per_flush() -> None:
+    def chunks_sent(partial_once: bool) -> list[list[Any]]:
+        gate = asyncio.Event()
+
+        async def held(chunk: list[Any]) -> None:
+            if chunk[0] == 1:
+                await gate.wait()
+
+        async def run() -> list[list[Any]]:
+            metrics, backend = SelfMetrics(), Backend()
+            spans, _ = lane(metrics, backend, "spans", batch_size=100, capacity=1000, before=held)
+            q = queue(metrics, [spans], flush_interval=0.5, partial_once_per_flush=partial_once)
+            q.offer(spans, [1])
+            q.start()
+            await wait_for(lambda: spans.in_flight == 1)
+            q.offer(spans, [2])
+            q.offer(spans, [3])  # come in while [1] is being sent
+            gate.set()
+            await wait_for(lambda: backend.items() == [1] or len(backend.chunks) > 1)
+            q.offer(spans, [4])  # right after it
+            await wait_for(lambda: len(backend.items()) == 4)
+            await q.shutdown()
+            return [chunk for _, chunk in backend.chunks]
+
+        return asyncio.run(run())
+
+    assert chunks_sent(partial_once=False) == [[1], [2, 3], [4]]  # [2, 3] at once, in a small chunk
+    assert chunks_sent(partial_once=True) == [[1], [2, 3, 4]]  # one chunk a flush interval
+
+
+def test_a_full_batch_goes_at_once_with_partial_once_per_flush() -> None:
+    async def run() -> None:
+        metrics, backend = SelfMetrics(), Backend()
+        scores, _ = lane(metrics, backend, batch_size=3, capacity=100)
+        q = queue(metrics, [scores], flush_interval=30.0, partial_once_per_flush=True)
+        q.start()
+        await asyncio.sleep(0.05)
+        q.offer(scores, [1, 2])
+        await asyncio.sleep(0.2)
+        assert backend.chunks == []  # a partial batch waits for the flush interval
+        q.offer(scores, [3, 4, 5, 6])
+        await wait_for(lambda: backend.items() == [1, 2, 3, 4, 5, 6])  # two full chunks, at once
+        q.offer(scores, [7])
+        await asyncio.wait_for(q.shutdown(), 5.0)  # shutdown sends the partial chunk at once
+        assert [chunk for _, chunk in backend.chunks] == [[1, 2, 3], [4, 5, 6], [7]]
+
+    asyncio.run(run())
+
+
+def test_a_due_lane_that_keeps_order_takes_the_lanes_before_it_along_and_another_goes_alone() -> None:
+    async def run() -> None:
+        metrics, backend = SelfMetrics(), Backend()
+        spans, _ = lane(metrics, backend, "spans", batch_size=10)
+        scores, _ = lane(metrics, backend, "scores", batch_size=2, keeps_order=False)
+        revisions, _ = lane(metrics, backend, "revisions", batch_size=2)
+        q = queue(metrics, [spans, scores, revisions], capacity=100, ordered=True, flush_interval=30.0,
+                  partial_once_per_flush=True)  # fmt: skip
+        q.start()
+        await asyncio.sleep(0.05)
+        q.offer(spans, ["p1"])
+        q.offer(scores, ["s1", "s2"])  # full: goes alone, the span waits
+        await wait_for(lambda: backend.items() == ["s1", "s2"])
+        q.offer(revisions, ["r1", "r2"])  # full: the span it may revise goes first
+        await wait_for(lambda: len(backend.items()) == 5)
+        await q.shutdown()
+        assert backend.chunks == [("scores", ["s1", "s2"]), ("spans", ["p1"]), ("revisions", ["r1", "r2"])]
+
+    asyncio.run(run())
+
+
 def test_each_lane_has_its_own_sender_unless_ordered() -> None:
     gate = asyncio.Event()
 

@@ -251,7 +251,9 @@ class ClickHouseExporter:
         self._log_tables = lane("log records", _concat, TraceStore.insert_logs, sent_logs, failed_logs, tables=True)
         # one sender visits the lanes in this order: a revision goes after the spans queued before it, so it never
         # lands before its span. `queue_size` counts rows, the chunk being written too; a write the store refuses
-        # for its availability is retried in `send` until shutdown's deadline, so nothing is cancelled
+        # for its availability is retried in `send` until shutdown's deadline, so nothing is cancelled. An INSERT
+        # costs chDB ~20 ms whatever its size, and each makes a part to merge: what comes in while one is written
+        # waits for the next flush interval (or a full batch) instead of going at once in a small INSERT
         self._queue = SendQueue(
             settings,
             (self._spans, self._span_tables, self._revisions, self._revision_tables, self._logs, self._log_tables,
@@ -265,6 +267,7 @@ class ClickHouseExporter:
             attempt_timeout=None,  # inserts run in threads: shutdown waits for them
             on_unsent=self._unsent,
             what="clickhouse",
+            partial_once_per_flush=True,
         )  # fmt: skip
 
     def _lane(
@@ -279,11 +282,12 @@ class ClickHouseExporter:
     ) -> Lane[Any]:
         """A lane of `kind` ("spans", "span revisions", "log records", "scores": its name in logs, errors and
         metrics), put in columns by `convert` and written by `insert`. `tables`: its items are Arrow tables already in
-        the store's columns (from pipeline workers), counted by their rows."""
+        the store's columns (from pipeline workers), counted by their rows. Only revisions must wait for what the
+        lanes before them hold (`keeps_order`): the spans they revise."""
         lane: Lane[Any] = Lane(
             kind, self._config.batch_size, lambda chunk: self._write(lane, chunk, convert, insert, tables),
             sent=sent, failed=failed, weight=_rows if tables else None, held_in_flight=True,
-            done=lambda chunk: self._settled(lane, chunk),
+            done=lambda chunk: self._settled(lane, chunk), keeps_order=kind == "span revisions",
         )  # fmt: skip
         self._cohorts[id(lane)] = deque()
         return lane
