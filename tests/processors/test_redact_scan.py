@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from budget import examples
 from hypothesis import HealthCheck, given, settings, strategies as st
-from test_redact import FIXTURES, everything, fixture_spans, make
+from test_redact import FIXTURES, chat, everything, fixture_spans, make
 
 from evalsi.model.span import SpanBatch
 from evalsi.processors.redact import Redact, RedactConfig, rules as rules_module
@@ -295,6 +295,23 @@ def _fixture_batches() -> list[SpanBatch]:
     return batches
 
 
+async def plain_presidio(self: Redact, texts: list[str], changes: list[Change]) -> list[Change]:
+    """Presidio as it ran before: every content string analyzed, a recurring one each time."""
+    assert self.presidio is not None
+    by_index = {c.index: c for c in changes}
+    current = list(texts)
+    for c in changes:
+        current[c.index] = c.text
+    size = self.config.presidio.batch_size
+    for start in range(0, len(current), size):
+        for offset, text, counts in self.presidio.redact(current[start : start + size]):
+            change = by_index.setdefault(start + offset, Change(start + offset, text))
+            change.text = text
+            for rule, n in counts.items():
+                change.counts[rule] = change.counts.get(rule, 0) + n
+    return list(by_index.values())
+
+
 @pytest.mark.parametrize("presidio", [False, True])
 def test_every_capture_is_redacted_as_by_the_plain_scan(presidio: bool) -> None:
     """Stored spans (content, attributes, summaries) are the same with the plain scan, Presidio after the rules too."""
@@ -304,11 +321,15 @@ def test_every_capture_is_redacted_as_by_the_plain_scan(presidio: bool) -> None:
         pytest.importorskip("presidio_anonymizer", reason="needs presidio: pip install -e '.[presidio]'")
         config = {"presidio": {"enabled": True}}
     batches = _fixture_batches()
+    if presidio:  # strings that recur in a batch, for Presidio to analyze once
+        spans = [s for b in batches for s in b.spans]
+        batches = [SpanBatch([*spans, *copy.deepcopy(spans)])]
     results = []
     for plain in (False, True):
         redact, _, metrics = make(**config)
         if plain:
             redact.content_rules = PlainRuleSet(redact.content_rules.rules)
+            redact._presidio = plain_presidio.__get__(redact)  # type: ignore[method-assign]
         if presidio:
             asyncio.run(redact.start())
         results.append(
@@ -324,3 +345,25 @@ def test_every_capture_is_redacted_as_by_the_plain_scan(presidio: bool) -> None:
         )
     assert results[0] == results[1]
     assert "<EMAIL_ADDRESS>" in results[0][0]
+
+
+def test_presidio_analyzes_a_recurring_string_once_and_changes_it_everywhere() -> None:
+    pytest.importorskip("presidio_analyzer", reason="needs presidio: pip install -e '.[presidio]'")
+    pytest.importorskip("presidio_anonymizer", reason="needs presidio: pip install -e '.[presidio]'")
+    redact, out, _ = make(default_rules=[], presidio={"enabled": True, "batch_size": 3})
+    asyncio.run(redact.start())
+    assert redact.presidio is not None
+    analyzed: list[str] = []
+    real = redact.presidio.redact
+
+    def counting(texts: list[str]) -> Any:
+        analyzed.extend(texts)
+        return real(texts)
+
+    redact.presidio.redact = counting  # type: ignore[method-assign]
+    spans = [chat("mail jane.doe@example.com", answer=f"ok {i}") for i in range(4)]
+    asyncio.run(redact.consume(SpanBatch(spans)))
+    assert sorted(analyzed) == ["mail jane.doe@example.com", "ok 0", "ok 1", "ok 2", "ok 3"]
+    for s in out.spans:
+        assert s.input[0]["parts"][0]["content"] == "mail <EMAIL_ADDRESS>"
+        assert s.attributes["redaction.rule.presidio.EMAIL_ADDRESS.count"] == 1

@@ -281,17 +281,26 @@ class Redact:
         return summaries
 
     async def _presidio(self, texts: list[str], changes: list[Change]) -> list[Change]:
-        """Presidio over the content strings as the rules left them, in a worker thread, `batch_size` at a time."""
+        """Presidio over the content strings as the rules left them, in a worker thread, `batch_size` at a time. A
+        string that recurs in the batch (a system prompt) is analyzed once and changed at each place."""
         assert self.presidio is not None
         by_index = {c.index: c for c in changes}
         current = list(texts)
         for c in changes:
             current[c.index] = c.text
+        distinct = list(dict.fromkeys(current))
+        found: dict[str, tuple[str, dict[str, int]]] = {}
         size = self.config.presidio.batch_size
-        for start in range(0, len(current), size):
-            found = await asyncio.to_thread(self.presidio.redact, current[start : start + size])
-            for offset, text, counts in found:
-                index = start + offset
+        for start in range(0, len(distinct), size):
+            chunk = distinct[start : start + size]
+            for offset, text, counts in await asyncio.to_thread(self.presidio.redact, chunk):
+                found[chunk[offset]] = (text, counts)
+        if found:
+            for index, before in enumerate(current):
+                done = found.get(before)
+                if done is None:
+                    continue
+                text, counts = done
                 change = by_index.get(index)
                 if change is None:
                     change = by_index[index] = Change(index, text)
