@@ -19,6 +19,7 @@ import evalsi.exporters.clickhouse as clickhouse_exporter
 from evalsi.component import Refused, Settings
 from evalsi.exporters.clickhouse import ClickHouseConfig, ClickHouseExporter
 from evalsi.exporters.clickhouse.backend import ChdbBackend, error_reason, is_data_error
+from evalsi.exporters.clickhouse.rows import ArrowRows
 from evalsi.model.log_record import LogBatch, LogRecord
 from evalsi.model.score import Score, ScoreBatch
 from evalsi.model.span import Span, SpanBatch
@@ -38,6 +39,7 @@ class FaultyBackend:
         self.table_settings = real.table_settings
         self.disk_full = False
         self.refused_span: str | None = None  # a span id whose rows the "store" refuses for their data
+        self.insert_s = 0.0  # how long each insert takes at least
         self.inserts = 0
 
     def command(self, sql: str) -> None:
@@ -48,6 +50,7 @@ class FaultyBackend:
 
     def insert(self, table: str, data: pa.Table) -> None:
         self.inserts += 1
+        time.sleep(self.insert_s)  # in the exporter's insert thread
         if self.disk_full:
             raise RuntimeError(DISK_FULL)
         if self.refused_span is not None and self.refused_span in data["SpanId"].to_pylist():
@@ -82,7 +85,7 @@ def _exporter(**config: Any) -> tuple[ClickHouseExporter, SelfMetrics]:
     n = next(_tables)  # tables of its own per test, in the one engine
     cfg = ClickHouseConfig(
         traces_table_name=f"spans_{n}", logs_table_name=f"logs_{n}", scores_table_name=f"scores_{n}",
-        flush_interval=0.05, **config,
+        **{"flush_interval": 0.05, **config},
     )  # fmt: skip
     metrics = SelfMetrics()
     return ClickHouseExporter(cfg, Settings("clickhouse", metrics, logging.getLogger("test.store"))), metrics
@@ -132,6 +135,36 @@ def test_errors_are_told_apart_by_what_a_retry_can_change() -> None:
     assert not is_data_error(ConnectionRefusedError("server down"))
     parts = "Code: 252. DB::Exception: Too many parts (300). Merges are processing slower than inserts (TOO_MANY_PARTS)"
     assert not is_data_error(RuntimeError(parts))
+
+
+def test_rows_that_come_in_while_an_insert_runs_wait_for_the_next_flush_and_shutdown_writes_them_at_once(
+    backend: FaultyBackend,
+) -> None:
+    """Each INSERT costs the embedded store ~20 ms and a part to merge, whatever its size: what a worker sends while
+    one runs goes in the next flush's INSERT, not in small ones of its own, and shutdown does not wait for it."""
+
+    def rows(trace: int) -> bytes:
+        body, bad = ArrowRows().encode("spans", _spans(10, trace))
+        assert body is not None and not bad
+        return bytes(body)
+
+    async def main() -> None:
+        exp, _ = _exporter(flush_interval=2.0)
+        await exp.start()
+        backend.insert_s = 0.3
+        exp.write_rows("spans", rows(1))
+        await _until(lambda: backend.inserts == 1)  # written at the first flush, in an insert that takes a while
+        exp.write_rows("spans", rows(2))  # during that insert
+        await asyncio.sleep(0.5)
+        exp.write_rows("spans", rows(3))  # after it: without the flush interval, during the insert of trace 2
+        await _until(lambda: _count(exp) == 30)
+        assert backend.inserts == 2  # traces 2 and 3 in one INSERT
+        backend.insert_s = 0.0
+        exp.write_rows("spans", rows(4))
+        await asyncio.wait_for(exp.shutdown(), timeout=2.0)  # written at once, not at the next flush
+        assert (_count(exp), backend.inserts, exp.unstored) == (40, 3, {})
+
+    asyncio.run(main())
 
 
 def test_a_span_no_column_can_hold_is_dropped_alone_and_counted(backend: FaultyBackend) -> None:
