@@ -1,6 +1,7 @@
 """The runtime the service runs on: the retry policy senders share (`backoff`), supervised background tasks
-(`supervise`), serving ASGI apps (`serving`), self-metrics (`telemetry`), the ports a config listens on (`ports`), and
-what components hold for the write-ahead log (`held`).
+(`supervise`), serving ASGI apps (`serving`), self-metrics (`telemetry`), the ports a config listens on (`ports`),
+what components hold for the write-ahead log (`held`), and pandas kept out of pyarrow's and chDB's checks
+(`pandas_hidden`).
 
 Its names are exported lazily: `ports` must load without uvicorn (`serving`) or prometheus_client (`telemetry`), so
 that a second `evalsi serve` fails at once, naming the port it finds taken.
