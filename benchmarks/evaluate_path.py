@@ -1,6 +1,7 @@
 """CPU µs of the evaluation path, in one process: a policy's selector, `PolicySet.evaluate_trace`, the evaluation
-queue's `evaluate_all` (as a pipeline worker runs it: windows record) and the Prometheus exporter's
-`consume_scores` (µs a score), over `benchmarks/evaluate.py`'s 5-span agent traces (decoded and normalized).
+queue's `evaluate_all` (as a pipeline worker runs it: windows record), the Prometheus exporter's `consume_scores`
+(µs a score) and tail sampling's intake and decision (µs a span), over `benchmarks/evaluate.py`'s 5-span agent
+traces (decoded and normalized).
 
 Two policies: `pipeline` is `benchmarks/pipeline.py`'s (selector `trace.service_name == 'support-bot'`, latency,
 tokens, cost) and `agent` is `benchmarks/evaluate.py`'s (a selector on `span.attributes` and `trace.llm_calls`,
@@ -128,17 +129,49 @@ def measure(traces_n: int, rounds: int) -> dict[str, float]:
         for b in singles:
             loop.run_until_complete(prometheus.consume_scores(ScoreBatch(b)))
 
+    from evalsi.model.span import BatchKind, SpanBatch
+
+    class Sink:
+        mutates_data = False
+
+        async def consume(self, batch: Any) -> None:
+            pass
+
+    def tail_sampling() -> Any:
+        factory, nxt = REGISTRY[("processor", "tail_sampling")], Next()
+        nxt.traces = Sink()  # type: ignore[assignment]
+        settings = Settings(id="tail_sampling", metrics=SelfMetrics(), logger=log)
+        return factory.cls(factory.config(), settings, nxt)
+
+    n_spans = sum(len(t) for t in traces)
+    span_batches = [SpanBatch([s for t in chunk for s in t], kind=BatchKind.SPANS) for chunk in chunks]
+    samplers: list[Any] = []
+
+    def fresh_sampler() -> None:  # a decided trace's spans would be late: each round takes a fresh processor
+        samplers[:] = [tail_sampling()]
+
+    def run_tail_sampling() -> None:
+        ts = samplers[0]
+        for b in span_batches:
+            loop.run_until_complete(ts.consume(b))
+            ts._complete([(t, "quiet") for t in ts._buffer.drain()], 0.0)
+            loop.run_until_complete(ts._send())
+
     stages: list[tuple[str, Callable[[], None], int]] = [(name, run_sets(ps), traces_n) for name, ps in sets.items()]
     stages += [
         ("evaluate_all (worker), pipeline", run_queue, traces_n),
         (f"prometheus consume_scores, {ENGINE_CHUNK}-trace batches", run_prometheus, n_scores),
         ("prometheus consume_scores, 1-trace batches", run_prometheus_singles, n_scores),
+        ("tail_sampling consume + decide, a span", run_tail_sampling, n_spans),
     ]
-    for _, fn, _ in stages:  # warm-up
+    prepare = {"tail_sampling consume + decide, a span": fresh_sampler}
+    for name, fn, _ in stages:  # warm-up
+        prepare.get(name, lambda: None)()
         fn()
     best: dict[str, float] = {}
     for _ in range(rounds):
         for name, fn, n in stages:
+            prepare.get(name, lambda: None)()
             t0 = time.process_time()
             fn()
             best[name] = min(best.get(name, float("inf")), 1e6 * (time.process_time() - t0) / n)
