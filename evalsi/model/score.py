@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Literal
 
 from evalsi.model.span import DEFAULT_PROJECT  # the project of a score whose sender has none
@@ -77,11 +78,12 @@ class ScoreBatch:
 
 
 _FIELDS = tuple(Score.__dataclass_fields__)
+_ROW = attrgetter(*_FIELDS)  # a score's fields as one tuple, in field order, made in C
 
 
 def score_rows(scores: list[Score]) -> list[tuple[Any, ...]]:
     """Scores as plain tuples (field order): what crosses a process boundary, ~3x cheaper to pickle than objects."""
-    return [tuple(getattr(s, f) for f in _FIELDS) for s in scores]
+    return list(map(_ROW, scores))
 
 
 def scores_from_rows(rows: list[tuple[Any, ...]]) -> list[Score]:

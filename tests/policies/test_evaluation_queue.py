@@ -14,6 +14,7 @@ from policy_helpers import fixture_spans, span
 
 from evalsi.collector.builtin import load_builtin_components
 from evalsi.component import REGISTRY, Next, Settings
+from evalsi.model.score import Score, score_rows, scores_from_rows
 from evalsi.model.span import Span
 from evalsi.processors.evaluate.work_queue import EvaluationQueue, Work
 from evalsi.runtime.telemetry import SelfMetrics
@@ -95,3 +96,11 @@ def test_a_chunk_gives_what_the_works_one_at_a_time_give(tmp_path: Path) -> None
     a, b = _seen(chunked, got, chunked_metrics), _seen(single, want, single_metrics)
     assert a == b
     assert a["latency_count"] == [len(traces)]
+
+
+def test_scores_cross_to_the_collector_process_as_they_were(tmp_path: Path) -> None:
+    """A worker hands its scores on as plain tuples (`score_rows`): every field, in field order, and back."""
+    got = _queue(tmp_path, SelfMetrics()).evaluate_all([Work("trace", spans, 1.0) for spans in _traces()])
+    rows = score_rows(got)
+    assert rows == [tuple(getattr(s, f) for f in Score.__dataclass_fields__) for s in got]
+    assert scores_from_rows(rows) == got
