@@ -1,11 +1,19 @@
 """Who may send and read: the `auth` section (`config`), API keys (`keys`), the issuer's public keys for JWT bearer
 tokens (`jwks`), the check of each request's credential (`authenticator`), and the gates in front of the HTTP
-(`asgi_gate`) and gRPC (`grpc_gate`) listeners; each request's `Principal` (who, and which project) in `principal`."""
+(`asgi_gate`) and gRPC (`grpc_gate`) listeners; each request's `Principal` (who, and which project) in `principal`.
+
+The gRPC gate's names are exported lazily: a pipeline worker imports `evalsi.auth` but never serves gRPC, and
+importing grpc costs a process ~8 MB.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from evalsi.auth.asgi_gate import PRINCIPAL_SCOPE_KEY, RefusalAnswer, gate, json_refusal
 from evalsi.auth.authenticator import Authenticator
 from evalsi.auth.config import ASYMMETRIC_ALGORITHMS, ApiKeyConfig, AuthConfig, JwtConfig, is_loopback
-from evalsi.auth.grpc_gate import GrpcKeyCheck, principal_from_metadata
 from evalsi.auth.jwks import (
     JWKS_MAX_BYTES,
     JWKS_MIN_INTERVAL,
@@ -34,3 +42,15 @@ __all__ = [
     "RefusalAnswer", "Surface", "Unauthenticated", "api_headers", "gate", "hash_of", "is_loopback", "json_refusal",
     "new_key", "parse_jwks", "principal_from_metadata", "read_jwks_file", "without_password",
 ]  # fmt: skip
+
+if TYPE_CHECKING:
+    from evalsi.auth.grpc_gate import GrpcKeyCheck, principal_from_metadata
+
+_LAZY = {"GrpcKeyCheck": "grpc_gate", "principal_from_metadata": "grpc_gate"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -17,21 +17,16 @@ from __future__ import annotations
 
 import gzip
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import grpc
 import httpx
-from google.rpc import error_details_pb2, status_pb2
 from pydantic import Field, field_validator
 
 from evalsi.auth.keys import without_password
 from evalsi.component import ComponentConfig, Settings, exporter
 from evalsi.duration import Duration
 from evalsi.exporters.delivery import (
-    REFUSED_INVALID,
     REFUSED_PARTIAL,
-    REFUSED_TOO_LARGE,
     ItemsRefused,
     RetryConfig,
     SendFailed,
@@ -42,22 +37,19 @@ from evalsi.exporters.delivery import (
     log_refused,
     spans_to_forward,
 )
-from evalsi.exporters.otlp_encode import logs_request, rejected_in_answer, traces_request
+from evalsi.exporters.otlp_encode import (
+    LOGS_METHOD,
+    TRACES_METHOD,
+    logs_request,
+    rejected_in_answer,
+    traces_request,
+)
 from evalsi.exporters.sending import Lane, SendQueue
 from evalsi.model.score import Score, ScoreBatch
 from evalsi.model.span import Span, SpanBatch
 
-LOGS_METHOD = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
-TRACES_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
-# the OTLP spec's retryable codes; RESOURCE_EXHAUSTED only when the server says when to come back (RetryInfo)
-RETRYABLE_GRPC = {
-    grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.ABORTED,
-    grpc.StatusCode.OUT_OF_RANGE,
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DATA_LOSS,
-}
+if TYPE_CHECKING:
+    from evalsi.exporters.otlp_grpc import GrpcSender
 
 
 class TlsConfig(ComponentConfig):
@@ -96,64 +88,6 @@ class OtlpExporterConfig(ComponentConfig):
 
 
 # --- transports -----------------------------------------------------------------------------------
-
-
-class _GrpcSender:
-    def __init__(self, config: OtlpExporterConfig) -> None:
-        target = config.endpoint.split("://", 1)[-1]
-        options = [("grpc.so_reuseport", 0)]
-        if config.insecure:
-            self._channel = grpc.aio.insecure_channel(target, options=options)
-        else:
-            root = Path(config.tls.ca_file).read_bytes() if config.tls.ca_file else None
-            self._channel = grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(root), options=options)
-        self._metadata = tuple((k.lower(), v) for k, v in config.headers.items())
-        self._compression = grpc.Compression.Gzip if config.compression == "gzip" else grpc.Compression.NoCompression
-        self._timeout = config.timeout
-        self._calls = {
-            m: self._channel.unary_unary(m, request_serializer=None, response_deserializer=None)
-            for m in (LOGS_METHOD, TRACES_METHOD)
-        }
-
-    async def send(self, method: str, body: bytes) -> tuple[int, str]:
-        """One export; returns the answer's `partial_success` (rejected items, message)."""
-        try:
-            answer = await self._calls[method](
-                body, timeout=self._timeout, metadata=self._metadata, compression=self._compression
-            )
-        except grpc.aio.AioRpcError as e:
-            code = e.code()
-            message = f"gRPC {code.name}: {e.details()}"
-            if code == grpc.StatusCode.INVALID_ARGUMENT:
-                raise ItemsRefused(message, reason=REFUSED_INVALID) from None
-            retry_after = _retry_info(e.trailing_metadata())
-            if code == grpc.StatusCode.RESOURCE_EXHAUSTED and retry_after is None and _too_large(e.details()):
-                raise ItemsRefused(message, reason=REFUSED_TOO_LARGE) from None
-            retryable = code in RETRYABLE_GRPC or (
-                code == grpc.StatusCode.RESOURCE_EXHAUSTED and retry_after is not None
-            )
-            raise SendFailed(message, retryable=retryable, retry_after=retry_after) from None
-        return rejected_in_answer(answer or b"", spans=method == TRACES_METHOD)
-
-    async def close(self) -> None:
-        await self._channel.close()
-
-
-def _too_large(details: str | None) -> bool:
-    """gRPC's own refusal of a message above the server's size limit ("Received message larger than max")."""
-    return "larger than max" in (details or "")
-
-
-def _retry_info(metadata: Any) -> float | None:
-    for key, value in metadata or ():
-        if key != "grpc-status-details-bin":
-            continue
-        status = status_pb2.Status.FromString(value)
-        for detail in status.details:
-            info = error_details_pb2.RetryInfo()
-            if detail.Unpack(info):
-                return info.retry_delay.ToNanoseconds() / 1e9
-    return None
 
 
 class _HttpSender:
@@ -245,7 +179,7 @@ class OtlpExporter:
         )
         self._cid = cid
         self._refused = items_refused_counter(m)
-        self._sender: _GrpcSender | _HttpSender | None = None
+        self._sender: GrpcSender | _HttpSender | None = None
 
     @property
     def held(self) -> int:
@@ -253,7 +187,13 @@ class OtlpExporter:
 
     async def start(self) -> None:
         c = self._config
-        self._sender = _GrpcSender(c) if c.protocol == "grpc" else _HttpSender(c)
+        if c.protocol == "grpc":
+            from evalsi.exporters.otlp_grpc import GrpcSender  # grpc only where it sends: ~8 MB a process
+
+            ca_file = c.tls.ca_file
+            self._sender = GrpcSender(c.endpoint, c.headers, c.compression, c.timeout, c.insecure, ca_file)
+        else:
+            self._sender = _HttpSender(c)
         self._queue.start()
 
     async def consume(self, batch: SpanBatch) -> None:

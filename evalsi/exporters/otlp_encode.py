@@ -1,4 +1,5 @@
-"""Encoding for the `otlp` exporter: spans back to OTLP protobuf, scores as `gen_ai.evaluation.result` log records."""
+"""Encoding for the `otlp` exporter: spans back to OTLP protobuf, scores as `gen_ai.evaluation.result` log records,
+and the OTLP service method each request goes to."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from evalsi.model.span import SPAN_KINDS, STATUS_CODES, Span
 EVENT_NAME = "gen_ai.evaluation.result"
 SCOPE_NAME = "evalsi"
 RESOURCE = {"service.name": "evalsi"}
+LOGS_METHOD = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
+TRACES_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
 
 def set_any_value(out: AnyValue, value: Any) -> None:

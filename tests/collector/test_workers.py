@@ -105,15 +105,16 @@ def test_no_process_loads_pandas_though_pyarrow_would(two_workers: Collector) ->
     assert loaded == dict.fromkeys(loaded, False)
 
 
-def test_what_a_worker_imports_leaves_out_pandas_chdb_and_fastapi() -> None:
+def test_what_a_worker_imports_leaves_out_pandas_chdb_fastapi_and_grpc() -> None:
     """A worker process imports its module, the service and every built-in component; none of them may pull in what
-    only the collector process uses (chDB, FastAPI for the API) or nothing uses (pandas): ~11-250 MB a worker."""
+    only the collector process uses (chDB, FastAPI for the API, grpc for the OTLP/gRPC listener and the `otlp`
+    exporter's gRPC sender) or nothing uses (pandas): ~9-250 MB a worker."""
     script = """
 import sys
 import evalsi.collector.service, evalsi.collector.workers.worker
 from evalsi.collector.builtin import load_builtin_components
 load_builtin_components()
-print(sorted(m for m in ("chdb", "fastapi", "pandas") if m in sys.modules))
+print(sorted(m for m in ("chdb", "fastapi", "grpc", "pandas") if m in sys.modules))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

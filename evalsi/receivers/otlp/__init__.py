@@ -1,11 +1,14 @@
-"""The `otlp` receiver: OTLP traces and logs over gRPC and HTTP, decoded into batches and handed to the pipelines."""
+"""The `otlp` receiver: OTLP traces and logs over gRPC and HTTP, decoded into batches and handed to the pipelines.
+
+The gRPC transport is imported when a gRPC listener starts: pipeline workers load this module (for its decode) but
+never serve, and grpc costs a process ~8 MB."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evalsi.auth.asgi_gate import gate
 from evalsi.auth.principal import Principal
@@ -27,11 +30,13 @@ from evalsi.receivers.otlp.decode import (
     decode_encoded,
 )
 from evalsi.receivers.otlp.drain import Drain
-from evalsi.receivers.otlp.grpc_transport import GrpcTransport
 from evalsi.receivers.otlp.http_transport import build_app, otlp_refusal
 from evalsi.runtime.held import stamp, stamp_project
 from evalsi.runtime.serving import AsgiServer
 from evalsi.wal import drop_spans, span_key
+
+if TYPE_CHECKING:
+    from evalsi.receivers.otlp.grpc_transport import GrpcTransport
 
 
 @receiver("otlp", config=OtlpReceiverConfig, signals=("traces", "logs"), decode=decode_encoded)
@@ -184,6 +189,8 @@ class OtlpReceiver:
         protocols = self._config.protocols
         log = self._settings.logger
         if protocols.grpc is not None:
+            from evalsi.receivers.otlp.grpc_transport import GrpcTransport
+
             self._grpc = GrpcTransport(
                 self._export, self._codecs, protocols.grpc.endpoint, protocols.grpc.max_recv_msg_size_mib * MIB,
                 auth=self._settings.auth, drain=self._drain, limits=self._limits,
