@@ -16,11 +16,18 @@ from hostile_otlp import Case, hostile_cases
 from hypothesis import HealthCheck, given, settings
 
 from evalsi import json_codec
-from evalsi.exporters.clickhouse.rows import attribute_string, convert_good, to_arrow
+from evalsi.exporters.clickhouse.rows import (
+    ArrowRows,
+    attribute_string,
+    convert_good,
+    from_ipc,
+    logs_to_arrow,
+    to_arrow,
+)
 from evalsi.exporters.clickhouse.schema import TRACES_SCHEMA
 from evalsi.model.span import Span, SpanEvent, SpanLink
 from evalsi.processors.normalize import normalize_span
-from evalsi.receivers.otlp.decode import decode_traces_protobuf
+from evalsi.receivers.otlp.decode import decode_logs_protobuf, decode_traces_protobuf
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 _STATUS = {"UNSET": "STATUS_CODE_UNSET", "OK": "STATUS_CODE_OK", "ERROR": "STATUS_CODE_ERROR"}
@@ -124,6 +131,35 @@ def test_hostile_values_store_the_rows_written_span_by_span(case: Case) -> None:
         return  # protobuf's parser refuses the request: no span of it reaches the store
     spans = _spans_of(case.request.SerializeToString())
     assert_same_rows(spans)
+
+
+def _growing_stream(table: pa.Table) -> bytes:
+    """The Arrow IPC stream of `table` as pyarrow writes it into a buffer that grows as it fills."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_rows_a_worker_sends_are_the_table_the_store_would_write() -> None:
+    """What a pipeline worker sends the collector (`ArrowRows.encode`, written into a buffer sized beforehand) is
+    byte for byte the stream pyarrow writes into a growing buffer, and reads back as the table of every fixture's
+    spans and log records, the hostile-looking ones included."""
+    spans = [s for p in FIXTURE_FILES for s in _spans_of(p.read_bytes())]
+    records = [
+        r for p in sorted(FIXTURES.glob("*/*.logs.pb")) for r in decode_logs_protobuf(p.read_bytes()).batch.records
+    ]
+    assert spans and records
+    encoder = ArrowRows()
+    encoder.prepare()
+    for kind, items, convert in (("spans", spans, to_arrow), ("logs", records, logs_to_arrow)):
+        for part in (items[:1], items):
+            body, bad = encoder.encode(kind, part)  # type: ignore[arg-type]
+            assert body is not None and bad == []
+            table = convert(part)
+            assert bytes(body) == _growing_stream(table)
+            received = bytearray(body)  # as the collector reads it off the pipe
+            assert from_ipc(received).equals(table)
 
 
 def _span(i: int, resource: dict[str, Any], **fields: Any) -> Span:
