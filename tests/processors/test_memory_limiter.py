@@ -526,12 +526,27 @@ def test_a_burst_over_the_limit_is_refused_retryably_then_accepted_and_nothing_a
         memory = InMemorySpanExporter()
         provider = TracerProvider(resource=Resource.create({"service.name": "memory-limiter-sdk"}))
         provider.add_span_processor(SimpleSpanProcessor(memory))
-        with provider.get_tracer("tests.memory_limiter").start_as_current_span("sdk span"):
-            pass
-        provider.shutdown()
-        sdk_spans = list(memory.get_finished_spans())
         exporter = OTLPSpanExporter(endpoint=c.http + "/v1/traces", timeout=60)
+        sdk_spans: list[Any] = []  # every span the SDK exported
         sdk_result: list[SpanExportResult] = []
+
+        def sdk_refused() -> bool:  # the SDK's exporter logs each retry it makes after a 503
+            return any("Service Unavailable" in r.getMessage() for r in caplog.records)
+
+        def sdk_export() -> None:
+            # memory near the soft limit swings as request bodies pass through, so an export may land in a moment
+            # the limiter accepts: then the SDK exports a new span, until one export has been refused and retried
+            for _ in range(20):
+                memory.clear()
+                with provider.get_tracer("tests.memory_limiter").start_as_current_span("sdk span"):
+                    pass
+                spans = list(memory.get_finished_spans())
+                sdk_spans.extend(spans)
+                sdk_result.append(exporter.export(spans))
+                if sdk_refused():
+                    return
+
+        sdk = threading.Thread(target=sdk_export)
         t0 = time.time_ns()
         started = time.monotonic()
         with httpx.Client(timeout=30) as http:
@@ -555,7 +570,6 @@ def test_a_burst_over_the_limit_is_refused_retryably_then_accepted_and_nothing_a
             assert len(refused) == 3, "the burst never crossed the soft limit"
 
             # the OpenTelemetry SDK's exporter, refused too: it waits Retry-After and tries again until accepted
-            sdk = threading.Thread(target=lambda: sdk_result.append(exporter.export(sdk_spans)))
             sdk.start()
 
             # gRPC while refusing: UNAVAILABLE with RetryInfo, which OTLP clients retry (a request the limiter takes,
@@ -578,9 +592,10 @@ def test_a_burst_over_the_limit_is_refused_retryably_then_accepted_and_nothing_a
             # tail_sampling hands the held traces on after decision_wait; collected, the memory falls
             assert wait_until(lambda: _metrics(c)['evalsi_memory_limiter_refusing{processor="memory_limiter"}'] == 0)
             recovered_after, recovered_at = time.monotonic() - started, _usage(c)
-            sdk.join(60)
+            sdk.join(120)
             exporter.shutdown()
-            assert sdk_result == [SpanExportResult.SUCCESS]
+            provider.shutdown()
+            assert sdk_result and all(r == SpanExportResult.SUCCESS for r in sdk_result)
             sdk_retries = [r for r in caplog.records if "Service Unavailable" in r.getMessage()]
             assert sdk_retries, "the SDK's export was never refused"
 
