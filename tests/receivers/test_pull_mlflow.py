@@ -176,6 +176,9 @@ def test_a_restart_in_the_middle_neither_skips_nor_duplicates(
     first = mlflow_trace_ids(mlflow_uri, experiment)
     try:
         assert wait_until(lambda: scored_back(mlflow_uri, first), 60)
+        # the store writes what is short of a batch within its flush_interval: the stop comes once it holds the
+        # three traces, so a kill -9 leaves them in the store, where the restart finds them
+        assert wait_until(lambda: len(stored(c)) == 3, 30)
     finally:
         c.stop(stop)
     make_traces(mlflow_uri, experiment, 2, "while down")

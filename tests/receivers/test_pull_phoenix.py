@@ -220,6 +220,9 @@ def test_a_restart_in_the_middle_neither_skips_nor_duplicates(
     c = start_collector(tmp_path, cfg)
     try:
         assert wait_until(lambda: scored_back(phoenix_url, project, first), 60)
+        # the store writes what is short of a batch within its flush_interval: the stop comes once it holds the
+        # three traces, so a kill -9 leaves them in the store, where the restart finds them
+        assert wait_until(lambda: len(stored(c)) == 3, 30)
     finally:
         c.stop(stop)
     ids = make_traces(phoenix_url, project, 2, "while down")
