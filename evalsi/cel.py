@@ -268,7 +268,9 @@ def _first(ordered: list[Span], root: Span | None, field: str) -> Any:
 
 def _uncounted(ordered: list[Span], root: Span | None, trace_id: str | None, keys: frozenset[str]) -> dict[str, Any]:
     """`trace_activation`'s `trace` with only `keys`, none of them counted over the spans (`_COUNTED_KEYS`),
-    `spans` and `root` left out: the same values, made without the counting."""
+    `spans` and `root` left out: the same values, made without the counting or a full map to cut down (a selector
+    on `trace.service_name` takes 8.6 µs a trace this way, 10.9 through the general path: benchmarks/evaluate_path.py;
+    tests/policies/test_condition_memo.py checks both give the same)."""
     trace: dict[str, Any] = {}
     if "trace_id" in keys:
         trace["trace_id"] = trace_id if trace_id is not None else (root.trace_id if root else "")

@@ -8,8 +8,7 @@ importing grpc costs a process ~8 MB.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from evalsi.auth.asgi_gate import PRINCIPAL_SCOPE_KEY, RefusalAnswer, gate, json_refusal
 from evalsi.auth.authenticator import Authenticator
@@ -34,6 +33,7 @@ from evalsi.auth.principal import (
     Surface,
     Unauthenticated,
 )
+from evalsi.runtime.lazy import lazy_exports
 
 __all__ = [
     "ANONYMOUS", "ANONYMOUS_PRINCIPAL", "ASYMMETRIC_ALGORITHMS", "HASH_PREFIX", "JWKS_MAX_BYTES", "JWKS_MIN_INTERVAL",
@@ -48,9 +48,4 @@ if TYPE_CHECKING:
 
 _LAZY = {"GrpcKeyCheck": "grpc_gate", "principal_from_metadata": "grpc_gate"}
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -6,7 +6,7 @@ import math
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, get_args
@@ -333,12 +333,7 @@ class PrometheusExporter:
             if children.passed is None:  # created together (see _start_at_zero)
                 children.passed, children.failed = self._passed.labels(*key), self._failed_scores.labels(*key)
             (children.passed if score.passed else children.failed).inc()
-        start = self.window_start(now)
-        with self.lock:
-            window = self.windows.get(key)
-            if window is None or window.start != start:
-                window = self.windows[key] = _Window(start)
-            window.add(score)
+        self._add_to_window(key, self.window_start(now), (score,))
         return True
 
     def _record_group(self, children: _Children, group: list[Score], start: float) -> None:
@@ -365,7 +360,10 @@ class PrometheusExporter:
                 children.passed.inc(passed)
             if passed < len(verdicts):
                 children.failed.inc(len(verdicts) - passed)
-        key = children.key
+        self._add_to_window(children.key, start, scored)
+
+    def _add_to_window(self, key: tuple[str, str, str], start: float, scored: Iterable[Score]) -> None:
+        """Scored outcomes into the label set's window starting at `start` (a new one when it has moved on)."""
         with self.lock:
             window = self.windows.get(key)
             if window is None or window.start != start:

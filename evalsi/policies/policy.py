@@ -6,6 +6,7 @@ For each trace: the CEL `selector`; sampling by a hash of the trace id (so every
 `always` condition holds; then the cascade in order. A stage whose `when` does not hold emits no score; it is
 counted in `PolicyStats.when_not_met`. The set of policies a processor runs is `engine.PolicySet`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -175,9 +176,9 @@ class Policy:
         self.stats = PolicyStats()
         self.feedback_always = [a for a in self.always if isinstance(a, Condition) and a.reads_feedback]
         self.late = any(c.reads_feedback for c in self.conditions())
+        """Whether late feedback can change what this policy does with a trace (some condition names `feedback`)."""
         self._reads_scores = promote is not None or any(s.when is not None for s in stages)
         """Whether a `when` (a stage's, or `promote.when`) may read `scores`: else the cascade keeps no summaries."""
-        """Whether late feedback can change what this policy does with a trace (some condition names `feedback`)."""
 
     def conditions(self) -> list[Condition]:
         found = [c for c in (self.selector, *self.always) if isinstance(c, Condition)]

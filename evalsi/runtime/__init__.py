@@ -1,7 +1,7 @@
 """The runtime the service runs on: the retry policy senders share (`backoff`), supervised background tasks
 (`supervise`), serving ASGI apps (`serving`), self-metrics (`telemetry`), the ports a config listens on (`ports`),
-what components hold for the write-ahead log (`held`), and pandas kept out of pyarrow's and chDB's checks
-(`pandas_hidden`).
+what components hold for the write-ahead log (`held`), pandas kept out of pyarrow's and chDB's checks
+(`pandas_hidden`), and lazy exports for a package (`lazy`).
 
 Its names are exported lazily: `ports` must load without uvicorn (`serving`) or prometheus_client (`telemetry`), so
 that a second `evalsi serve` fails at once, naming the port it finds taken.
@@ -9,8 +9,7 @@ that a second `evalsi serve` fails at once, naming the port it finds taken.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from evalsi.runtime.lazy import lazy_exports
 
 _EXPORTS = {
     "Backoff": "backoff", "RETRYABLE_HTTP": "backoff", "retry_after": "backoff",
@@ -26,8 +25,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

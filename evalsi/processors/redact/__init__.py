@@ -65,17 +65,13 @@ class _Texts:
         """Canonical messages: every string but the structural ones normalize writes (role, part type, ids)."""
         add = self.add
         texts, slots = self.texts, self.slots
-        m = -1
-        for message in messages:
-            m += 1
+        for m, message in enumerate(messages):
             if type(message) is not dict:
                 add(message, messages, m, owner, label)
                 continue
             for k, v in message.items():
                 if k == "parts" and type(v) is list:
-                    p = -1
-                    for part in v:
-                        p += 1
+                    for p, part in enumerate(v):
                         if type(part) is not dict:
                             add(part, v, p, owner, label)
                             continue
