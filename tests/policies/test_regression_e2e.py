@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 from running_collector import Collector, send_chats, serve_config, start_collector, wait_until
@@ -109,10 +110,14 @@ def test_a_regression_against_last_week_is_shown_wherever_the_alert_is(tmp_path:
         for trace_id, thumbs in zip(first[:6], [True, False, True, False, True, True], strict=True):
             resp = httpx.post(c.api + "/v1/feedback", json={"trace_id": trace_id, "name": "thumbs", "value": thumbs})
             assert resp.status_code < 300, resp.text
-        assert wait_until(
-            lambda: httpx.get(c.api + "/api/v1/policies/stats", params={"window": "10m"}).json()["calibration"]
-        )
-        [calibration] = httpx.get(c.api + "/api/v1/policies/stats", params={"window": "10m"}).json()["calibration"]
+
+        def calibrations() -> list[dict[str, Any]]:
+            return httpx.get(c.api + "/api/v1/policies/stats", params={"window": "10m"}).json()["calibration"]
+
+        # the store writes what is short of a batch within its flush_interval, so the labels land over a second or
+        # two and a check in between counts those stored by then: wait for all six
+        assert wait_until(lambda: [x["n"] for x in calibrations()] == [6]), calibrations()
+        [calibration] = calibrations()
         assert (calibration["policy"], calibration["evaluator"], calibration["feedback"]) == (
             "answers", "builtin/contains", "thumbs"
         )  # fmt: skip
@@ -123,7 +128,7 @@ def test_a_regression_against_last_week_is_shown_wherever_the_alert_is(tmp_path:
         assert calibration["kappa"]["low"] < calibration["kappa"]["kappa"] < calibration["kappa"]["high"]
         assert calibration["ppi"]["labeled"] == 6 and calibration["ppi"]["unlabeled"] == 16
         deadline = time.monotonic() + 20
-        while not _series(_metrics(c), "evalsi_judge_labeled") and time.monotonic() < deadline:
+        while _series(_metrics(c), "evalsi_judge_labeled") != [6] and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _series(_metrics(c), "evalsi_judge_labeled") == [6]
         assert _series(_metrics(c), "evalsi_judge_kappa") == [calibration["kappa"]["kappa"]]
