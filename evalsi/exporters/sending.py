@@ -72,7 +72,7 @@ class Lane(Generic[T]):
     items: deque[T] = field(default_factory=deque)
     queued: int = 0  # the weight of `items`
     in_flight: int = 0  # the weight taken by the sender and neither sent, dropped nor put back yet
-    visited_at: float = float("-inf")  # when the sender started, or last took a chunk of it (monotonic)
+    visited_at: float = float("-inf")  # when the sender last took a chunk of it (monotonic); never: -inf
 
     @property
     def held(self) -> int:
@@ -142,10 +142,10 @@ class SendQueue:
     senders `attempt_timeout` past the deadline (plus a second) before it cancels them; with `attempt_timeout` None
     (a send that cannot be cancelled, e.g. a thread), without bound: then `send` must stop by `deadline()` itself.
     `partial_once_per_flush`, for a backend that pays a fixed cost per write: a lane's chunk short of its batch size
-    (`wake_at`) goes a flush interval after the sender started or last took a chunk of that lane, not before; a full
-    chunk goes at once (with what the lanes before it hold when it `keeps_order`). Without it, what came in while a
-    chunk was being sent goes at once after it, in small chunks. Either way a partial chunk waits at most the flush
-    interval, and shutdown sends everything at once.
+    (`wake_at`) goes a flush interval after the sender last took a chunk of that lane, not before (a lane's first
+    chunk, or one after a quiet interval, goes at once); a full chunk goes at once (with what the lanes before it
+    hold when it `keeps_order`). Without it, what came in while a chunk was being sent goes at once after it, in
+    small chunks. Either way a partial chunk waits at most the flush interval, and shutdown sends everything at once.
     Keeps `otelcol_exporter_queue_size` (`held`) and `otelcol_exporter_queue_capacity`."""
 
     def __init__(
@@ -209,8 +209,6 @@ class SendQueue:
 
     def start(self) -> None:
         """Start the senders (in a running event loop); each is restarted if it fails, counted in sender errors."""
-        for lane in self._lanes:  # a partial chunk goes a flush interval after the start at the soonest
-            lane.visited_at = time.monotonic()
         for sender in self._senders:
             kinds = "" if len(self._senders) == 1 else f" {sender.lanes[0].kind}"
             sender.task = supervise(

@@ -334,15 +334,16 @@ def test_a_full_batch_goes_at_once_with_partial_once_per_flush() -> None:
         scores, _ = lane(metrics, backend, batch_size=3, capacity=100)
         q = queue(metrics, [scores], flush_interval=30.0, partial_once_per_flush=True)
         q.start()
-        await asyncio.sleep(0.05)
+        q.offer(scores, [0])
+        await wait_for(lambda: backend.items() == [0])  # the lane's first chunk goes at once
         q.offer(scores, [1, 2])
         await asyncio.sleep(0.2)
-        assert backend.chunks == []  # a partial batch waits for the flush interval
+        assert backend.items() == [0]  # a partial batch waits for the flush interval
         q.offer(scores, [3, 4, 5, 6])
-        await wait_for(lambda: backend.items() == [1, 2, 3, 4, 5, 6])  # two full chunks, at once
+        await wait_for(lambda: backend.items() == [0, 1, 2, 3, 4, 5, 6])  # two full chunks, at once
         q.offer(scores, [7])
         await asyncio.wait_for(q.shutdown(), 5.0)  # shutdown sends the partial chunk at once
-        assert [chunk for _, chunk in backend.chunks] == [[1, 2, 3], [4, 5, 6], [7]]
+        assert [chunk for _, chunk in backend.chunks] == [[0], [1, 2, 3], [4, 5, 6], [7]]
 
     asyncio.run(run())
 
@@ -356,14 +357,17 @@ def test_a_due_lane_that_keeps_order_takes_the_lanes_before_it_along_and_another
         q = queue(metrics, [spans, scores, revisions], capacity=100, ordered=True, flush_interval=30.0,
                   partial_once_per_flush=True)  # fmt: skip
         q.start()
-        await asyncio.sleep(0.05)
+        q.offer(spans, ["p0"])
+        await wait_for(lambda: backend.items() == ["p0"])  # the lane's first chunk goes at once
         q.offer(spans, ["p1"])
         q.offer(scores, ["s1", "s2"])  # full: goes alone, the span waits
-        await wait_for(lambda: backend.items() == ["s1", "s2"])
+        await wait_for(lambda: backend.items() == ["p0", "s1", "s2"])
         q.offer(revisions, ["r1", "r2"])  # full: the span it may revise goes first
-        await wait_for(lambda: len(backend.items()) == 5)
+        await wait_for(lambda: len(backend.items()) == 6)
         await q.shutdown()
-        assert backend.chunks == [("scores", ["s1", "s2"]), ("spans", ["p1"]), ("revisions", ["r1", "r2"])]
+        assert backend.chunks == [
+            ("spans", ["p0"]), ("scores", ["s1", "s2"]), ("spans", ["p1"]), ("revisions", ["r1", "r2"])
+        ]  # fmt: skip
 
     asyncio.run(run())
 
