@@ -203,7 +203,7 @@ class WorkerPool:
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(self._on_exit, w)
 
-    async def _write_rows(self, kind: RowKind, body: bytearray, arrived: float | None) -> None:
+    async def _write_rows(self, kind: RowKind, body: memoryview, arrived: float | None) -> None:
         assert self._store is not None, "a worker sent rows, but no pipeline writes a store"
         while True:
             try:
