@@ -19,7 +19,7 @@ from evalsi.evaluators.params import NoParams, Params
 from evalsi.model.content import last_text
 from evalsi.model.score import Score
 from evalsi.model.span import TRAJECTORY_STEP_TYPES, Span
-from evalsi.model.trajectory import build_trajectory, retrieved_documents, span_tree
+from evalsi.model.trajectory import build_trajectory, counted_once, retrieved_documents, span_tree
 
 if TYPE_CHECKING:
     from evalsi.evaluators.judge_client import Judges
@@ -85,8 +85,8 @@ class Target:
     span scope: `span` is the span, `spans` is [span]. trace scope: `spans` is the whole trace, `span` its root
     (or first) span, `trajectory` its trajectory. session scope: `spans` is every span of the session.
     `reference` holds expected values from the policy or a dataset record (expected output, tools, trajectory).
-    `context` is the retrieved documents' texts: given (a Score API record's), or else read from the spans'
-    retrieval steps when first read.
+    `context` is the retrieved documents' texts: given (a Score API record's, or a function of no arguments called
+    when first read), or else read from the spans' retrieval steps when first read.
     `trajectory` may be given lazily, built the first time it is read (an evaluator that does not read it never
     pays for it): `FROM_SPANS` for `build_trajectory(spans)` (then `output_text` does not need it either), or
     any function of no arguments.
@@ -100,7 +100,7 @@ class Target:
         span: Span | None = None,
         trajectory: dict[str, Any] | Callable[[], dict[str, Any] | None] | None = None,
         reference: dict[str, Any] | None = None,
-        context: list[str] | None = None,
+        context: list[str] | Callable[[], list[str]] | None = None,
         judges: Judges | None = None,
     ) -> None:
         self.spans = spans
@@ -118,6 +118,7 @@ class Target:
         self.reference: dict[str, Any] = {} if reference is None else reference
         self._context = context
         self.judges = judges
+        self._counted_once: tuple[list[Span], dict[str, Span]] | None = None
 
     @property
     def trajectory(self) -> dict[str, Any] | None:
@@ -135,7 +136,20 @@ class Target:
     def context(self) -> list[str]:
         if self._context is None:
             self._context = [d["content"] for d in retrieved_documents(self.spans)]
+        elif callable(self._context):
+            self._context = self._context()
         return self._context
+
+    @property
+    def calls_once(self) -> tuple[list[Span], dict[str, Span]]:
+        """The spans to sum a trace's usage over, a call recorded by a vendor SDK and an instrumentation counted once
+        (on the instrumentation's span), and for such a span the SDK span whose usage counts
+        (`trajectory.counted_once`); worked out once for every evaluator that sums (tokens, cost)."""
+        if self._counted_once is None:
+            folded, usage = counted_once(self.spans)
+            spans = [s for s in self.spans if s.span_id not in folded] if folded else self.spans
+            self._counted_once = spans, usage
+        return self._counted_once
 
     @context.setter
     def context(self, value: list[str]) -> None:

@@ -168,7 +168,9 @@ class TraceView:
     def target(self) -> Target:
         # the trajectory is built only if an evaluator reads it (Target.trajectory is lazy)
         trajectory = self._trajectory if self._trajectory is not None else FROM_SPANS
-        return Target(self.spans, span=self.root, trajectory=trajectory, context=self.context, judges=self.judges)
+        # the documents' texts are gathered only if an evaluator reads them
+        return Target(self.spans, span=self.root, trajectory=trajectory, context=lambda: self.context,
+                      judges=self.judges)  # fmt: skip
 
 
 class SessionView(TraceView):

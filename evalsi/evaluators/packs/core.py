@@ -19,7 +19,7 @@ from evalsi.evaluators.base import Params, Target, evaluator
 from evalsi.evaluators.schema import compiled, json_type, violations
 from evalsi.model.score import Score
 from evalsi.model.span import Span
-from evalsi.model.trajectory import call_usage, counted_once
+from evalsi.model.trajectory import call_usage
 from evalsi.pattern import Pattern, compile_pattern
 
 # --- text checks ---------------------------------------------------------------------------------------------
@@ -270,17 +270,6 @@ def _innermost(spans: list[Span], has: Callable[[Span], bool]) -> list[Span]:
     return [s for s in marked if s.span_id not in enclosing]
 
 
-def _calls_once(spans: list[Span]) -> tuple[list[Span], dict[str, Span]]:
-    """The spans to sum over, a call a vendor SDK and an instrumentation both record counted once (on the
-    instrumentation's span), and for such a span the SDK span whose usage counts (as the trajectory's step)."""
-    folded, usage = counted_once(spans)
-    return ([s for s in spans if s.span_id not in folded] if folded else spans), usage
-
-
-def _usage(span: Span, usage: dict[str, Span]) -> tuple[int | None, int | None]:
-    return call_usage(span, usage.get(span.span_id))[:2]
-
-
 class LatencyParams(Params):
     max_ms: float | None = Field(None, gt=0, description="passes when the duration is at most this")
 
@@ -328,12 +317,13 @@ _MODEL_CALLS = ("llm", "embedding")
 @evaluator("builtin/tokens", params=TokensParams)
 def tokens(target: Target, p: TokensParams) -> Score:
     """Input, output and total tokens over the trace's model calls (value: params.measure); passes within budgets."""
-    spans, usage = _calls_once(target.spans)
-    calls = [s for s in spans if s.step_type in _MODEL_CALLS]
-    counted = _innermost(spans, lambda s: s.step_type in _MODEL_CALLS and any(n is not None for n in _usage(s, usage)))
+    spans, twins = target.calls_once
+    # each model call's (input, output) tokens, by span (a malformed trace may repeat a span id)
+    usage = {id(s): call_usage(s, twins.get(s.span_id))[:2] for s in spans if s.step_type in _MODEL_CALLS}
+    counted = _innermost(spans, lambda s: (u := usage.get(id(s))) is not None and u != (None, None))
     if not counted:
-        return Score.skipped("tokens", "no token usage" if calls else "no model calls")
-    tokens = [_usage(s, usage) for s in counted]
+        return Score.skipped("tokens", "no token usage" if usage else "no model calls")
+    tokens = [usage[id(s)] for s in counted]
     used = {
         "input": sum(i or 0 for i, _ in tokens),
         "output": sum(o or 0 for _, o in tokens),
@@ -345,7 +335,7 @@ def tokens(target: Target, p: TokensParams) -> Score:
     explanation = (
         f"{used['total']} tokens ({used['input']} in, {used['output']} out) over {_count(len(counted), 'model call')}"
     )
-    unrecorded = sum(1 for s in calls if _usage(s, usage) == (None, None))
+    unrecorded = sum(1 for u in usage.values() if u == (None, None))
     if unrecorded:
         explanation += f" ({unrecorded} more recorded no usage)"
     if over:
@@ -366,7 +356,7 @@ class CostParams(Params):
 @evaluator("builtin/cost", params=CostParams)
 def cost(target: Target, p: CostParams) -> Score:
     """The trace's cost in USD (value): the sum of the cost its spans record; passes within params.max_usd."""
-    spans, twins = _calls_once(target.spans)
+    spans, twins = target.calls_once
 
     def cost_of(s: Span) -> float | None:  # a call recorded twice: the instrumentation's cost, else the SDK's
         return call_usage(s, twins.get(s.span_id))[2]
