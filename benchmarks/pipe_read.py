@@ -1,10 +1,15 @@
-"""Pipe benchmark: CPU of receiving a body from a pipeline worker's pipe, a `bytearray` against Arrow's pool.
+"""Body benchmark: CPU of taking in a large body, in glibc's memory against Arrow's pool.
 
-A thread writes `--size` MB bodies into a socket pair (4 MiB buffers, as `widen_pipe` sets) and this thread reads
+Two ways a body arrives in evalsi: from a pipeline worker's pipe, and from an OTLP/HTTP request's chunks.
+
+Pipe: a thread writes `--size` MB bodies into a socket pair (4 MiB buffers, as `widen_pipe` sets) and this thread reads
 each one as the collector's receive loop does (`evalsi.collector.workers.pipe._read`), keeping the last three alive
 as the store's queue would. Both ways run with the heap settings of an `evalsi serve` process (`tune_malloc`),
 alternated `--rounds` times. Prints CPU ms a body: the reading thread's, and the whole process's (page faults and
 unmaps included), and the ratio of the pool's to the bytearray's.
+
+HTTP: the same size in 64 KiB chunks (what uvicorn hands on) put together as `bytes` (`b"".join`) against
+`http_transport._joined`, keeping the last three; CPU ms a body of this thread.
 
     .venv/bin/python benchmarks/pipe_read.py
 """
@@ -23,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evalsi.collector.heap import tune_malloc
 from evalsi.collector.workers.pipe import PIPE_BUFFER, _read
+from evalsi.receivers.otlp.http_transport import _joined
 
 
 def _read_bytearray(fd: int, size: int) -> bytearray:
@@ -76,6 +82,25 @@ def main() -> None:
         f"best: bytearray {bt:.2f} / {bp:.2f}, arrow pool {nt:.2f} / {np_:.2f}; pool / bytearray {nt / bt:.2f} / "
         f"{np_ / bp:.2f}"
     )
+
+    chunks = [payload[i : i + 65536] for i in range(0, size, 65536)]
+    joins = {"bytes": lambda: b"".join(chunks), "arrow pool": lambda: _joined(chunks, size)}
+    best_join: dict[str, float] = {}
+    print(f"HTTP body of {len(chunks)} chunks, CPU ms a body")
+    for r in range(args.rounds):
+        for name, join in joins.items():
+            kept = []
+            t0 = time.thread_time()
+            for _ in range(args.bodies):
+                kept.append(join())
+                if len(kept) > 3:
+                    kept.pop(0)
+            ms = 1e3 * (time.thread_time() - t0) / args.bodies
+            assert bytes(kept[-1]) == payload
+            print(f"  round {r + 1}  {name:<10} {ms:6.3f}")
+            best_join[name] = min(best_join.get(name, 1e9), ms)
+    bj, nj = best_join["bytes"], best_join["arrow pool"]
+    print(f"best: bytes {bj:.3f}, arrow pool {nj:.3f}; pool / bytes {nj / bj:.2f}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ class EncodedBatch:
     valid items in it, and `shards` the workers owning at least one of their traces (see `shard_of`)."""
 
     signal: Literal["traces", "logs"]
-    body: bytes
+    body: bytes | memoryview  # a protobuf body as HTTP read it is a view of Arrow-pool memory
     count: int
     shards: frozenset[int]
     receiver: str = ""

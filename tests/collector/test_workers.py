@@ -88,6 +88,32 @@ def test_ready_line_names_the_workers_and_spans_of_both_shards_are_stored(two_wo
     assert all(t["span_count"] == 2 for t in listed)
 
 
+@pytest.mark.parametrize("workers", [2, 1])
+def test_a_large_request_arriving_in_many_chunks_is_stored_whole(tmp_path: Path, workers: int) -> None:
+    """A protobuf body past 128 KiB is put together from its chunks in Arrow's memory pool and handed on as a view:
+    the spans must arrive as they were sent, the write-ahead log's copy and the workers' too, whatever bytes the
+    values hold (UTF-8 of every width: a view of signed bytes would compare wrongly with `bytes`)."""
+    cfg = serve_config(tmp_path / "store")
+    cfg["service"]["workers"] = workers
+    cfg["service"]["durability"] = {"mode": "wal", "directory": str(tmp_path / "wal")}
+    c = start_collector(tmp_path, cfg)
+    try:
+        req = _request([_trace_id(n) for n in range(150)])  # 300 spans
+        for i, span in enumerate(req.resource_spans[0].scope_spans[0].spans):
+            text = f"{i:04d} " + "é€𝄞x" * 300
+            span.attributes.append(KeyValue(key="note", value={"string_value": text}))
+        body = req.SerializeToString()
+        assert len(body) > 4 * 128 * 1024
+        r = httpx.post(c.http + "/v1/traces", content=body, headers=PROTOBUF)
+        assert r.status_code == 200 and r.content == b""
+        assert c.wait_stored(300) == 300
+        shown = json.loads(c.cli("traces", "show", _trace_id(149).hex(), "--json").stdout)
+        notes = sorted(s["attributes"]["note"] for s in shown["spans"])
+        assert notes == [f"{i:04d} " + "é€𝄞x" * 300 for i in (298, 299)]
+    finally:
+        c.stop()
+
+
 def _loaded_pandas(pid: int) -> bool:
     """Whether a process has pandas' compiled modules mapped: what importing pandas leaves in it (~45 MB)."""
     return "/pandas/" in Path(f"/proc/{pid}/maps").read_text()

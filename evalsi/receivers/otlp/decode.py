@@ -142,7 +142,8 @@ def checking_codec(codec: Codec, shards: int) -> Codec:
     def checked(req: Message, body: bytes) -> Decoded:
         check_count(req, limits, key)
         valid, rejected, message, owners = check(req, shards)
-        return Decoded(EncodedBatch(signal, body + trailer if trailer else body, valid, owners), rejected, message)
+        return Decoded(EncodedBatch(signal, b"".join((body, trailer)) if trailer else body, valid, owners), rejected,
+                       message)  # fmt: skip
 
     def from_protobuf(body: bytes) -> Decoded:
         req = message_type()
