@@ -26,6 +26,9 @@ from evalsi.receivers.otlp.request_check import (
 )
 from evalsi.receivers.otlp.sharding import shard_of
 
+_ZERO_TRACE = bytes(16)
+_ZERO_SPAN = bytes(8)
+
 
 def _span_clamps(start: int, end: int, kind: int, code: int, event_times: Any) -> list[str]:
     """The fields of a span (already known to start in range) that the receiver clamps: an end out of range or
@@ -68,6 +71,14 @@ def spans_from_request(
     max_events, max_links = limits.max_events_per_span, limits.max_links_per_span
     check_sizes = size is None or size > max_length
     cuts = Cuts()
+    # `shard_of` inline: a worker looks at every span of the request to find its own. With a power of two workers
+    # (up to 256) the low 64 bits modulo their count are the last byte's low bits
+    mine, shards = shard if shard is not None else (0, 0)
+    mask = shards - 1 if 0 < shards <= 256 and not shards & (shards - 1) else -1
+    # consecutive spans are often of one trace, and siblings: a trace's (a parent's) id is turned into hex once
+    # for them
+    last_trace, trace_hex = b"", ""
+    last_parent, parent_hex = b"", ""
     for rs in req.resource_spans:
         resource_attributes, resource_cut = cut_resource(rs.resource, max_attrs, max_length, check_sizes)
         service = resource_attributes.get("service.name", "")
@@ -77,19 +88,37 @@ def spans_from_request(
             scope_version = ss.scope.version
             for s in ss.spans:
                 trace_id = s.trace_id
-                if shard is not None and shard_of(trace_id, shard[1]) != shard[0]:
+                if (
+                    shards
+                    and (
+                        (trace_id[15] & mask if mask >= 0 else int.from_bytes(trace_id[8:], "big") % shards)
+                        if len(trace_id) == 16
+                        else 0
+                    )
+                    != mine
+                ):
                     continue
                 span_id = s.span_id
                 parent = s.parent_span_id
-                problem = check_ids(trace_id, span_id, parent)
                 start = s.start_time_unix_nano
-                if not problem and start > MAX_TIME_NS:
-                    problem = f"start_time_unix_nano {start} {TIME_TOO_LATE}"
-                if problem:
+                # `check_ids` inline for valid ids; its message for the others
+                if (
+                    len(trace_id) != 16
+                    or len(span_id) != 8
+                    or (parent and len(parent) != 8)
+                    or trace_id == _ZERO_TRACE
+                    or span_id == _ZERO_SPAN
+                    or start > MAX_TIME_NS
+                ):
                     rejected += 1
                     if not first_error:
-                        first_error = f"span {s.name!r}: {problem}"
+                        problem = check_ids(trace_id, span_id, parent)
+                        first_error = f"span {s.name!r}: {problem or f'start_time_unix_nano {start} {TIME_TOO_LATE}'}"
                     continue
+                if trace_id != last_trace:
+                    last_trace, trace_hex = trace_id, trace_id.hex()
+                if parent != last_parent:
+                    last_parent, parent_hex = parent, parent.hex()
                 end = s.end_time_unix_nano
                 kind = s.kind
                 status = s.status
@@ -103,7 +132,7 @@ def spans_from_request(
                     span_attributes, events, links = cut_span(s, limits, cut)
                 else:
                     events = (
-                        [SpanEvent(e.time_unix_nano, e.name, attributes(e.attributes)) for e in found_events]
+                        [SpanEvent(e.time_unix_nano, e.name, attributes(e.attributes)) for e in found_events[:]]
                         if found_events
                         else []
                     )
@@ -114,7 +143,7 @@ def spans_from_request(
                     links = (
                         [
                             SpanLink(ln.trace_id.hex(), ln.span_id.hex(), ln.trace_state, attributes(ln.attributes))
-                            for ln in found_links
+                            for ln in found_links[:]
                         ]
                         if found_links
                         else []
@@ -131,31 +160,35 @@ def spans_from_request(
                     cut.add(resource_cut)
                 if cut:
                     clamped += 1
-                    cut.mark(span_attributes, cuts, f"span {s.name!r} ({trace_id.hex()}/{span_id.hex()})")
+                    cut.mark(span_attributes, cuts, f"span {s.name!r} ({trace_hex}/{span_id.hex()})")
                 if end < start or end > MAX_TIME_NS or not 0 <= kind < n_kinds or not 0 <= code < 3 or events:
                     fields = _span_clamps(start, end, kind, code, [e.time_unix_nano for e in events])
                     if fields:
                         out_of_range += 1
                         clamped += not cut
                         if not first_clamp:
-                            first_clamp = f"span {s.name!r} ({trace_id.hex()}/{span_id.hex()}): {', '.join(fields)}"
+                            first_clamp = f"span {s.name!r} ({trace_hex}/{span_id.hex()}): {', '.join(fields)}"
                         span_attributes[CLAMPED] = fields
                         if "end_time_unix_nano" in fields:
                             end = start
+                        if "kind" in fields:
+                            kind = 0  # UNSPECIFIED
+                        if "status.code" in fields:
+                            code = 0  # UNSET
                         for e in events:
                             if e.time_unix_nano > MAX_TIME_NS:
                                 e.time_unix_nano = start
                 # positional: this constructor runs once per span on the ingest path
                 spans.append(
                     Span(
-                        trace_id.hex(),
+                        trace_hex,
                         span_id.hex(),
-                        parent.hex(),
+                        parent_hex,
                         s.name,
-                        SPAN_KINDS[kind] if 0 <= kind < n_kinds else "UNSPECIFIED",
+                        SPAN_KINDS[kind],
                         start,
                         end,
-                        STATUS_CODES[code] if 0 <= code < 3 else "UNSET",
+                        STATUS_CODES[code],
                         status.message,
                         s.trace_state,
                         service_name,
