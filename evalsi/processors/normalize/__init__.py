@@ -82,15 +82,27 @@ def _reset(span: Span) -> None:
 
 
 def _flag_unparsed(span: Span) -> None:
-    for name, messages in (("input", span.input), ("output", span.output)):
-        if messages and any(m.get("unparsed") for m in messages):
-            span.unparsed.append(name)
+    messages = span.input
+    if messages:
+        for m in messages:
+            if m.get("unparsed"):
+                span.unparsed.append("input")
+                break
+    messages = span.output
+    if messages:
+        for m in messages:
+            if m.get("unparsed"):
+                span.unparsed.append("output")
+                break
     # a count no model reports, from a mapper that does not read counts with `token_count`: none, and said so
-    for field in ("input_tokens", "output_tokens"):
-        tokens = getattr(span, field)
-        if tokens is not None and not 0 <= tokens <= MAX_TOKENS:
-            setattr(span, field, None)
-            span.unparsed.append(field)
+    tokens = span.input_tokens
+    if tokens is not None and not 0 <= tokens <= MAX_TOKENS:
+        span.input_tokens = None
+        span.unparsed.append("input_tokens")
+    tokens = span.output_tokens
+    if tokens is not None and not 0 <= tokens <= MAX_TOKENS:
+        span.output_tokens = None
+        span.unparsed.append("output_tokens")
 
 
 def normalize_span(span: Span, mappers: Sequence[Mapper] | None = None) -> None:
@@ -194,6 +206,10 @@ class Normalize:
     async def consume(self, batch: SpanBatch) -> None:
         mappers = self.mappers
         join = self._join
+        pricer = self._pricer
+        if pricer is not None:
+            pricer.new_batch()
+        revision = batch.revision
         ready = []
         for span in batch.spans:
             try:
@@ -203,11 +219,12 @@ class Normalize:
                 self._mapper_failed(span)
                 ready.append(span)
                 continue
-            for name in span.unparsed:
-                self._unparsed.labels(span.convention, name).inc()
-            if self._pricer is not None:
-                self._pricer.price(span)
-            if batch.revision or join.on_span(span):
+            if span.unparsed:
+                for name in span.unparsed:
+                    self._unparsed.labels(span.convention, name).inc()
+            if pricer is not None:
+                pricer.price_span(span)
+            if revision or join.on_span(span):
                 ready.append(span)
         if len(ready) != len(batch.spans):
             batch = SpanBatch(ready, batch.revision, batch.kind)

@@ -88,6 +88,8 @@ def _rate(value: Rate, total_input: int) -> float:
 
 
 def _number(value: Any) -> int:
+    if type(value) is int:
+        return value if value > 0 else 0
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
@@ -101,11 +103,13 @@ def span_cost(rates: Rates, input_tokens: int, output_tokens: int, cache_read: i
     else:
         uncached = input_tokens
         total_input = input_tokens + cached
+    # flat rates (most models) are read without a call
+    read, write, inp, out = rates.cache_read, rates.cache_write, rates.input, rates.output
     return (
-        uncached * _rate(rates.input, total_input)
-        + cache_read * _rate(rates.cache_read, total_input)
-        + cache_write * _rate(rates.cache_write, total_input)
-        + output_tokens * _rate(rates.output, total_input)
+        uncached * (inp if type(inp) is float else _rate(inp, total_input))
+        + cache_read * (read if type(read) is float else _rate(read, total_input))
+        + cache_write * (write if type(write) is float else _rate(write, total_input))
+        + output_tokens * (out if type(out) is float else _rate(out, total_input))
     ) / 1_000_000
 
 
@@ -160,6 +164,9 @@ def _override_rates(provider: str | None, price: PriceOverride) -> Rates:
     )
 
 
+_UNCACHED: Any = object()
+
+
 class Pricer:
     """Fills `cost_usd` of spans that have a model and token counts but no cost; counts models it cannot price."""
 
@@ -195,28 +202,41 @@ class Pricer:
         self._cache[key] = rates
         return rates
 
+    def new_batch(self) -> None:
+        """Read the clock: dated price changes in the table take effect the day they start. Once a batch, so that
+        `price_span` costs no clock read."""
+        day = self._today()
+        if day != self._day:
+            self._day = day
+            self._cache.clear()
+
     def price(self, span: Span) -> None:
+        """`price_span` with the clock read first."""
+        self.new_batch()
+        self.price_span(span)
+
+    def price_span(self, span: Span) -> None:
+        """Fill `cost_usd` of one span, with the prices of the day `new_batch` last saw."""
         # model calls only: an agent span's token counts (the semconv's invoke_agent may carry them) sum its calls'
         if span.cost_usd is not None or not span.model or span.step_type not in ("llm", "embedding"):
             return
         input_tokens, output_tokens = span.input_tokens, span.output_tokens
         if input_tokens is None and output_tokens is None:
             return
-        day = self._today()
-        if day != self._day:  # dated price changes in the table take effect the day they start
-            self._day = day
-            self._cache.clear()
-        rates = self.rates(span.provider, span.model)
+        provider, model = span.provider, span.model
+        rates = self._cache.get((provider, model), _UNCACHED)
+        if rates is _UNCACHED:
+            rates = self.rates(provider, model)
         if rates is None:
-            self._count_unknown(span.provider or "", span.model)
+            self._count_unknown(provider or "", model)
             return
         details = span.details
         cost = span_cost(
             rates,
             _number(input_tokens),
             _number(output_tokens),
-            _number(details.get("cache_read_input_tokens")),
-            _number(details.get("cache_creation_input_tokens")),
+            _number(details.get("cache_read_input_tokens")) if details else 0,
+            _number(details.get("cache_creation_input_tokens")) if details else 0,
         )
         if math.isfinite(cost):
             span.cost_usd = cost
