@@ -58,6 +58,9 @@ def tool_arguments(value: Any) -> Any:
 # --- (a) gen_ai.input.messages / gen_ai.output.messages / gen_ai.system_instructions --------------
 
 
+_NOT_TEXT: Any = object()
+
+
 def _semconv_part(part: Any) -> Part:
     if not isinstance(part, dict):
         return _text_part(part)
@@ -138,7 +141,30 @@ def semconv_messages(value: Any, default_role: str) -> list[Message] | None:
         return [unparsed_message(default_role, value)]
     if not value:
         return None
-    return [_semconv_message(m, default_role) for m in value]
+    messages: list[Message] = []
+    for message in value:
+        # the common shape, `{"role": ..., "parts": [{"type": "text", "content": "..."}, ...]}`, read here as
+        # `_semconv_message` and `_semconv_part` read it, without a call a message and a part
+        parts = message.get("parts") if type(message) is dict else None
+        if type(parts) is not list:
+            messages.append(_semconv_message(message, default_role))
+            continue
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            role = default_role
+        canonical_parts: list[Part] = []
+        for part in parts:
+            content = part.get("content") if type(part) is dict and part.get("type") == "text" else _NOT_TEXT
+            if type(content) is str:
+                canonical_parts.append({"type": "text", "content": content})
+            else:
+                canonical_parts.append(_semconv_part(part))
+        canonical: Message = {"role": role, "parts": canonical_parts}
+        finish_reason = message.get("finish_reason")
+        if finish_reason is not None:
+            canonical["finish_reason"] = as_text(finish_reason)
+        messages.append(canonical)
+    return messages
 
 
 def system_message(value: Any) -> Message | None:

@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from evalsi import json_codec
+import orjson
 
 _MALFORMED = object()
 
@@ -23,7 +23,7 @@ def loads(raw: str) -> Any:
     but the stdlib reads (integers past 64 bits, NaN and Infinity as Python writes them) is read: a usage object
     with one absurd count is still a usage object, and the count is judged on its own."""
     try:
-        return json_codec.loads(raw)
+        return orjson.loads(raw)  # `json_codec.loads`, without its call
     except (ValueError, RecursionError):
         try:
             return json.loads(raw)
