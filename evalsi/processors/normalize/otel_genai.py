@@ -20,6 +20,7 @@ from evalsi.processors.normalize.messages import (
     with_system_instructions,
 )
 from evalsi.processors.normalize.values import (
+    MAX_TOKENS,
     count,
     flag,
     is_malformed,
@@ -155,7 +156,8 @@ def _exception_type(span: Span) -> str | None:
 
 def span_error_type(span: Span) -> str | None:
     """`error.type`; for a span with ERROR status and none, its exception event's type or `_OTHER`."""
-    found = error_type(span.attributes.get(ERROR_TYPE))
+    value = span.attributes.get(ERROR_TYPE)
+    found = None if value is None else error_type(value)
     if found is None and span.status_code == "ERROR":
         found = (_exception_type(span) if span.events else None) or OTHER_ERROR
     return found
@@ -288,9 +290,17 @@ def tool_event_messages(
 
 def fill_provider_and_tokens(span: Span, get: Callable[[str], Any]) -> None:
     """`span.provider` and its input/output token counts, under the semconv's names or the older ones."""
-    span.provider = text(get(PROVIDER) or get(SYSTEM))
-    span.input_tokens = token_count(span.unparsed, "input_tokens", get(INPUT_TOKENS), get(PROMPT_TOKENS))
-    span.output_tokens = token_count(span.unparsed, "output_tokens", get(OUTPUT_TOKENS), get(COMPLETION_TOKENS))
+    provider = get(PROVIDER) or get(SYSTEM)
+    # `text` and `token_count` read what these forms do not (a count as text, the older names): called for the rest
+    span.provider = provider if type(provider) is str and provider else text(provider)
+    tokens = get(INPUT_TOKENS)
+    if type(tokens) is not int or not 0 <= tokens <= MAX_TOKENS:
+        tokens = token_count(span.unparsed, "input_tokens", tokens, get(PROMPT_TOKENS))
+    span.input_tokens = tokens
+    tokens = get(OUTPUT_TOKENS)
+    if type(tokens) is not int or not 0 <= tokens <= MAX_TOKENS:
+        tokens = token_count(span.unparsed, "output_tokens", tokens, get(COMPLETION_TOKENS))
+    span.output_tokens = tokens
 
 
 def _detail_fields() -> dict[str, tuple[str | None, str, Callable[[Any], Any], int]]:
@@ -313,6 +323,9 @@ def _detail_fields() -> dict[str, tuple[str | None, str, Callable[[Any], Any], i
 
 
 _DETAIL_FIELDS = _detail_fields()
+_DETAIL_KEYS = [spec[1] for spec in _DETAIL_FIELDS.values()]
+_CONTESTED_DETAILS = frozenset(key for key in _DETAIL_KEYS if _DETAIL_KEYS.count(key) > 1)
+"""Detail keys more than one attribute fills (cache and reasoning counts under their names old and new)."""
 
 
 def fill_details(span: Span, attributes: dict[str, Any]) -> None:
@@ -321,10 +334,11 @@ def fill_details(span: Span, attributes: dict[str, Any]) -> None:
     One pass over the span's attributes (a dozen) rather than a lookup per known name (forty): this runs per span.
     """
     details = span.details
+    fields = _DETAIL_FIELDS
     request: dict[str, Any] | None = None
-    won: dict[str, int] = {}
+    won: dict[str, int] | None = None
     for attribute, value in attributes.items():
-        spec = _DETAIL_FIELDS.get(attribute)
+        spec = fields.get(attribute)
         if spec is None or value is None:
             continue
         group, key, convert, priority = spec
@@ -332,9 +346,12 @@ def fill_details(span: Span, attributes: dict[str, Any]) -> None:
         if found is None:
             continue
         if group is None:
-            if won.get(key, -1) >= priority:
-                continue
-            won[key] = priority
+            if key in _CONTESTED_DETAILS:  # more than one attribute fills it: the higher priority wins
+                if won is None:
+                    won = {}
+                elif won.get(key, -1) >= priority:
+                    continue
+                won[key] = priority
             details[key] = found
         else:
             if request is None:
@@ -373,7 +390,10 @@ class OtelGenAI:
     def apply(self, span: Span) -> None:
         attributes = span.attributes
         get = attributes.get
-        model = text(get(RESPONSE_MODEL) or get(REQUEST_MODEL))
+        # `text` is called only for what is neither None nor a non-empty string (what it returns as they are)
+        model = get(RESPONSE_MODEL) or get(REQUEST_MODEL)
+        if type(model) is not str or not model:
+            model = text(model)
         operation = get(OPERATION)
         step_type = OPERATION_STEP_TYPES.get(operation) if isinstance(operation, str) else None
         if step_type is None and get(STEP_TYPE) == "user":  # the harness's user turns (no semconv operation yet)
@@ -383,12 +403,17 @@ class OtelGenAI:
         span.step_type = step_type
         span.model = model
         fill_provider_and_tokens(span, get)
-        span.tool_name = text(get(TOOL_NAME))
-        span.session_id = text(get(CONVERSATION_ID))
-        span.agent_name = text(get(AGENT_NAME))
-        user = get(USER_ID)
-        span.user_id = text(user if user is not None else get(ENDUSER_ID))
-        span.error_type = span_error_type(span)
+        value = get(TOOL_NAME)
+        span.tool_name = value if value is None or (type(value) is str and value) else text(value)
+        value = get(CONVERSATION_ID)
+        span.session_id = value if value is None or (type(value) is str and value) else text(value)
+        value = get(AGENT_NAME)
+        span.agent_name = value if value is None or (type(value) is str and value) else text(value)
+        value = get(USER_ID)
+        if value is None:
+            value = get(ENDUSER_ID)
+        span.user_id = value if value is None or (type(value) is str and value) else text(value)
+        span.error_type = span_error_type(span) if span.status_code == "ERROR" or ERROR_TYPE in attributes else None
         fill_details(span, attributes)
         mark_framework_spans(span, operation)
 
@@ -397,9 +422,10 @@ class OtelGenAI:
         if operation == EXECUTE_TOOL:
             input_messages, output_messages = tool_messages(span, attributes)
         if input_messages is None and output_messages is None:
-            input_messages = with_system_instructions(
-                semconv_messages(get(INPUT_MESSAGES), "user"), get(SYSTEM_INSTRUCTIONS)
-            )
+            input_messages = semconv_messages(get(INPUT_MESSAGES), "user")
+            instructions = get(SYSTEM_INSTRUCTIONS)
+            if instructions is not None:
+                input_messages = with_system_instructions(input_messages, instructions)
             output_messages = semconv_messages(get(OUTPUT_MESSAGES), "assistant")
         if input_messages is None and output_messages is None and span.events:
             input_messages, output_messages = messages_from_span_events(span.events)
