@@ -183,6 +183,34 @@ def test_unknown_model_has_no_cost_and_is_counted_with_bounded_labels() -> None:
     assert len(series) == MAX_UNKNOWN_LABELS + 1
 
 
+def test_a_batch_counts_each_unpriced_span_and_prices_the_rest() -> None:
+    class Sink:
+        async def consume(self, batch: SpanBatch) -> None:
+            self.batch = batch
+
+    def chat(model: str) -> Span:
+        s = Span("ab" * 16, "cd" * 8, "", "chat", "CLIENT", 0, 1)
+        s.attributes = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": "openai",
+            "gen_ai.request.model": model,
+            "gen_ai.usage.input_tokens": 1000,
+            "gen_ai.usage.output_tokens": 500,
+        }
+        return s
+
+    metrics = SelfMetrics()
+    proc = Normalize(NormalizeConfig(), Settings("normalize", metrics, logging.getLogger("t")), Sink())  # type: ignore[arg-type]
+    models = ["gpt-nonexistent-9", "gpt-4o-mini", "gpt-nonexistent-9", "acme-1", "gpt-nonexistent-9"]
+    spans = [chat(m) for m in models]
+    asyncio.run(proc.consume(SpanBatch(spans)))
+    assert [s.cost_usd for s in spans] == [None, pytest.approx(0.00045), None, None, None]
+    assert metrics.registry.get_sample_value(UNKNOWN, {"provider": "openai", "model": "gpt-nonexistent-9"}) == 3
+    assert metrics.registry.get_sample_value(UNKNOWN, {"provider": "openai", "model": "acme-1"}) == 1
+    asyncio.run(proc.consume(SpanBatch([chat("acme-1")])))
+    assert metrics.registry.get_sample_value(UNKNOWN, {"provider": "openai", "model": "acme-1"}) == 2
+
+
 def test_a_config_price_wins_over_the_table() -> None:
     prices = {
         "openai/gpt-4o-mini": {"input_per_mtok": 1.0, "output_per_mtok": 2.0, "cache_read_per_mtok": 0.5},

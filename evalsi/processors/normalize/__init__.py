@@ -211,21 +211,25 @@ class Normalize:
             pricer.new_batch()
         revision = batch.revision
         ready = []
-        for span in batch.spans:
-            try:
-                normalize_span(span, mappers)
-            except Exception:
-                # a mapper bug must not cost the batch: the span goes on unmapped, its attributes intact
-                self._mapper_failed(span)
-                ready.append(span)
-                continue
-            if span.unparsed:
-                for name in span.unparsed:
-                    self._unparsed.labels(span.convention, name).inc()
+        try:
+            for span in batch.spans:
+                try:
+                    normalize_span(span, mappers)
+                except Exception:
+                    # a mapper bug must not cost the batch: the span goes on unmapped, its attributes intact
+                    self._mapper_failed(span)
+                    ready.append(span)
+                    continue
+                if span.unparsed:
+                    for name in span.unparsed:
+                        self._unparsed.labels(span.convention, name).inc()
+                if pricer is not None:
+                    pricer.price_span(span)
+                if revision or join.on_span(span):
+                    ready.append(span)
+        finally:
             if pricer is not None:
-                pricer.price_span(span)
-            if revision or join.on_span(span):
-                ready.append(span)
+                pricer.end_batch()
         if len(ready) != len(batch.spans):
             batch = SpanBatch(ready, batch.revision, batch.kind)
         if batch.spans:

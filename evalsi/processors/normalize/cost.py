@@ -174,6 +174,7 @@ class Pricer:
         self.overrides = {key.lower(): value for key, value in config.prices.items()}
         self._unknown = unknown_counter
         self._labels: dict[tuple[str, str], Any] = {}  # the counter's child per (provider, model), looked up once
+        self._unpriced: dict[tuple[str, str], int] = {}  # spans of this batch without a price, by (provider, model)
         self._cache: dict[tuple[str | None, str], Rates | None] = {}
         self._day = self._today()
         # the table (a 1.6 MB module) loads here, at startup, rather than under the first span
@@ -210,13 +211,22 @@ class Pricer:
             self._day = day
             self._cache.clear()
 
+    def end_batch(self) -> None:
+        """Count the batch's spans left without a price: one counter increment a model rather than a span."""
+        if self._unpriced:
+            for (provider, model), spans in self._unpriced.items():
+                self._count_unknown(provider, model, spans)
+            self._unpriced.clear()
+
     def price(self, span: Span) -> None:
-        """`price_span` with the clock read first."""
+        """`price_span` as a batch of its own."""
         self.new_batch()
         self.price_span(span)
+        self.end_batch()
 
     def price_span(self, span: Span) -> None:
-        """Fill `cost_usd` of one span, with the prices of the day `new_batch` last saw."""
+        """Fill `cost_usd` of one span, with the prices of the day `new_batch` last saw; a span left without a
+        price is counted at `end_batch`."""
         # model calls only: an agent span's token counts (the semconv's invoke_agent may carry them) sum its calls'
         if span.cost_usd is not None or not span.model or span.step_type not in ("llm", "embedding"):
             return
@@ -228,7 +238,9 @@ class Pricer:
         if rates is _UNCACHED:
             rates = self.rates(provider, model)
         if rates is None:
-            self._count_unknown(provider or "", model)
+            if self._unknown is not None:
+                labels = (provider or "", model)
+                self._unpriced[labels] = self._unpriced.get(labels, 0) + 1
             return
         details = span.details
         cost = span_cost(
@@ -241,7 +253,7 @@ class Pricer:
         if math.isfinite(cost):
             span.cost_usd = cost
 
-    def _count_unknown(self, provider: str, model: str) -> None:
+    def _count_unknown(self, provider: str, model: str, spans: int) -> None:
         if self._unknown is None:
             return
         labels = (provider, model)
@@ -250,4 +262,4 @@ class Pricer:
             if len(self._labels) >= MAX_UNKNOWN_LABELS:
                 labels = ("other", "other")
             child = self._labels[labels] = self._unknown.labels(*labels)
-        child.inc()
+        child.inc(spans)
