@@ -1002,6 +1002,41 @@ def test_registry_orders_by_precedence(registry: None) -> None:
     assert (s.convention, s.step_type) == ("early", "chain")
 
 
+class Marked(Marker):
+    """A mapper that claims spans carrying one of its `markers`."""
+
+    def __init__(self, name: str, *markers: str) -> None:
+        super().__init__(name)
+        self.markers = frozenset(markers)
+
+    def matches(self, span: Span) -> bool:
+        return not span.attributes.keys().isdisjoint(self.markers)
+
+
+def test_mappers_with_markers_are_still_tried_in_precedence_order(registry: None) -> None:
+    # openinference (30), vercel_ai (35), openllmetry (40) declare markers; a mapper with markers joins their run,
+    # one without splits it: each span still goes to the first mapper by precedence that matches it
+    register_mapper(Marked("marked", "test.marked", "ai.operationId"), precedence=32)
+    register_mapper(Marker("plain"), precedence=37)
+    for mappers in (None, list(MAPPERS.values())):
+        for attributes, expected in (
+            ({"ai.operationId": "ai.generateText", "openinference.span.kind": "LLM"}, "openinference"),
+            ({"ai.operationId": "ai.generateText", "traceloop.span.kind": "task"}, "marked"),
+            ({"test.marked": 1, "test.marker": 1, "traceloop.span.kind": "task"}, "marked"),
+            ({"test.marker": 1, "traceloop.span.kind": "task"}, "plain"),
+            ({"traceloop.span.kind": "task", "gen_ai.operation.name": "chat"}, "openllmetry"),
+            ({"gen_ai.operation.name": "chat"}, "otel_genai"),
+            ({"http.method": "GET"}, ""),
+        ):
+            s = span(attributes)
+            normalize_span(s, mappers)
+            assert s.convention == expected, attributes
+    proc = Normalize(NormalizeConfig(mappers=["plain", "vercel_ai", "marked"]), settings(), Sink())
+    s = span({"test.marked": 1, "test.marker": 1})
+    asyncio.run(proc.consume(SpanBatch([s], revision=True)))
+    assert s.convention == "plain"
+
+
 def test_config_rejects_an_unknown_mapper_and_lists_the_known_ones() -> None:
     with pytest.raises(ValidationError) as failure:
         NormalizeConfig(mappers=["otel_genai", "openinferense"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
+from typing import Any
 
 from pydantic import field_validator
 
@@ -26,7 +27,7 @@ from evalsi.processors.normalize import (  # noqa: F401
 )
 from evalsi.processors.normalize.cost import CostConfig, Pricer
 from evalsi.processors.normalize.events import EventJoin
-from evalsi.processors.normalize.mapper import MAPPERS, Mapper, register_mapper
+from evalsi.processors.normalize.mapper import MAPPERS, Detection, Mapper, detection, register_mapper
 from evalsi.processors.normalize.values import MAX_TOKENS
 from evalsi.runtime.held import arrived_of, earliest
 from evalsi.runtime.supervise import supervise
@@ -105,20 +106,40 @@ def _flag_unparsed(span: Span) -> None:
         span.unparsed.append("output_tokens")
 
 
+_registered: list[Any] = [(), ()]
+"""The registry's mappers when last read, and their `Detection` (made again when the registry changes)."""
+
+
 def normalize_span(span: Span, mappers: Sequence[Mapper] | None = None) -> None:
     """Fill the canonical fields of `span` with the first of `mappers` (default: all registered) that matches.
 
     Raw attributes are never changed. A span mapped before (stored data) is reset first, so re-running
     with other mappers leaves no fields from the old mapping; a span no mapper matches stays "other".
     """
+    if mappers is None:
+        registered = tuple(MAPPERS.values())
+        if registered != _registered[0]:
+            _registered[:] = registered, detection(registered)
+        steps = _registered[1]
+    else:
+        steps = detection(mappers)
+    _normalize(span, steps)
+
+
+def _normalize(span: Span, steps: Detection) -> None:
+    """`normalize_span` with the mappers as a `Detection`."""
     if span.convention:
         _reset(span)
-    for mapper in MAPPERS.values() if mappers is None else mappers:
-        if mapper.matches(span):
-            span.convention = mapper.name
-            mapper.apply(span)
-            _flag_unparsed(span)
-            return
+    keys = span.attributes.keys()
+    for markers, run in steps:
+        if markers is not None and keys.isdisjoint(markers):
+            continue  # none of these mappers matches: the span holds none of their marker attributes
+        for mapper in run:
+            if mapper.matches(span):
+                span.convention = mapper.name
+                mapper.apply(span)
+                _flag_unparsed(span)
+                return
 
 
 @processor("normalize", config=NormalizeConfig, signals=("traces", "logs"))
@@ -131,6 +152,7 @@ class Normalize:
         self.next = next
         names = list(MAPPERS) if config.mappers is None else config.mappers
         self.mappers: tuple[Mapper, ...] = tuple(MAPPERS[n] for n in names)
+        self._detection = detection(self.mappers)
         self._failed_mappers: set[str] = set()
         m = settings.metrics
         self._unparsed = m.counter(
@@ -204,7 +226,7 @@ class Normalize:
         return earliest((self._join.held_since(), arrived_of(self._due[False]), arrived_of(self._due[True])))
 
     async def consume(self, batch: SpanBatch) -> None:
-        mappers = self.mappers
+        steps = self._detection
         join = self._join
         pricer = self._pricer
         if pricer is not None:
@@ -214,7 +236,7 @@ class Normalize:
         try:
             for span in batch.spans:
                 try:
-                    normalize_span(span, mappers)
+                    _normalize(span, steps)
                 except Exception:
                     # a mapper bug must not cost the batch: the span goes on unmapped, its attributes intact
                     self._mapper_failed(span)

@@ -1,7 +1,9 @@
-"""The mapper interface and the ordered registry of semantic-convention mappers that normalize runs."""
+"""The mapper interface, the ordered registry of semantic-convention mappers that normalize runs, and the order in
+which normalize tries them on a span (`detection`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
 from evalsi.model.span import Span
@@ -14,6 +16,10 @@ class Mapper(Protocol):
     `matches` and `apply` run for every span on the ingest path: keep them to a few dict
     lookups, parse content only when it is present, and never raise on odd input.
     `apply` fills canonical fields only; it never changes `span.attributes`.
+
+    A mapper that matches exactly the spans holding one of a set of attributes may say so with a `markers`
+    frozenset (`matches` must then be `not span.attributes.keys().isdisjoint(markers)`): normalize tests a run of
+    such mappers with one set operation on the union of their markers, and calls `matches` only on a hit.
     """
 
     name: str
@@ -46,3 +52,24 @@ def register_mapper(mapper: Mapper, *, precedence: int = GENERIC_PRECEDENCE) -> 
     MAPPERS.clear()
     MAPPERS.update((m.name, m) for m in ordered)
     return mapper
+
+
+Detection = tuple[tuple[frozenset[str] | None, tuple[Mapper, ...]], ...]
+"""Mappers in the order they are tried, each run of consecutive ones with `markers` grouped under their union
+(None: a mapper on its own, whose `matches` is called)."""
+
+
+def detection(mappers: Iterable[Mapper]) -> Detection:
+    """`mappers` as a `Detection`: tried in the same order, a run of mappers with `markers` skipped at once when the
+    span holds none of them."""
+    steps: list[tuple[frozenset[str] | None, tuple[Mapper, ...]]] = []
+    for mapper in mappers:
+        markers = getattr(mapper, "markers", None)
+        if not isinstance(markers, frozenset):
+            steps.append((None, (mapper,)))
+        elif steps and steps[-1][0] is not None:
+            union, run = steps[-1]
+            steps[-1] = (union | markers, (*run, mapper))
+        else:
+            steps.append((markers, (mapper,)))
+    return tuple(steps)

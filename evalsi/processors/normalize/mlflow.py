@@ -151,9 +151,10 @@ class MLflow:
 
     name = "mlflow"
     version = "1"
+    markers = _MARKER_ATTRIBUTES
 
     def matches(self, span: Span) -> bool:
-        return not span.attributes.keys().isdisjoint(_MARKER_ATTRIBUTES)
+        return not span.attributes.keys().isdisjoint(self.markers)
 
     def apply(self, span: Span) -> None:
         attributes = span.attributes

@@ -264,6 +264,7 @@ class OpenInference:
 
     name = "openinference"
     version = "1"
+    markers = frozenset((SPAN_KIND,))
 
     def matches(self, span: Span) -> bool:
         return SPAN_KIND in span.attributes

@@ -282,9 +282,10 @@ class OpenLLMetry:
 
     name = "openllmetry"
     version = "1"
+    markers = _MARKER_ATTRIBUTES
 
     def matches(self, span: Span) -> bool:
-        return not span.attributes.keys().isdisjoint(_MARKER_ATTRIBUTES)
+        return not span.attributes.keys().isdisjoint(self.markers)
 
     def apply(self, span: Span) -> None:
         attributes = span.attributes

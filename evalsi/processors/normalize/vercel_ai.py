@@ -215,6 +215,7 @@ class VercelAI:
 
     name = "vercel_ai"
     version = "1"
+    markers = frozenset((OPERATION_ID,))
 
     def matches(self, span: Span) -> bool:
         return OPERATION_ID in span.attributes
