@@ -26,7 +26,7 @@ from evalsi.processors.normalize import (  # noqa: F401
     vercel_ai,
 )
 from evalsi.processors.normalize.cost import CostConfig, Pricer
-from evalsi.processors.normalize.events import EventJoin
+from evalsi.processors.normalize.events import JOINED_STEPS, EventJoin
 from evalsi.processors.normalize.mapper import MAPPERS, Detection, Mapper, detection, register_mapper
 from evalsi.processors.normalize.values import MAX_TOKENS
 from evalsi.runtime.held import arrived_of, earliest
@@ -247,7 +247,8 @@ class Normalize:
                         self._unparsed.labels(span.convention, name).inc()
                 if pricer is not None:
                     pricer.price_span(span)
-                if revision or join.on_span(span):
+                # a span with content, or of a step without content events, is not held: on_span's first test, here
+                if revision or span.content_captured or span.step_type not in JOINED_STEPS or join.on_span(span):
                     ready.append(span)
         finally:
             if pricer is not None:

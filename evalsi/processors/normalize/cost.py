@@ -245,8 +245,8 @@ class Pricer:
         details = span.details
         cost = span_cost(
             rates,
-            _number(input_tokens),
-            _number(output_tokens),
+            (input_tokens if input_tokens > 0 else 0) if type(input_tokens) is int else _number(input_tokens),
+            (output_tokens if output_tokens > 0 else 0) if type(output_tokens) is int else _number(output_tokens),
             _number(details.get("cache_read_input_tokens")) if details else 0,
             _number(details.get("cache_creation_input_tokens")) if details else 0,
         )

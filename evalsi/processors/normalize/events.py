@@ -79,8 +79,12 @@ def apply_records(span: Span, records: list[LogRecord]) -> bool:
     return True
 
 
+JOINED_STEPS = frozenset(("llm", "embedding", "agent", "tool"))
+"""Step types whose content may come as events after the span."""
+
+
 def may_get_events(span: Span) -> bool:
-    return not span.content_captured and span.step_type in ("llm", "embedding", "agent", "tool")
+    return not span.content_captured and span.step_type in JOINED_STEPS
 
 
 @dataclass

@@ -342,7 +342,13 @@ def fill_details(span: Span, attributes: dict[str, Any]) -> None:
         if spec is None or value is None:
             continue
         group, key, convert, priority = spec
-        found = convert(value)
+        # what each converter returns as it is, without its call: a non-empty string as text, an int as a count
+        if type(value) is str:
+            found = value if convert is text and value else convert(value)
+        elif type(value) is int:
+            found = value if convert is count or convert is number_or_int else convert(value)
+        else:
+            found = convert(value)
         if found is None:
             continue
         if group is None:
