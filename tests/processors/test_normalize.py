@@ -1014,8 +1014,8 @@ class Marked(Marker):
 
 
 def test_mappers_with_markers_are_still_tried_in_precedence_order(registry: None) -> None:
-    # openinference (30), vercel_ai (35), openllmetry (40) declare markers; a mapper with markers joins their run,
-    # one without splits it: each span still goes to the first mapper by precedence that matches it
+    # agentgateway (10), mlflow (20), openinference (30), vercel_ai (35), openllmetry (40) declare markers; a mapper
+    # with markers joins their run, one without splits it: each span still goes to the first mapper that matches it
     register_mapper(Marked("marked", "test.marked", "ai.operationId"), precedence=32)
     register_mapper(Marker("plain"), precedence=37)
     for mappers in (None, list(MAPPERS.values())):
@@ -1031,6 +1031,14 @@ def test_mappers_with_markers_are_still_tried_in_precedence_order(registry: None
             s = span(attributes)
             normalize_span(s, mappers)
             assert s.convention == expected, attributes
+    # agentgateway's markers say what it needs besides its scope: a span of its scope is its without them
+    s = span({"gen_ai.operation.name": "chat"})
+    s.scope_name = "agentgateway"
+    normalize_span(s)
+    assert s.convention == "agentgateway"
+    s = span({"src.addr": "10.0.0.1", "duration": "5ms", "protocol": "llm", "gen_ai.operation.name": "chat"})
+    normalize_span(s)
+    assert s.convention == "agentgateway"
     proc = Normalize(NormalizeConfig(mappers=["plain", "vercel_ai", "marked"]), settings(), Sink())
     s = span({"test.marked": 1, "test.marker": 1})
     asyncio.run(proc.consume(SpanBatch([s], revision=True)))

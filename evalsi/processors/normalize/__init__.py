@@ -131,9 +131,9 @@ def _normalize(span: Span, steps: Detection) -> None:
     if span.convention:
         _reset(span)
     keys = span.attributes.keys()
-    for markers, run in steps:
-        if markers is not None and keys.isdisjoint(markers):
-            continue  # none of these mappers matches: the span holds none of their marker attributes
+    for markers, scopes, run in steps:
+        if markers is not None and keys.isdisjoint(markers) and span.scope_name not in scopes:
+            continue  # none of these mappers matches: the span holds none of their markers, is of none of their scopes
         for mapper in run:
             if mapper.matches(span):
                 span.convention = mapper.name

@@ -300,6 +300,9 @@ class Agentgateway:
 
     name = "agentgateway"
     version = "1"
+    # what `matches` needs (one of them), for normalize to skip the call on other spans
+    markers = frozenset((OUTBOUND_KIND, SOURCE_ADDRESS))
+    scopes = frozenset((SCOPE,))
 
     def matches(self, span: Span) -> bool:
         if span.scope_name == SCOPE:

@@ -17,9 +17,10 @@ class Mapper(Protocol):
     lookups, parse content only when it is present, and never raise on odd input.
     `apply` fills canonical fields only; it never changes `span.attributes`.
 
-    A mapper that matches exactly the spans holding one of a set of attributes may say so with a `markers`
-    frozenset (`matches` must then be `not span.attributes.keys().isdisjoint(markers)`): normalize tests a run of
-    such mappers with one set operation on the union of their markers, and calls `matches` only on a hit.
+    A mapper that matches no span without one of a set of attributes may say so with a `markers` frozenset, and
+    with a `scopes` frozenset if it also matches spans of those instrumentation scopes without them: `matches` must
+    be False for every span that holds none of `markers` and whose `scope_name` is not in `scopes`. Normalize tests a
+    run of such mappers with one set operation on the union of their markers, and calls their `matches` only on a hit.
     """
 
     name: str
@@ -54,22 +55,23 @@ def register_mapper(mapper: Mapper, *, precedence: int = GENERIC_PRECEDENCE) -> 
     return mapper
 
 
-Detection = tuple[tuple[frozenset[str] | None, tuple[Mapper, ...]], ...]
-"""Mappers in the order they are tried, each run of consecutive ones with `markers` grouped under their union
-(None: a mapper on its own, whose `matches` is called)."""
+Detection = tuple[tuple[frozenset[str] | None, frozenset[str], tuple[Mapper, ...]], ...]
+"""Mappers in the order they are tried: (markers, scopes, mappers), each run of consecutive mappers with `markers`
+grouped under the union of their markers and of their scopes (None: a mapper on its own, whose `matches` is called)."""
 
 
 def detection(mappers: Iterable[Mapper]) -> Detection:
     """`mappers` as a `Detection`: tried in the same order, a run of mappers with `markers` skipped at once when the
-    span holds none of them."""
-    steps: list[tuple[frozenset[str] | None, tuple[Mapper, ...]]] = []
+    span holds none of their markers and is of none of their scopes."""
+    steps: list[tuple[frozenset[str] | None, frozenset[str], tuple[Mapper, ...]]] = []
     for mapper in mappers:
         markers = getattr(mapper, "markers", None)
-        if not isinstance(markers, frozenset):
-            steps.append((None, (mapper,)))
+        scopes = getattr(mapper, "scopes", frozenset())
+        if not isinstance(markers, frozenset) or not isinstance(scopes, frozenset):
+            steps.append((None, frozenset(), (mapper,)))
         elif steps and steps[-1][0] is not None:
-            union, run = steps[-1]
-            steps[-1] = (union | markers, (*run, mapper))
+            union, scope_union, run = steps[-1]
+            steps[-1] = (union | markers, scope_union | scopes, (*run, mapper))
         else:
-            steps.append((markers, (mapper,)))
+            steps.append((markers, scopes, (mapper,)))
     return tuple(steps)
