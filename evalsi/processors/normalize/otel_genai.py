@@ -428,11 +428,15 @@ class OtelGenAI:
         if operation == EXECUTE_TOOL:
             input_messages, output_messages = tool_messages(span, attributes)
         if input_messages is None and output_messages is None:
-            input_messages = semconv_messages(get(INPUT_MESSAGES), "user")
-            instructions = get(SYSTEM_INSTRUCTIONS)
-            if instructions is not None:
-                input_messages = with_system_instructions(input_messages, instructions)
-            output_messages = semconv_messages(get(OUTPUT_MESSAGES), "assistant")
+            value = get(INPUT_MESSAGES)
+            if value is not None:
+                input_messages = semconv_messages(value, "user")
+            value = get(SYSTEM_INSTRUCTIONS)
+            if value is not None:
+                input_messages = with_system_instructions(input_messages, value)
+            value = get(OUTPUT_MESSAGES)
+            if value is not None:
+                output_messages = semconv_messages(value, "assistant")
         if input_messages is None and output_messages is None and span.events:
             input_messages, output_messages = messages_from_span_events(span.events)
             if operation == EXECUTE_TOOL:
