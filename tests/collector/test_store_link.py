@@ -14,7 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from evalsi.collector.workers.link import StoreLink
+from evalsi.collector.workers.link import LINK_ROWS, StoreLink
+from evalsi.component import Refused
 from evalsi.exporters.clickhouse.rows import ArrowRows
 from evalsi.model.span import Span, SpanBatch
 from evalsi.runtime.telemetry import SelfMetrics
@@ -91,3 +92,34 @@ def test_a_span_no_column_can_hold_is_dropped_alone_in_the_worker() -> None:
         "evalsi_exporter_items_refused_total", {"exporter": "store_link", "kind": "spans", "reason": "OverflowError"}
     )
     assert dropped == 1
+
+
+def _tables(outbox: queue.SimpleQueue[Any]) -> list[list[str]]:
+    out = []
+    while not outbox.empty():
+        msg = outbox.get()
+        if msg[0] == "table":
+            out.append(pa.ipc.open_stream(pa.py_buffer(msg[-1])).read_all()["SpanId"].to_pylist())
+    return out
+
+
+def test_a_large_hand_off_goes_in_tables_of_link_rows_and_a_refusal_keeps_the_rest() -> None:
+    """Tail sampling hands on up to 10,000 spans at once; the link sends them in tables of `LINK_ROWS` at most, in
+    order, each span once. When the collector has no room for another table the rest wait for the next flush: the
+    batch was taken (refusing it then would have the sender hand the same spans again), and a batch that comes
+    while there is no room is refused."""
+    outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    room = threading.Semaphore(2)
+    link = StoreLink(ArrowRows(), outbox, room, SelfMetrics())
+    spans = _spans(LINK_ROWS * 2 + LINK_ROWS // 2)
+
+    async def main() -> None:
+        await link.consume(SpanBatch(spans))  # two tables sent, no room for the third
+        assert [len(t) for t in _tables(outbox)] == [LINK_ROWS, LINK_ROWS]
+        with pytest.raises(Refused):
+            await link.consume(SpanBatch(_spans(1)))
+        room.release(2)  # the collector took both
+        await link.shutdown()
+
+    asyncio.run(main())
+    assert _tables(outbox) == [[s.span_id for s in spans[2 * LINK_ROWS :]]]

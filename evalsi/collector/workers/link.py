@@ -20,7 +20,7 @@ from evalsi.store import RowEncoder, RowKind, Rows
 
 log = logging.getLogger("evalsi.workers")
 
-# the store link sends rows once it holds this many, or after LINK_FLUSH seconds
+# the store link sends rows once it holds this many, or after LINK_FLUSH seconds, in tables of this many at most
 LINK_ROWS = 4_000
 LINK_FLUSH = 0.2
 # row tables a worker may have sent and the collector not yet queued for the store
@@ -77,16 +77,18 @@ class StoreLink:
             return
         if not self._room_left():
             raise Refused("the store is behind; retry later", retry_after=0.5)
-        self._spans.extend(spans)
+        self._spans.extend(spans)  # taken: from here a refusal only delays them (a retry would add them twice)
         if len(self._spans) >= LINK_ROWS:
-            self._flush_spans()
+            with contextlib.suppress(Refused):
+                self._flush_spans()
 
     async def consume_logs(self, batch: LogBatch) -> None:
         if not self._room_left():
             raise Refused("the store is behind; retry later", retry_after=0.5)
         self._logs.extend(batch.records)
         if len(self._logs) >= LINK_ROWS:
-            self._flush_logs()
+            with contextlib.suppress(Refused):
+                self._flush_logs()
 
     async def consume_scores(self, batch: ScoreBatch) -> None:
         raise Refused("scores are not written from pipeline workers", unavailable=True)
@@ -115,26 +117,21 @@ class StoreLink:
         return rows
 
     def _flush_spans(self) -> None:
-        if self._spans:
-            spans, self._spans = self._spans, []
-            try:
-                rows = self._encode("spans", spans)
-                if rows is not None:
-                    self._send("spans", rows, arrived_of(spans))
-            except BaseException:  # kept for the next flush: Refused, or a failure the supervisor logs
-                self._spans = spans + self._spans
-                raise
+        self._flush("spans", self._spans)
 
     def _flush_logs(self) -> None:
-        if self._logs:
-            records, self._logs = self._logs, []
-            try:
-                rows = self._encode("logs", records)
-                if rows is not None:
-                    self._send("logs", rows, arrived_of(records))
-            except BaseException:
-                self._logs = records + self._logs
-                raise
+        self._flush("logs", self._logs)
+
+    def _flush(self, kind: RowKind, held: list[Any]) -> None:
+        """Send what `held` holds in tables of `LINK_ROWS` rows at most, each taken out of `held` once sent (a
+        refusal or a failure leaves the rest for the next flush). Tail sampling hands on up to 10,000 spans at once:
+        one table of them all held its columns and their IPC copy (~30 MB each) alive together."""
+        while held:
+            items = held[:LINK_ROWS]
+            rows = self._encode(kind, items)
+            if rows is not None:
+                self._send(kind, rows, arrived_of(items))
+            del held[: len(items)]
 
     async def start(self) -> None:
         self._rows.prepare()  # before the worker reports ready
