@@ -13,7 +13,7 @@ import pytest
 from evalsi.collector.config import ConfigError, parse_config
 from evalsi.component import Next, Refused, Settings
 from evalsi.model.span import BatchKind, Span, SpanBatch
-from evalsi.processors.tail_sampling import TailSampling, TailSamplingConfig
+from evalsi.processors.tail_sampling import MAX_BATCH_SPANS, TailSampling, TailSamplingConfig
 from evalsi.processors.tail_sampling.buffer import Trace, span_size
 from evalsi.processors.tail_sampling.policies import PolicySet, _fnv1a, probability_threshold
 from evalsi.runtime.telemetry import SelfMetrics
@@ -173,6 +173,25 @@ def test_several_traces_complete_each_whole_and_in_one_batch() -> None:
     for s in batch.spans:
         by_trace[s.trace_id] = by_trace.get(s.trace_id, 0) + 1
     assert by_trace == {f"{t:032x}": 3 for t in range(1, 6)}
+
+
+def test_many_traces_complete_at_once_go_in_batches_of_whole_traces_of_max_batch_spans_at_most() -> None:
+    """What the next consumer (evaluate) takes at once is bounded: it takes a batch whenever its queue has room."""
+    proc, sink, clock, _ = make(decision_wait="1s")
+    traces = MAX_BATCH_SPANS  # five spans each: five batches' worth
+    spans = [span(t, n, None if n == 0 else 0) for t in range(1, traces + 1) for n in range(5)]
+
+    async def scenario() -> None:
+        await feed(proc, spans)
+        clock.now += 2
+        await proc.tick()
+
+    run(scenario())
+    assert len(sink.batches) == 5 and all(len(b.spans) <= MAX_BATCH_SPANS for b in sink.batches)
+    for b in sink.batches:
+        ids = {s.trace_id for s in b.spans}
+        assert len(b.spans) == 5 * len(ids), "a trace is never split over two batches"
+    assert sorted(sink.span_ids()) == sorted(s.span_id for s in spans)
 
 
 def test_a_revision_of_a_buffered_span_replaces_it() -> None:

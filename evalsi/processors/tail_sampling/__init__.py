@@ -29,7 +29,10 @@ from evalsi.runtime.held import arrived_of, earliest
 
 __all__ = ["PolicyConfig", "TailSampling", "TailSamplingConfig"]
 
-MAX_BATCH_SPANS = 10_000  # whole traces are batched together up to this many spans
+MAX_BATCH_SPANS = 2_000
+"""Whole traces are batched together up to this many spans. evaluate takes a batch whenever its queue has room, so
+one batch is how far it goes past `queue_size`: at 10,000 a worker's queue held up to ~2,400 five-span traces
+for a `queue_size` of 1,000 (~12,000 spans, ~60 MB of them)."""
 _DECISION = {True: "sampled", False: "not_sampled"}
 
 
