@@ -240,6 +240,9 @@ class Evaluate:
                 raise Refused(
                     f"evaluate: {queue.waiting} traces wait for evaluation (queue_size); retry later", retry_after=0.5
                 )
+            # handed on before the traces are queued: a refusal downstream (the store behind) brings the same batch
+            # back, and queued first its traces would be evaluated, and scored, twice
+            await self.next.consume(batch)
             duplicates = self.duplicates if self.duplicates.enabled else None
             # lone SDK calls first: each arms its service before the batch's other traces are looked at
             order = sorted(traces.values(), key=lambda t: lone_sdk_call(t) is None) if duplicates else traces.values()
@@ -259,10 +262,11 @@ class Evaluate:
                         self.worker.hand_session_trace(self.settings.id, spans)
                     elif self.owned is not None and not batch.revision:  # and across replicas in the store
                         self.owned.note(spans)
-        elif batch.kind is BatchKind.SESSION and batch.spans and self.worker is None:
+            return
+        await self.next.consume(batch)
+        if batch.kind is BatchKind.SESSION and batch.spans and self.worker is None:
             # (a worker's sessions hold its own traces only: they are evaluated in the collector process)
             queue.enqueue("session", batch.spans, batch.completed)
-        await self.next.consume(batch)
 
     def _evaluate_here(self, spans: list[Span], completed: float) -> None:
         """A trace ready after its wait for a duplicate call: to evaluation (in the collector process, noted so its
