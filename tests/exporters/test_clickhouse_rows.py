@@ -126,6 +126,42 @@ def test_fixture_spans_store_the_rows_written_span_by_span(folder: str) -> None:
     assert_same_rows(spans)
 
 
+def test_every_fixture_span_in_one_batch_interleaved_stores_the_rows_written_span_by_span() -> None:
+    """A store link's batch mixes the spans of many requests: resources and attribute names alternate from one span
+    to the next (each resource's map and each sequence of names is converted once and repeated)."""
+    per_file = [_spans_of(p.read_bytes()) for p in FIXTURE_FILES]
+    interleaved = [spans[i] for i in range(max(map(len, per_file))) for spans in per_file if i < len(spans)]
+    assert len(interleaved) == sum(map(len, per_file))
+    assert_same_rows(interleaved)
+    assert_same_rows(interleaved[::-1])
+
+
+def test_maps_that_share_a_resource_or_attribute_names_store_their_own_rows() -> None:
+    one, other = {"service.name": "a", "n": 1}, {"service.name": "b", "n": 2.5, "x": [1]}
+    spans = [
+        _span(0, one, attributes={"a": 1, "b": "x"}),
+        _span(1, other, attributes={"b": "y", "a": 2}),  # the same names in another order
+        _span(2, one, attributes={"a": 3, "b": "z"}),
+        _span(3, dict(one), attributes={"a": True}),  # an equal resource in a dict of its own
+        _span(4, other, attributes={}),
+        _span(5, one, attributes={"a": 3.0, "b": None, "c": {"k": [1, 2]}}),
+    ]
+    assert_same_rows(spans)
+    table = to_arrow(spans)
+    assert table.column("SpanAttributes").to_pylist()[1] == [("b", "y"), ("a", "2")]
+    assert table.column("ResourceAttributes").to_pylist()[2] == [("service.name", "a"), ("n", "1")]
+
+
+def test_a_span_whose_attribute_names_are_not_text_is_left_out_alone() -> None:
+    spans = [_span(i, {"r": i}, attributes={"a": i, "b": "x"}) for i in range(6)]
+    spans[2].attributes = {1: "x", "b": "y"}  # type: ignore[dict-item]
+    spans[4].resource_attributes = {("k",): "tuple key"}  # type: ignore[dict-item]
+    assert_same_rows(spans)
+    table, bad = convert_good(spans, to_arrow)
+    assert table is not None
+    assert [s.span_id for s, _ in bad] == [spans[2].span_id, spans[4].span_id]
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=hostile_cases())
 def test_hostile_values_store_the_rows_written_span_by_span(case: Case) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import struct
+from array import array
 from collections.abc import Callable
 from itertools import accumulate
 from typing import Any
@@ -56,60 +58,88 @@ _INT32 = pa.int32()
 _STR = pa.string()
 
 
-def _strings(attrs: dict[str, Any]) -> list[str]:
-    return [v if type(v) is str else attribute_string(v) for v in attrs.values()]
+def _map_keys(maps: list[dict[str, Any]]) -> pa.Array:
+    """Every map's keys, in order, as one string column. Spans of one instrumentation carry the same attribute names
+    in the same order: each distinct sequence of names is converted once, and Arrow's `take` repeats it (a tuple and a
+    dict look-up a map in Python, rather than a Python string handed to Arrow a key)."""
+    firsts: dict[tuple[str, ...], array[int]] = {}
+    names: list[str] = []
+    picks = array("i")
+    extend = picks.extend
+    for shape in map(tuple, maps):
+        positions = firsts.get(shape)
+        if positions is None:
+            positions = firsts[shape] = array("i", range(len(names), len(names) + len(shape)))
+            names += shape
+        extend(positions)
+    return pa.array(names, _STR).take(pa.Array.from_buffers(_INT32, len(picks), [None, pa.py_buffer(picks)]))
 
 
-def _map_array(maps: list[dict[str, Any]], *, shared: bool = False) -> pa.Array:
+def _map_array(maps: list[dict[str, Any]]) -> pa.Array:
     """A Map(String, String) column built flat (keys, values, offsets): far cheaper than a list of pair lists.
-    Keys and values are each one comprehension over every map, numbers and arrays turned into text inline (as
-    `attribute_string` does) without a call per value. `shared`: the dicts repeat (spans of one OTLP resource share
-    its attributes), so each is converted once."""
+    The values are one comprehension over every map, numbers and arrays turned into text inline (as
+    `attribute_string` does) without a call per value."""
     offsets = list(accumulate(map(len, maps), initial=0))
-    if shared:
-        keys: list[str] = []
-        values: list[str] = []
-        converted: dict[int, list[str]] = {}
-        for attrs in maps:
-            keys.extend(attrs)
-            strings = converted.get(id(attrs))
-            if strings is None:
-                strings = converted[id(attrs)] = _strings(attrs)
-            values.extend(strings)
-    else:
-        keys = [k for attrs in maps for k in attrs]
-        values = [
-            v
-            if (t := type(v)) is str
-            else repr(v)
-            if t is int or t is float
-            else _json(v)
-            if t is list
-            else attribute_string(v)
-            for attrs in maps
-            for v in attrs.values()
-        ]
-    return pa.MapArray.from_arrays(pa.array(offsets, _INT32), pa.array(keys, _STR), pa.array(values, _STR))
+    values = [
+        v
+        if (t := type(v)) is str
+        else repr(v)
+        if t is int or t is float
+        else _json(v)
+        if t is list
+        else attribute_string(v)
+        for attrs in maps
+        for v in attrs.values()
+    ]
+    return pa.MapArray.from_arrays(pa.array(offsets, _INT32), _map_keys(maps), pa.array(values, _STR))
+
+
+def _shared_map_array(maps: list[dict[str, Any]]) -> pa.Array:
+    """`_map_array` of dicts that repeat (every span of one OTLP resource holds the same `resource_attributes`):
+    each distinct dict converted once, then picked for every map by Arrow's `take` (one int a map in Python)."""
+    ordinal: dict[int, int] = {}
+    distinct: list[dict[str, Any]] = []
+    picks: list[int] = []
+    pick = picks.append
+    for attrs in maps:
+        i = ordinal.get(id(attrs))
+        if i is None:
+            i = ordinal[id(attrs)] = len(distinct)
+            distinct.append(attrs)
+        pick(i)
+    return _map_array(distinct).take(pa.array(picks, _INT32))
 
 
 _orjson_dumps = orjson.dumps
 
 
-def _json_column(values: list[Any], *, empty_too: bool = False) -> list[str]:
-    """JSON text of each value, "" for None (and for any empty value with `empty_too`), as `_content` and `_json`
-    write it, with orjson called inline. Decoded to `str` at once: thousands of orjson's bytes kept alive until the
-    column is built cost ~3x more (allocation) than decoding each. When orjson refuses a value (an integer past 64
-    bits, a key that is not a string, a lone surrogate) the whole column goes through `_json`, which takes those to
-    the stdlib."""
+def _json_column(values: list[Any], *, empty_too: bool = False) -> pa.Array:
+    """A string column of the JSON text of each value, "" for None (and for any empty value with `empty_too`), as
+    `_content` and `_json` write it. orjson's bytes are appended to one buffer as they are made and the column is
+    built on it with the offsets (orjson writes only UTF-8), so no `str` is made a value and none is kept alive
+    until Arrow copies it. When orjson refuses a value (an integer past 64 bits, a key that is not a string, a lone
+    surrogate) the whole column is written by `_json`, which takes those to the stdlib (and Arrow refuses text that
+    is not Unicode, for `convert_good` to leave that item out)."""
     dumps = _orjson_dumps
+    data = bytearray()
+    ends = [0]
+    end = ends.append
     try:
         if empty_too:
-            return [dumps(v, default=str).decode() if v else "" for v in values]
-        return ["" if v is None else dumps(v, default=str).decode() for v in values]
-    except TypeError:
-        if empty_too:
-            return [_json(v) if v else "" for v in values]
-        return [_content(v) for v in values]
+            for v in values:
+                if v:
+                    data += dumps(v, default=str)
+                end(len(data))
+        else:
+            for v in values:
+                if v is not None:
+                    data += dumps(v, default=str)
+                end(len(data))
+        offsets = struct.pack(f"<{len(ends)}i", *ends)  # `pa.string()`'s 32-bit offsets: 2 GiB or more goes below
+    except (TypeError, struct.error):
+        texts = [_json(v) if v else "" for v in values] if empty_too else [_content(v) for v in values]
+        return pa.array(texts, _STR)
+    return pa.Array.from_buffers(_STR, len(values), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def _empty_lists(n: int, item: pa.DataType) -> pa.Array:
@@ -130,7 +160,7 @@ def to_arrow(spans: list[Span]) -> pa.Table:
         [s.name for s in spans],
         ["SPAN_KIND_" + s.kind for s in spans],
         [s.service_name for s in spans],
-        _map_array([s.resource_attributes for s in spans], shared=True),
+        _shared_map_array([s.resource_attributes for s in spans]),
         [s.scope_name for s in spans],
         [s.scope_version for s in spans],
         _map_array([s.attributes for s in spans]),
