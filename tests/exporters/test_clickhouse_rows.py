@@ -252,6 +252,19 @@ def test_a_span_with_text_utf8_cannot_hold_is_left_out_alone() -> None:
     assert [s.span_id for s, _ in bad] == [spans[1].span_id, spans[2].span_id]
 
 
+def test_text_the_same_in_every_span_is_stored_and_refused_as_each_span_alone() -> None:
+    """A column holding one text in every row is repeated by Arrow rather than converted a row: stored the same, and
+    text UTF-8 cannot hold still leaves out every span holding it, each alone."""
+    spans = [_span(i, {}, status_message="same", model="m", kind="SERVER") for i in range(5)]
+    spans.append(_span(5, {}, status_message="same", model="m", kind="MADE_UP"))
+    assert_same_rows(spans)
+    for s in spans:
+        s.status_message = "lone \udc80"
+    assert_same_rows(spans)
+    table, bad = convert_good(spans, to_arrow)
+    assert table is None and len(bad) == len(spans)
+
+
 def test_converting_rows_leaves_pandas_unloaded_yet_importable() -> None:
     """pyarrow would import pandas on its first conversion (~45 MB in every process); `load_arrow` keeps it out, and
     a pandas conversion asked for later still works. In a fresh interpreter: this one may hold pandas already."""
