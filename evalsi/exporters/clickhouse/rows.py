@@ -58,6 +58,12 @@ _INT32 = pa.int32()
 _STR = pa.string()
 
 
+def _int32s(values: list[int]) -> pa.Array:
+    """An int32 column of ints this module computed (offsets, picks): packed by `struct` in C, ~3x cheaper than
+    Arrow's conversion of each Python int."""
+    return pa.Array.from_buffers(_INT32, len(values), [None, pa.py_buffer(struct.pack(f"<{len(values)}i", *values))])
+
+
 def _map_keys(maps: list[dict[str, Any]]) -> pa.Array:
     """Every map's keys, in order, as one string column. Spans of one instrumentation carry the same attribute names
     in the same order: each distinct sequence of names is converted once, and Arrow's `take` repeats it (a tuple and a
@@ -91,7 +97,7 @@ def _map_array(maps: list[dict[str, Any]]) -> pa.Array:
         for attrs in maps
         for v in attrs.values()
     ]
-    return pa.MapArray.from_arrays(pa.array(offsets, _INT32), _map_keys(maps), pa.array(values, _STR))
+    return pa.MapArray.from_arrays(_int32s(offsets), _map_keys(maps), pa.array(values, _STR))
 
 
 def _shared_map_array(maps: list[dict[str, Any]]) -> pa.Array:
@@ -107,7 +113,7 @@ def _shared_map_array(maps: list[dict[str, Any]]) -> pa.Array:
             i = ordinal[id(attrs)] = len(distinct)
             distinct.append(attrs)
         pick(i)
-    return _map_array(distinct).take(pa.array(picks, _INT32))
+    return _map_array(distinct).take(_int32s(picks))
 
 
 _orjson_dumps = orjson.dumps
@@ -164,7 +170,8 @@ _SPAN_KIND = _SpanKinds(
 
 
 def _empty_lists(n: int, item: pa.DataType) -> pa.Array:
-    return pa.ListArray.from_arrays(pa.array([0] * (n + 1), _INT32), pa.array([], item))
+    zeros = pa.Array.from_buffers(_INT32, n + 1, [None, pa.py_buffer(bytes(4 * (n + 1)))])  # every offset 0
+    return pa.ListArray.from_arrays(zeros, pa.array([], item))
 
 
 def to_arrow(spans: list[Span]) -> pa.Table:
