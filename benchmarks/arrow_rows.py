@@ -10,6 +10,7 @@ CPU time of the child, and the last line gives new / base. With `--callgrind` ea
 
     .venv/bin/python benchmarks/arrow_rows.py --base /tmp/base                  # CPU time, alternated
     .venv/bin/python benchmarks/arrow_rows.py --base /tmp/base --callgrind      # instructions (slow: minutes)
+    .venv/bin/python benchmarks/arrow_rows.py --base /tmp/base --scores         # the collector's score rows
 """
 
 from __future__ import annotations
@@ -71,29 +72,53 @@ def spans_as_a_worker_holds_them(requests: int) -> list[Any]:
     return [s for batch in redacted.batches for s in batch.spans]
 
 
+def scores_as_evaluated(n: int) -> list[Any]:
+    """`pipeline.py`'s kind of scores: three deterministic evaluators a trace, some with an explanation or metadata."""
+    from evalsi.model.score import Score
+
+    return [
+        Score(("answer_length", "has_error", "tool_use")[i % 3], value=(i % 7) / 7, passed=i % 5 != 0,
+              explanation=None if i % 4 else "short", trace_id=f"{i // 3:032x}", span_id=f"{i:016x}", policy="bench",
+              evaluator=("length", "errors", "tools")[i % 3], evaluator_version="1",
+              metadata={"tokens": i} if i % 2 else {}, timestamp_unix_nano=1_780_000_000_000_000_000 + i)
+        for i in range(n)
+    ]  # fmt: skip
+
+
 def child(args: argparse.Namespace) -> None:
     """Measure the checkout first on sys.path (PYTHONPATH); print one JSON line."""
     sys.path.insert(0, os.path.join(os.environ["PYTHONPATH"].split(os.pathsep)[0], "benchmarks"))
-    from evalsi.exporters.clickhouse.rows import ArrowRows
+    from evalsi.exporters.clickhouse.rows import ArrowRows, scores_to_arrow
 
-    spans = spans_as_a_worker_holds_them(args.requests)
     rows = ArrowRows()
     rows.prepare()
-    size = args.batch
-    batches = [spans[i : i + size] for i in range(0, len(spans), size)]
+    if args.scores:  # the collector's store lane of scores
+        items = scores_as_evaluated(args.batch)
+        batches = [items]
+
+        def encode(batch: list[Any]) -> None:
+            scores_to_arrow(batch)
+    else:
+        items = spans_as_a_worker_holds_them(args.requests)
+        size = args.batch
+        batches = [items[i : i + size] for i in range(0, len(items), size)]
+
+        def encode(batch: list[Any]) -> None:
+            rows.encode("spans", batch)
+
     best = float("inf")
     for _ in range(args.child_rounds):
         started = time.process_time()
         for batch in batches:
-            rows.encode("spans", batch)
+            encode(batch)
         best = min(best, time.process_time() - started)
-    print(json.dumps({"spans": len(spans), "us_a_span": 1e6 * best / len(spans) if args.child_rounds else 0}))
+    print(json.dumps({"spans": len(items), "us_a_span": 1e6 * best / len(items) if args.child_rounds else 0}))
 
 
 def run_child(checkout: str, args: argparse.Namespace, rounds: int, callgrind: bool) -> tuple[int, float]:
     """(spans, µs a span) timed, or (spans, instructions of the whole child) under callgrind."""
     cmd = [sys.executable, __file__, "--child", "--child-rounds", str(rounds), "--batch", str(args.batch),
-           "--requests", str(args.requests)]  # fmt: skip
+           "--requests", str(args.requests), *(["--scores"] if args.scores else [])]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": checkout}
     if not callgrind:
         out = json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)
@@ -118,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--pairs", type=int, default=2, help="base and new alternated this many times")
     p.add_argument("--callgrind", action="store_true", help="instructions a span under valgrind, not CPU time")
+    p.add_argument("--scores", action="store_true", help="`scores_to_arrow` of --batch scores (the collector's)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--child-rounds", type=int, default=7, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -127,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     checkouts = {"base": args.base, "new": args.checkout} if args.base else {"new": args.checkout}
     figures: dict[str, list[float]] = {name: [] for name in checkouts}
     unit = "instructions a span (callgrind, one round)" if args.callgrind else f"CPU µs a span, best of {args.rounds}"
-    print(f"ArrowRows.encode, batches of {args.batch:,} spans: {unit}")
+    what = "scores_to_arrow, batches of {:,} scores" if args.scores else "ArrowRows.encode, batches of {:,} spans"
+    print(f"{what.format(args.batch)}: {unit.replace('span', 'score') if args.scores else unit}")
     for _ in range(1 if args.callgrind else args.pairs):
         for name, checkout in checkouts.items():
             if args.callgrind:  # one round less three rounds, halved: set-up and first-round costs cancel out

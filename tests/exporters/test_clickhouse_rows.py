@@ -22,9 +22,11 @@ from evalsi.exporters.clickhouse.rows import (
     convert_good,
     from_ipc,
     logs_to_arrow,
+    scores_to_arrow,
     to_arrow,
 )
-from evalsi.exporters.clickhouse.schema import TRACES_SCHEMA
+from evalsi.exporters.clickhouse.schema import SCORES_SCHEMA, TRACES_SCHEMA
+from evalsi.model.score import Score
 from evalsi.model.span import Span, SpanEvent, SpanLink
 from evalsi.processors.normalize import normalize_span
 from evalsi.receivers.otlp.decode import decode_logs_protobuf, decode_traces_protobuf
@@ -263,6 +265,58 @@ def test_text_the_same_in_every_span_is_stored_and_refused_as_each_span_alone() 
     assert_same_rows(spans)
     table, bad = convert_good(spans, to_arrow)
     assert table is None and len(bad) == len(spans)
+
+
+def score_row(s: Score) -> dict[str, Any]:
+    """One score's row as the store's columns define it, written field by field."""
+    return {
+        "Timestamp": s.timestamp_unix_nano,
+        "Project": s.project,
+        "TraceId": s.trace_id,
+        "SpanId": s.span_id,
+        "SessionId": s.session_id,
+        "Policy": s.policy,
+        "Evaluator": s.evaluator,
+        "EvaluatorVersion": s.evaluator_version,
+        "Name": s.name,
+        "Value": s.value,
+        "Passed": s.passed,
+        "Label": s.label or "",
+        "Explanation": s.explanation or "",
+        "Outcome": s.outcome,
+        "Reason": s.reason or "",
+        "Source": s.source,
+        "JudgeCostUsd": s.judge_cost_usd,
+        "RunId": s.run_id,
+        "Trial": s.trial,
+        "TaskId": s.task_id,
+        "Metadata": json_codec.dumps(s.metadata) if s.metadata else "",
+    }
+
+
+def test_scores_store_the_rows_written_score_by_score() -> None:
+    """Score columns the same in every score, varied ones, metadata orjson refuses, and values no column holds (a
+    lone surrogate, a trial past 32 bits): each of those scores left out alone, the others stored as written."""
+    base = {"trace_id": "t", "span_id": "s", "policy": "p", "evaluator": "e", "timestamp_unix_nano": 1}
+    scores = [Score(f"n{i % 2}", value=i / 3, passed=i % 3 == 0 or None, metadata={"i": i} if i % 2 else {}, **base)
+              for i in range(8)]  # fmt: skip
+    scores += [
+        Score.skipped("n0", "no content"),
+        Score.error("n1", "judge_error", "boom"),
+        Score("big", metadata={"n": 2**70, 3: "int key"}, judge_cost_usd=0.5, **base),
+        Score("bad text", explanation="lone \ud800", **base),
+        Score("bad trial", trial=2**32, **base),
+    ]
+    for batch in (scores[:8], scores):
+        table, bad = convert_good(batch, scores_to_arrow)
+        expected, expected_bad = convert_good(
+            batch, lambda part: pa.Table.from_pylist([score_row(s) for s in part], schema=SCORES_SCHEMA)
+        )
+        assert [s.name for s, _ in bad] == [s.name for s, _ in expected_bad]
+        assert table is not None and expected is not None and table.schema == SCORES_SCHEMA
+        assert [name for name in table.column_names if not table[name].equals(expected[name])] == []
+    assert [s.name for s, _ in bad] == ["bad text", "bad trial"]
+    assert table.column("Metadata").to_pylist()[-1] == '{"n":1180591620717411303424,"3":"int key"}'
 
 
 def test_converting_rows_leaves_pandas_unloaded_yet_importable() -> None:

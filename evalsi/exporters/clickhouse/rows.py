@@ -300,30 +300,35 @@ def logs_to_arrow(records: list[LogRecord]) -> pa.Table:
 
 
 def scores_to_arrow(scores: list[Score]) -> pa.Table:
+    """The scores' columns, built as `to_arrow` builds spans': text the same in every score (project, policy,
+    evaluator, outcome, source, empty fields) repeated by Arrow, the metadata's JSON on one buffer."""
     columns = [
         [s.timestamp_unix_nano for s in scores],
-        [s.project for s in scores],
+        _texts([s.project for s in scores]),
         [s.trace_id for s in scores],
         [s.span_id for s in scores],
-        [s.session_id for s in scores],
-        [s.policy for s in scores],
-        [s.evaluator for s in scores],
-        [s.evaluator_version for s in scores],
-        [s.name for s in scores],
+        _texts([s.session_id for s in scores]),
+        _texts([s.policy for s in scores]),
+        _texts([s.evaluator for s in scores]),
+        _texts([s.evaluator_version for s in scores]),
+        _texts([s.name for s in scores]),
         [s.value for s in scores],
         [s.passed for s in scores],
-        [s.label or "" for s in scores],
-        [s.explanation or "" for s in scores],
-        [s.outcome for s in scores],
-        [s.reason or "" for s in scores],
-        [s.source for s in scores],
+        _texts([s.label or "" for s in scores]),
+        _texts([s.explanation or "" for s in scores]),
+        _texts([s.outcome for s in scores]),
+        _texts([s.reason or "" for s in scores]),
+        _texts([s.source for s in scores]),
         [s.judge_cost_usd for s in scores],
-        [s.run_id for s in scores],
+        _texts([s.run_id for s in scores]),
         [s.trial for s in scores],
-        [s.task_id for s in scores],
-        [_json(s.metadata) if s.metadata else "" for s in scores],
+        _texts([s.task_id for s in scores]),
+        _json_column([s.metadata for s in scores], empty_too=True),
     ]
-    return _table(columns, SCORES_SCHEMA)
+    arrays = [
+        c if isinstance(c, pa.Array) else pa.array(c, type=f.type) for c, f in zip(columns, SCORES_SCHEMA, strict=True)
+    ]
+    return pa.Table.from_arrays(arrays, schema=SCORES_SCHEMA)
 
 
 def _pairs(value: Any) -> dict[str, str]:
