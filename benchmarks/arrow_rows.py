@@ -123,6 +123,7 @@ def run_child(checkout: str, args: argparse.Namespace, rounds: int, callgrind: b
     if not callgrind:
         out = json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)
         return out["spans"], out["us_a_span"]
+    env["PYTHONHASHSEED"] = "0"  # the same dict and set layouts, so the same instructions, on every run
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "callgrind.out"
         done = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={result}", *cmd], env=env,
