@@ -18,6 +18,8 @@ from evalsi.receivers.otlp.cuts import ItemCut, cut_resource, cut_span, over_lim
 from evalsi.receivers.otlp.decoded import CLAMPED, LIMITS, MAX_LOG_TIME_NS, MAX_TIME_NS, Cuts, Decoded, DecodeFailed
 from evalsi.receivers.otlp.request_check import (
     TIME_TOO_LATE,
+    ZERO_SPAN,
+    ZERO_TRACE,
     answer,
     check_ids,
     check_log_count,
@@ -25,9 +27,6 @@ from evalsi.receivers.otlp.request_check import (
     check_span_count,
 )
 from evalsi.receivers.otlp.sharding import shard_of
-
-_ZERO_TRACE = bytes(16)
-_ZERO_SPAN = bytes(8)
 
 
 def _span_clamps(start: int, end: int, kind: int, code: int, event_times: Any) -> list[str]:
@@ -106,8 +105,8 @@ def spans_from_request(
                     len(trace_id) != 16
                     or len(span_id) != 8
                     or (parent and len(parent) != 8)
-                    or trace_id == _ZERO_TRACE
-                    or span_id == _ZERO_SPAN
+                    or trace_id == ZERO_TRACE
+                    or span_id == ZERO_SPAN
                     or start > MAX_TIME_NS
                 ):
                     rejected += 1

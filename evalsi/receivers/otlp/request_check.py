@@ -11,8 +11,8 @@ from evalsi.receivers.otlp.config import Limits
 from evalsi.receivers.otlp.decoded import MAX_TIME_NS, OverLimit
 from evalsi.receivers.otlp.sharding import shard_of
 
-_ZERO_TRACE = bytes(16)
-_ZERO_SPAN = bytes(8)
+ZERO_TRACE = bytes(16)
+ZERO_SPAN = bytes(8)
 
 
 def over_request_limit(n: int, limit: int, what: str, key: str, signal: str) -> OverLimit:
@@ -42,11 +42,11 @@ def check_log_count(req: ExportLogsServiceRequest, limits: Limits, key: str) -> 
 def check_ids(trace_id: bytes, span_id: bytes, parent: bytes) -> str:
     if len(trace_id) != 16:
         return f"trace id must be 16 bytes, got {len(trace_id)}"
-    if trace_id == _ZERO_TRACE:
+    if trace_id == ZERO_TRACE:
         return "trace id is all zeros"
     if len(span_id) != 8:
         return f"span id must be 8 bytes, got {len(span_id)}"
-    if span_id == _ZERO_SPAN:
+    if span_id == ZERO_SPAN:
         return "span id is all zeros"
     if parent and len(parent) != 8:
         return f"parent span id must be empty or 8 bytes, got {len(parent)}"
@@ -92,8 +92,8 @@ def check_spans(req: ExportTraceServiceRequest, shards: int) -> Checked:
                     len(trace_id) != 16
                     or len(span_id) != 8
                     or (parent and len(parent) != 8)
-                    or trace_id == _ZERO_TRACE
-                    or span_id == _ZERO_SPAN
+                    or trace_id == ZERO_TRACE
+                    or span_id == ZERO_SPAN
                 ):
                     rejected += 1
                     if not first_error:
