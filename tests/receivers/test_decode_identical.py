@@ -255,7 +255,10 @@ def test_every_capture_and_hostile_request_decodes_as_before() -> None:
     golden = json.loads(GOLDEN.read_text())
     made = cases()
     pinned = [name for name in made if name in golden]
-    assert len(pinned) > 300 + 2 * HOSTILE  # the captures were found (one added since has no digest: not compared)
+    # every capture of this checkout and every hostile request was found (one added since has no digest: not
+    # compared); /work/shared/fixtures is there only on the project's machine, not in a clean checkout's CI
+    in_checkout = [name for name in golden if not name.startswith("shared/")]
+    assert len(in_checkout) > 200 + 2 * HOSTILE and set(in_checkout) <= set(pinned)
     missing = sorted(set(golden) - set(made))
     assert all(name.startswith("shared/") for name in missing)  # only captures outside this checkout may be absent
     differ = [name for name in pinned if made[name]() != golden[name]]
