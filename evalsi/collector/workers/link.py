@@ -124,8 +124,8 @@ class StoreLink:
 
     def _flush(self, kind: RowKind, held: list[Any]) -> None:
         """Send what `held` holds in tables of `LINK_ROWS` rows at most, each taken out of `held` once sent (a
-        refusal or a failure leaves the rest for the next flush). Tail sampling hands on up to 10,000 spans at once:
-        one table of them all held its columns and their IPC copy (~30 MB each) alive together."""
+        refusal or a failure leaves the rest for the next flush). What the link holds can pass `LINK_ROWS` by a whole
+        hand-off: one table of it all would hold its columns and their IPC copy alive together."""
         while held:
             items = held[:LINK_ROWS]
             rows = self._encode(kind, items)

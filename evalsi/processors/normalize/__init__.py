@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic import field_validator
 
@@ -106,24 +105,13 @@ def _flag_unparsed(span: Span) -> None:
         span.unparsed.append("output_tokens")
 
 
-_registered: list[Any] = [(), ()]
-"""The registry's mappers when last read, and their `Detection` (made again when the registry changes)."""
-
-
 def normalize_span(span: Span, mappers: Sequence[Mapper] | None = None) -> None:
     """Fill the canonical fields of `span` with the first of `mappers` (default: all registered) that matches.
 
     Raw attributes are never changed. A span mapped before (stored data) is reset first, so re-running
     with other mappers leaves no fields from the old mapping; a span no mapper matches stays "other".
     """
-    if mappers is None:
-        registered = tuple(MAPPERS.values())
-        if registered != _registered[0]:
-            _registered[:] = registered, detection(registered)
-        steps = _registered[1]
-    else:
-        steps = detection(mappers)
-    _normalize(span, steps)
+    _normalize(span, detection(MAPPERS.values() if mappers is None else mappers))
 
 
 def _normalize(span: Span, steps: Detection) -> None:

@@ -164,9 +164,6 @@ def _override_rates(provider: str | None, price: PriceOverride) -> Rates:
     )
 
 
-_UNCACHED: Any = object()
-
-
 class Pricer:
     """Fills `cost_usd` of spans that have a model and token counts but no cost; counts models it cannot price."""
 
@@ -234,9 +231,7 @@ class Pricer:
         if input_tokens is None and output_tokens is None:
             return
         provider, model = span.provider, span.model
-        rates = self._cache.get((provider, model), _UNCACHED)
-        if rates is _UNCACHED:
-            rates = self.rates(provider, model)
+        rates = self.rates(provider, model)
         if rates is None:
             if self._unknown is not None:
                 labels = (provider or "", model)
@@ -245,8 +240,8 @@ class Pricer:
         details = span.details
         cost = span_cost(
             rates,
-            (input_tokens if input_tokens > 0 else 0) if type(input_tokens) is int else _number(input_tokens),
-            (output_tokens if output_tokens > 0 else 0) if type(output_tokens) is int else _number(output_tokens),
+            _number(input_tokens),
+            _number(output_tokens),
             _number(details.get("cache_read_input_tokens")) if details else 0,
             _number(details.get("cache_creation_input_tokens")) if details else 0,
         )
