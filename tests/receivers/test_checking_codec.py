@@ -33,9 +33,9 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", list(BAD))
-@pytest.mark.parametrize("shards", [2, 3])
+@pytest.mark.parametrize("shards", [2, 3, 4])
 def test_rejects_what_full_decoding_rejects_with_the_same_message(case: str, shards: int) -> None:
-    good = [(os.urandom(16), os.urandom(8), os.urandom(8)) for _ in range(6)]
+    good = [(os.urandom(16), os.urandom(8), os.urandom(8)) for _ in range(12)]
     body = request(good[0], BAD[case], *good[1:], BAD[case])
 
     full = TRACES.from_protobuf(body)
@@ -51,6 +51,11 @@ def test_rejects_what_full_decoding_rejects_with_the_same_message(case: str, sha
     req = ExportTraceServiceRequest.FromString(body)
     decoded = [s.span_id for i in range(shards) for s in spans_from_request(req, (i, shards)).batch]
     assert sorted(decoded) == sorted(span_id.hex() for _, span_id, _ in good)
+    # and each one in the worker `shard_of` names, the one the collector sends it to (decoding computes the shard
+    # inline, by a mask for a power of two workers)
+    for i in range(shards):
+        mine = {s.span_id for s in spans_from_request(req, (i, shards)).batch}
+        assert mine == {span_id.hex() for t, span_id, _ in good if shard_of(t, shards) == i}
 
 
 def test_a_request_of_one_trace_goes_to_its_worker_only() -> None:
