@@ -8,50 +8,41 @@ therefore never gives a consumer the same data twice, and at most one batch per 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import copy
 import logging
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from evalsi.backlog import Backlog
 from evalsi.capabilities import MutatesData
 from evalsi.component import Consumer, LogConsumer, Refused, ScoreConsumer, Signal
 from evalsi.model.log_record import LogBatch
 from evalsi.model.score import ScoreBatch
 from evalsi.model.span import SpanBatch
-from evalsi.runtime.held import arrived_of, earliest
 
 log = logging.getLogger("evalsi.service")
 
 B = TypeVar("B")
 
 
-@dataclass
-class _Pending(Generic[B]):
-    deliver: Callable[[], Awaitable[None]]
-    refusal: Refused
-    size: int
-    arrived: float | None = None  # when its oldest item reached a receiver (see `held_since`)
-
-
 class _FanOut(Generic[B]):
     def __init__(self, consumers: list[Any]) -> None:
         self.consumers = consumers
-        self._pending: list[_Pending[B]] = []
-        self._task: asyncio.Task[None] | None = None
-        self.lost = 0  # items pending when the service stopped for good
+        self._owed = Backlog("a consumer of this pipeline", log)
 
     @property
     def pending(self) -> int:
         """Consumers' parts not yet taken."""
-        return len(self._pending)
+        return self._owed.pending
+
+    @property
+    def lost(self) -> int:
+        """Items pending when the service stopped for good."""
+        return self._owed.lost
 
     def held_since(self) -> float | None:
         """When the oldest item of a part not yet taken reached a receiver (see `wal.py`)."""
-        return earliest(p.arrived for p in self._pending)
+        return self._owed.held_since()
 
     def _parts(self, batch: B) -> list[Callable[[], Awaitable[None]]]:
         """One delivery per consumer, each of the batch it may own."""
@@ -62,13 +53,7 @@ class _FanOut(Generic[B]):
         return len(batch)  # type: ignore[arg-type]
 
     async def _fan(self, batch: B) -> None:
-        if self._pending:
-            waiting = self._pending[0].refusal
-            raise Refused(
-                f"a consumer of this pipeline has not taken an earlier batch yet ({waiting}); retry later",
-                retry_after=waiting.retry_after,
-                unavailable=waiting.unavailable,
-            )
+        self._owed.refuse_while_owed()
         taken = 0
         for deliver in self._parts(batch):
             try:
@@ -78,42 +63,11 @@ class _FanOut(Generic[B]):
                 if taken == 0:
                     raise  # nothing of it was taken: the sender keeps it
                 items = getattr(batch, "spans", None) or getattr(batch, "records", None) or ()
-                self._pending.append(_Pending(deliver, r, self._size(batch), arrived_of(items)))
-        if self._pending and self._task is None:
-            self._task = asyncio.create_task(self._retry())
-
-    async def _retry(self) -> None:
-        """Hand the pending parts on, each after its consumer's retry_after, until all are taken."""
-        try:
-            while self._pending:
-                part = self._pending[0]
-                await asyncio.sleep(min(max(part.refusal.retry_after, 0.01), 5.0))
-                try:
-                    await part.deliver()
-                    self._pending.pop(0)
-                except Refused as r:
-                    part.refusal = r
-                except Exception:
-                    log.exception("a consumer failed taking a pending batch; retrying")
-        finally:
-            self._task = None
+                self._owed.keep(deliver, r, items, size=self._size(batch))
 
     async def drain(self, timeout: float) -> None:
         """At shutdown: wait up to `timeout` for pending parts to be taken, then count and log what is left."""
-        deadline = time.monotonic() + timeout
-        while self._pending and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._pending:
-            self.lost += sum(p.size for p in self._pending)
-            log.error(
-                "shutdown: a consumer never took a batch the others took; dropped",
-                extra={"count": sum(p.size for p in self._pending), "error": str(self._pending[0].refusal)},
-            )
-            self._pending.clear()
+        await self._owed.drain(timeout)
 
 
 def mutates(consumer: Any) -> bool:

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 from pydantic import field_validator
 
-from evalsi.component import ComponentConfig, Next, Refused, Settings, processor
+from evalsi.backlog import Backlog
+from evalsi.component import ComponentConfig, Next, Settings, processor
 from evalsi.duration import Duration
 from evalsi.model.log_record import LogBatch
 from evalsi.model.span import Span, SpanBatch
@@ -28,7 +29,7 @@ from evalsi.processors.normalize.cost import CostConfig, Pricer
 from evalsi.processors.normalize.events import JOINED_STEPS, EventJoin
 from evalsi.processors.normalize.mapper import MAPPERS, Detection, Mapper, detection, register_mapper
 from evalsi.processors.normalize.values import MAX_TOKENS
-from evalsi.runtime.held import arrived_of, earliest
+from evalsi.runtime.held import earliest
 from evalsi.runtime.supervise import supervise
 
 __all__ = ["MAPPERS", "Mapper", "Normalize", "NormalizeConfig", "normalize_span", "register_mapper"]
@@ -166,8 +167,9 @@ class Normalize:
             else None
         )
         self._join = EventJoin(config.event_wait, config.event_ttl, max_spans=config.max_waiting_spans)
-        # spans (False) and revisions (True) the next consumer refused: handed on again on the next tick
-        self._due: dict[bool, list[Span]] = {False: [], True: []}
+        # what this processor took and the next consumer refused: handed on later, while new batches are refused
+        self._owed = Backlog("the consumer after normalize", settings.logger)
+        self._owed_logs = Backlog("the logs consumer after normalize", settings.logger)
         self._ticker: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -180,40 +182,31 @@ class Normalize:
         while True:
             await asyncio.sleep(period)
             await self._hand_on(self._join.due())
-            await self._hand_on([], revision=True)
 
     async def _hand_on(self, spans: list[Span], *, revision: bool = False) -> None:
-        due = self._due[revision]
-        due.extend(spans)
-        if not due:
-            return
-        self._due[revision] = []
-        try:
-            await self.next.consume(SpanBatch(due, revision))
-        except Refused:
-            self._due[revision] = due + self._due[revision]
+        if spans:
+            await self._hand_on_batch(SpanBatch(spans, revision))
+
+    async def _hand_on_batch(self, batch: SpanBatch) -> None:
+        """Hand a batch this processor took on, or owe it when the next consumer refuses."""
+        await self._owed.hand_on(lambda: self.next.consume(batch), batch.spans)
 
     async def shutdown(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
-        spans = self._join.due(everything=True)
-        for _ in range(50):  # the exporters still run: give a full queue a few seconds to drain
-            await self._hand_on(spans)
-            await self._hand_on([], revision=True)
-            spans = []
-            if not self._due[False] and not self._due[True]:
-                return
-            await asyncio.sleep(0.1)
-        lost = len(self._due[False]) + len(self._due[True])
-        self.settings.logger.error("normalize: %d spans could not be handed on at shutdown", lost)
+        await self._hand_on(self._join.due(everything=True))
+        # the exporters still run: give a full queue a few seconds to drain
+        await asyncio.gather(self._owed.drain(5.0), self._owed_logs.drain(5.0))
 
     def held_since(self) -> float | None:
         """When the oldest span or content event held here reached a receiver (see `wal.py`)."""
-        return earliest((self._join.held_since(), arrived_of(self._due[False]), arrived_of(self._due[True])))
+        return earliest((self._join.held_since(), self._owed.held_since(), self._owed_logs.held_since()))
 
     async def consume(self, batch: SpanBatch) -> None:
+        # once taken, a batch is counted and its spans may wait in the join: a retry must not bring it again
+        self._owed.refuse_while_owed()
         steps = self._detection
         join = self._join
         pricer = self._pricer
@@ -242,11 +235,13 @@ class Normalize:
             if pricer is not None:
                 pricer.end_batch()
         if len(ready) != len(batch.spans):
-            batch = SpanBatch(ready, batch.revision, batch.kind)
+            batch = SpanBatch(ready, revision, batch.kind)
         if batch.spans:
-            await self.next.consume(batch)
+            await self._hand_on_batch(batch)
 
     async def consume_logs(self, batch: LogBatch) -> None:
+        # once joined, a record may have released or revised spans: a retry must not bring it again
+        self._owed_logs.refuse_while_owed()
         released, revised = self._join.on_records(batch.records)
         if released:
             await self._hand_on(released)
@@ -254,7 +249,7 @@ class Normalize:
             self._revised.inc(len(revised))
             await self._hand_on(revised, revision=True)
         if self.next.logs is not None:
-            await self.next.consume_logs(batch)
+            await self._owed_logs.hand_on(lambda: self.next.consume_logs(batch), batch.records)
 
     def _mapper_failed(self, span: Span) -> None:
         convention = span.convention

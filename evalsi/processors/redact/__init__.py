@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evalsi import json_codec
+from evalsi.backlog import Backlog
 from evalsi.component import Next, Settings, processor
 from evalsi.model.log_record import LogBatch, LogRecord
 from evalsi.model.span import Span, SpanBatch, SpanEvent
@@ -29,6 +30,7 @@ from evalsi.processors.redact.rules import (
     hasher_of,
     value_rules,
 )
+from evalsi.runtime.held import earliest
 
 __all__ = ["PresidioConfig", "Redact", "RedactConfig", "RedactionRule"]
 
@@ -145,22 +147,32 @@ class Redact:
         self._masked_by_rule: dict[str, Any] = {}
         self._key_sets: dict[tuple[str, ...], tuple[tuple[str, int], ...]] = {}
         self._logged_failure = False
+        # what this processor redacted and the next consumer refused: handed on later, while new batches are refused
+        self._owed = Backlog("the consumer after redact", settings.logger)
+        self._owed_logs = Backlog("the logs consumer after redact", settings.logger)
 
     async def start(self) -> None:
         if self.presidio is not None:
             await asyncio.to_thread(self.presidio.load)
 
     async def shutdown(self) -> None:
-        """Nothing is held: each batch is handed on as soon as it is redacted."""
+        """Only what the next consumer refused is held: given a few seconds to be taken (the exporters still run)."""
+        await asyncio.gather(self._owed.drain(5.0), self._owed_logs.drain(5.0))
+
+    def held_since(self) -> float | None:
+        """When the oldest span or log record redacted but not yet taken reached a receiver (see `wal.py`)."""
+        return earliest((self._owed.held_since(), self._owed_logs.held_since()))
 
     # --- spans -------------------------------------------------------------------------------------
 
     async def consume(self, batch: SpanBatch) -> None:
+        # once redacted, a batch is counted: a retry must not bring it again (nor pay for the scan twice)
+        self._owed.refuse_while_owed()
         spans = await self._isolate(batch.spans, batch.revision, self._redact_spans, self._spans_failed, "traces")
         if len(spans) != len(batch.spans):
             batch = SpanBatch(spans, batch.revision, batch.kind)
         if batch.spans:
-            await self.next.consume(batch)
+            await self._owed.hand_on(lambda: self.next.consume(batch), batch.spans)
 
     async def _redact_spans(self, spans: list[Span], revision: bool) -> None:
         plan = _Plan()
@@ -325,9 +337,11 @@ class Redact:
     # --- logs --------------------------------------------------------------------------------------
 
     async def consume_logs(self, batch: LogBatch) -> None:
+        self._owed_logs.refuse_while_owed()
         records = await self._isolate(batch.records, False, self._redact_records, self._record_failed, "logs")
         if records:
-            await self.next.consume_logs(batch if len(records) == len(batch.records) else LogBatch(records))
+            redacted = batch if len(records) == len(batch.records) else LogBatch(records)
+            await self._owed_logs.hand_on(lambda: self.next.consume_logs(redacted), records)
 
     async def _redact_records(self, records: list[LogRecord], _revision: bool) -> None:
         plan = _Plan()
