@@ -104,3 +104,18 @@ def test_scores_cross_to_the_collector_process_as_they_were(tmp_path: Path) -> N
     rows = score_rows(got)
     assert rows == [tuple(getattr(s, f) for f in Score.__dataclass_fields__) for s in got]
     assert scores_from_rows(rows) == got
+
+
+def test_the_queue_size_gauge_reads_what_waits(tmp_path: Path) -> None:
+    metrics = SelfMetrics()
+    queue = _queue(tmp_path, metrics)
+
+    def size() -> float | None:
+        return metrics.registry.get_sample_value("evalsi_evaluate_queue_size", {"processor": "evaluate"})
+
+    assert size() == 0
+    for spans in _traces()[:3]:
+        queue.enqueue("trace", spans)
+    assert size() == 3
+    queue._queue.popleft()  # as the work loop takes a chunk
+    assert size() == 2

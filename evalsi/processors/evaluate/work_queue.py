@@ -102,6 +102,8 @@ class EvaluationQueue:
         self._queue_gauge = m.gauge(
             "evalsi_evaluate_queue_size", "Traces waiting for evaluation.", ["processor"]
         ).labels(sid)
+        queue = self._queue
+        self._queue_gauge.set_function(lambda: len(queue))  # read when collected: no lock taken a trace
         self._latency = m.histogram(
             "evalsi_evaluate_seconds",
             "Time to evaluate one completed trace with every policy.",
@@ -152,7 +154,6 @@ class EvaluationQueue:
         """Queue work; `completed` is when the trace was complete upstream (its wait here and before counts in
         freshness), else now; `done` is called once its scores are handed on."""
         self._queue.append(Work(unit, spans, completed or time.monotonic(), done=done))
-        self._queue_gauge.set(len(self._queue))
         self._wake.set()
 
     def enqueue_feedback(self, scores: list[Score]) -> None:
@@ -164,7 +165,6 @@ class EvaluationQueue:
             self.late.queue_full(len(feedback))
             return
         self._queue.append(Work("feedback", [], time.monotonic(), feedback))
-        self._queue_gauge.set(len(self._queue))
         self._wake.set()
 
     async def hand_on(self, scores: list[Score]) -> None:
@@ -207,7 +207,6 @@ class EvaluationQueue:
             # everything waiting goes to the engine in one hand-off: under heavy ingest each event loop turn is
             # long (a big request decodes in it), and one trace per turn would cap evaluation at a few dozen/s
             works = [self._queue.popleft() for _ in range(min(len(self._queue), ENGINE_CHUNK))]
-            self._queue_gauge.set(len(self._queue))
             self._in_engine = len(works)
             try:
                 scores = await self.on_engine(self.evaluate_all, works)
