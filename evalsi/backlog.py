@@ -75,13 +75,16 @@ class Backlog:
                 await deliver()
                 return
             except Refused as r:
-                refusal = r
+                refusal = r.with_traceback(None)  # see `keep`
         else:
             refusal = self._parts[-1].refusal
         self.keep(deliver, refusal, items)
 
     def keep(self, deliver: Delivery, refusal: Refused, items: Iterable[Any], size: int | None = None) -> None:
         """Owe a part its consumer refused; it is handed on again after `retry_after`."""
+        # a refusal is kept without its traceback: its frames hold the batch and the frame that caught it, which
+        # would keep every span of the part alive, in a reference cycle, until the garbage collector ran
+        refusal = refusal.with_traceback(None)
         items = list(items)
         self._parts.append(_Part(deliver, refusal, len(items) if size is None else size, arrived_of(items)))
         if self._task is None:
@@ -97,7 +100,7 @@ class Backlog:
                     await part.deliver()
                     self._parts.pop(0)
                 except Refused as r:
-                    part.refusal = r
+                    part.refusal = r.with_traceback(None)
                 except Exception:
                     self.log.exception("%s failed taking an owed batch; retrying", self.waiting_for)
         finally:

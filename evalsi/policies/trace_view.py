@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 from evalsi import cel
@@ -157,19 +158,16 @@ class TraceView:
     @lazy_property
     def context(self) -> list[str]:
         """Retrieved documents' text, from retriever spans, for evaluators that require `context`."""
-        return [
-            d["content"]
-            for s in self.spans
-            for d in s.details.get("documents") or ()
-            if isinstance(d, dict) and isinstance(d.get("content"), str)
-        ]
+        return documents_text(self.spans)
 
     @lazy_property
     def target(self) -> Target:
         # the trajectory is built only if an evaluator reads it (Target.trajectory is lazy)
         trajectory = self._trajectory if self._trajectory is not None else FROM_SPANS
-        # the documents' texts are gathered only if an evaluator reads them
-        return Target(self.spans, span=self.root, trajectory=trajectory, context=lambda: self.context,
+        # the documents' texts are gathered only if an evaluator reads them. Not `lambda: self.context`: the view
+        # holds its target, so that would be a reference cycle, and every evaluated trace's spans would wait for
+        # the garbage collector (10% of a busy worker's CPU, and their memory meanwhile)
+        return Target(self.spans, span=self.root, trajectory=trajectory, context=partial(documents_text, self.spans),
                       judges=self.judges)  # fmt: skip
 
 
@@ -192,3 +190,13 @@ class SessionView(TraceView):
             "llm_calls": sum(1 for s in self.spans if s.step_type == "llm" and s.span_id not in self.folded),
             "tool_calls": sum(1 for s in self.spans if s.step_type == "tool"),
         }
+
+
+def documents_text(spans: Sequence[Span]) -> list[str]:
+    """The text of every document in the spans' `details["documents"]`, in span order (`TraceView.context`)."""
+    return [
+        d["content"]
+        for s in spans
+        for d in s.details.get("documents") or ()
+        if isinstance(d, dict) and isinstance(d.get("content"), str)
+    ]

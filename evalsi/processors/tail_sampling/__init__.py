@@ -382,7 +382,8 @@ class TailSampling:
                     outbox.appendleft(batch)
                     self._blocked = True
                     self._retry_after = e.retry_after
-                    self._refusal = e
+                    # kept without its traceback: its frames hold the batch, and this frame holds `self`, a cycle
+                    self._refusal = e.with_traceback(None)
                     return
                 except Exception:
                     self._lost.inc(len(batch.spans))
