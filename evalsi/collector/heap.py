@@ -12,13 +12,21 @@ MMAP_THRESHOLD = 128 * 1024
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter numbers, from glibc's malloc.h
 
 
+YOUNG_THRESHOLD = 1_000_000
+"""Net allocations of tracked objects between two young collections (CPython's default: 700)."""
+
+
 def tune_gc() -> None:
     """Spans wait in queues by the tens of thousands; with CPython's default thresholds every full collection walks
     them all, which cost a third of ingest time (benchmarks/README.md). Start-up objects are frozen out of
-    collections and young collections run less often; reference counting still frees almost everything."""
+    collections and young collections run rarely: what the pipelines hold leaves no reference cycle
+    (tests/processors/test_no_reference_cycles.py), so reference counting frees it, and a young collection only
+    walks what a worker holds at the time. At 100,000 a busy worker ran one every ~9,000 spans, 50-120 ms each
+    over the ~1,000,000 objects of the spans it held: 6-7% of its CPU (benchmarks/README.md). The threshold bounds
+    what a cycle that does appear can hold before it is collected."""
     gc.collect()
     gc.freeze()
-    gc.set_threshold(100_000, 50, 100)
+    gc.set_threshold(YOUNG_THRESHOLD, 50, 100)
 
 
 def tune_malloc() -> bool:
