@@ -21,10 +21,11 @@ from evalsi.collector.builtin import load_builtin_components
 from evalsi.component import REGISTRY, Next, Refused, Settings
 from evalsi.evaluators import Target
 from evalsi.exporters.clickhouse.rows import ArrowRows
+from evalsi.model.log_record import LogBatch
 from evalsi.model.score import ScoreBatch
 from evalsi.model.span import Span, SpanBatch
 from evalsi.policies.trace_view import TraceView
-from evalsi.receivers.otlp.decode_protobuf import decode_traces_protobuf
+from evalsi.receivers.otlp.decode_protobuf import decode_logs_protobuf, decode_traces_protobuf
 from evalsi.runtime.telemetry import SelfMetrics
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -47,6 +48,7 @@ class Store:
         self.rows = ArrowRows()
         self.spans = 0
         self.scores = 0
+        self.records = 0
 
     async def consume(self, batch: SpanBatch) -> None:
         self.calls += 1
@@ -59,6 +61,9 @@ class Store:
 
     async def consume_scores(self, batch: ScoreBatch) -> None:
         self.scores += len(batch.scores)
+
+    async def consume_logs(self, batch: LogBatch) -> None:
+        self.records += len(batch.records)
 
 
 def chain(tmp_path: Path, store: Store) -> list[Any]:
@@ -80,18 +85,23 @@ def chain(tmp_path: Path, store: Store) -> list[Any]:
     for name, config in reversed(configs):
         factory = REGISTRY[("processor", name)]
         settings = Settings(id=name, metrics=metrics, logger=logging.getLogger(f"t.{name}"))
+        if name == "redact":
+            after.logs = store  # type: ignore[assignment]
         processor = factory.cls(factory.config(**config), settings, after)
         processors.insert(0, processor)
         after = Next()
         after.traces = processor
+        if name == "redact":
+            after.logs = processor  # the logs pipeline: normalize, redact
     return processors
 
 
-def requests() -> list[bytes]:
-    found = sorted(FIXTURES.glob("*/*.pb"))
-    bodies = [p.read_bytes() for p in found if not p.name.endswith(".logs.pb")]
-    assert len(bodies) >= 20
-    return bodies
+def requests() -> list[tuple[bytes, bytes | None]]:
+    """Each capture's spans, and its GenAI content events where it has them."""
+    found = sorted(p for p in FIXTURES.glob("*/*.pb") if not p.name.endswith(".logs.pb"))
+    assert len(found) >= 20
+    return [(p.read_bytes(), p.with_suffix(".logs.pb").read_bytes() if p.with_suffix(".logs.pb").exists() else None)
+            for p in found]  # fmt: skip
 
 
 async def hand_on(processor: Any, batch: SpanBatch) -> None:
@@ -122,19 +132,30 @@ def test_spans_through_the_traces_pipeline_leave_no_cycle_behind(tmp_path: Path)
     async def scenario() -> None:
         for p in processors:
             await p.start()
-        sent = 0
-        for body in requests():
+        sent = events = 0
+        for n, (body, logs) in enumerate(requests()):
             spans = decode_traces_protobuf(body).batch.spans
+            records = decode_logs_protobuf(logs).batch.records if logs else []
             sent += len(spans)
+            events += len(records)
+            if records and n % 2:  # content events before their spans: the join holds them
+                await processors[0].consume_logs(LogBatch(records))
             await hand_on(processors[0], SpanBatch(spans))
+            if records and not n % 2:  # after: the spans are revised
+                await processors[0].consume_logs(LogBatch(records))
             await asyncio.sleep(0.005)
+        assert events
         deadline = asyncio.get_running_loop().time() + 20
         while store.spans < sent:
             assert asyncio.get_running_loop().time() < deadline, f"{store.spans} of {sent} spans stored"
             await asyncio.sleep(0.05)
         for p in processors:
             await p.shutdown()
-        assert store.scores > 0
+        assert store.scores > 0 and store.records == events
+        revised = processors[0].settings.metrics.registry.get_sample_value(
+            "evalsi_normalize_spans_revised_total", {"processor": "normalize"}
+        )
+        assert revised, "no span was revised by its content events: the join's paths were not taken"
         assert tail_refused, "tail_sampling never refused: the refusal paths were not taken"
 
     gc.collect()
