@@ -22,6 +22,9 @@ from evalsi.runtime.held import arrived_of, earliest
 
 Delivery = Callable[[], Awaitable[None]]
 
+SHUTDOWN_WAIT_S = 5.0
+"""How long a processor's shutdown waits for its next consumer to take what it owes (the exporters still run)."""
+
 
 @dataclass
 class _Part:
@@ -127,3 +130,8 @@ class Backlog:
             )
             self._parts.clear()
         return left
+
+
+def unhanded(spans: Backlog, logs: Backlog) -> dict[str, int]:
+    """What a processor's span and log backlogs dropped at shutdown, by kind, as `LossCounter.unstored` says it."""
+    return {kind: b.lost for kind, b in (("spans", spans), ("logs", logs)) if b.lost}

@@ -46,7 +46,8 @@ class ReadinessReporter(Protocol):
 
 @runtime_checkable
 class LossCounter(Protocol):
-    """An exporter (or the worker pool) that can be left holding acknowledged items it could not hand on.
+    """An exporter, a processor that owes what its next consumer refused (normalize, redact), or the worker pool:
+    it can be left holding acknowledged items it could not hand on.
 
     `Service.unstored` sums them after shutdown, so the stop is logged with what was lost, by kind."""
 

@@ -342,9 +342,10 @@ class Service:
 
     @property
     def unstored(self) -> dict[str, int]:
-        """What exporters were handed (acknowledged to senders) but could not write before they stopped, by kind."""
+        """What exporters (and processors) were handed (acknowledged to senders) but could not write (or hand on)
+        before they stopped, by kind."""
         lost: dict[str, int] = {}
-        for exp in [*self.exporters.values(), self.pool]:
+        for exp in [*self.exporters.values(), self.pool, *(p for _, p in self.processors)]:
             if not isinstance(exp, LossCounter):
                 continue
             for kind, n in exp.unstored.items():

@@ -165,3 +165,24 @@ def test_content_events_refused_by_the_logs_consumer_revise_their_span_once() ->
     assert metrics.registry.get_sample_value("evalsi_normalize_spans_revised_total", {"processor": "normalize"}) == 1
     assert len(store.records) == 1
     assert "jane.doe@example.com" not in str(store.revisions[0].input) + str(store.records[0].body)
+
+
+def test_what_is_still_owed_at_shutdown_is_counted_as_not_stored(monkeypatch: Any) -> None:
+    import evalsi.processors.normalize as normalize_module
+    import evalsi.processors.redact as redact_module
+
+    for module in (normalize_module, redact_module):
+        monkeypatch.setattr(module, "SHUTDOWN_WAIT_S", 0.1)
+    store = Store(refusals=1_000_000)  # the store never comes back
+    normalize, redact, _ = chain(store)
+
+    async def scenario() -> None:
+        await normalize.consume(SpanBatch([chat(1), chat(2)]))  # redact owes it
+        await normalize.consume(SpanBatch([chat(3)]))  # redact refuses it: normalize owes it
+        await normalize.consume_logs(LogBatch([content_event(9)]))  # the store refuses it: redact owes it
+        await normalize.shutdown()
+        await redact.shutdown()
+
+    asyncio.run(scenario())
+    assert store.spans == []
+    assert normalize.unstored == {"spans": 1} and redact.unstored == {"spans": 2, "logs": 1}

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from pydantic import field_validator
 
-from evalsi.backlog import Backlog
+from evalsi.backlog import SHUTDOWN_WAIT_S, Backlog, unhanded
 from evalsi.component import ComponentConfig, Next, Settings, processor
 from evalsi.duration import Duration
 from evalsi.model.log_record import LogBatch
@@ -198,7 +198,12 @@ class Normalize:
                 await self._ticker
         await self._hand_on(self._join.due(everything=True))
         # the exporters still run: give a full queue a few seconds to drain
-        await asyncio.gather(self._owed.drain(5.0), self._owed_logs.drain(5.0))
+        await asyncio.gather(self._owed.drain(SHUTDOWN_WAIT_S), self._owed_logs.drain(SHUTDOWN_WAIT_S))
+
+    @property
+    def unstored(self) -> dict[str, int]:
+        """`LossCounter`: spans and log records taken and never handed on (refused until shutdown)."""
+        return unhanded(self._owed, self._owed_logs)
 
     def held_since(self) -> float | None:
         """When the oldest span or content event held here reached a receiver (see `wal.py`)."""

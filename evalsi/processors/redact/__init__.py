@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evalsi import json_codec
-from evalsi.backlog import Backlog
+from evalsi.backlog import SHUTDOWN_WAIT_S, Backlog, unhanded
 from evalsi.component import Next, Settings, processor
 from evalsi.model.log_record import LogBatch, LogRecord
 from evalsi.model.span import Span, SpanBatch, SpanEvent
@@ -157,7 +157,12 @@ class Redact:
 
     async def shutdown(self) -> None:
         """Only what the next consumer refused is held: given a few seconds to be taken (the exporters still run)."""
-        await asyncio.gather(self._owed.drain(5.0), self._owed_logs.drain(5.0))
+        await asyncio.gather(self._owed.drain(SHUTDOWN_WAIT_S), self._owed_logs.drain(SHUTDOWN_WAIT_S))
+
+    @property
+    def unstored(self) -> dict[str, int]:
+        """`LossCounter`: spans and log records redacted and never handed on (refused until shutdown)."""
+        return unhanded(self._owed, self._owed_logs)
 
     def held_since(self) -> float | None:
         """When the oldest span or log record redacted but not yet taken reached a receiver (see `wal.py`)."""
