@@ -289,3 +289,20 @@ def test_validate_says_what_workers_auto_chose(tmp_path: Path) -> None:
     n = config_cores()
     chosen = f"workers: auto -> {n} pipeline workers ({n} cores)" if n > 1 else "workers: auto -> one process"
     assert chosen in res.stdout
+
+
+def test_what_a_worker_drops_at_its_end_counts_in_the_collectors_unstored(tmp_path: Path) -> None:
+    """A worker's last message says what its processors took and could not hand on; `evalsi serve` sums it with
+    the exporters' and exits saying so."""
+    from evalsi.collector.workers.pool import WorkerPool, _Worker
+    from evalsi.runtime.telemetry import SelfMetrics
+
+    base = serve_config(tmp_path / "store")
+    base["service"]["workers"] = 2
+    pool = WorkerPool(parse_config(base), None, SelfMetrics(), pipeline=lambda *a, **k: None)  # type: ignore[arg-type]
+    first, second = _Worker(0), _Worker(1)
+    pool._on_message(first, ("drained", {"spans": 3}))
+    pool._on_message(second, ("drained", {"spans": 1, "logs": 2}))
+    pool._on_message(second, ("drained", {}))
+    assert first.drained.is_set() and second.drained.is_set()
+    assert pool.unstored == {"spans": 4, "logs": 2}

@@ -87,7 +87,9 @@ class WorkerPool:
             "Accepted requests a worker died holding (some of their spans or log records may be lost).",
             ["worker"],
         )
-        self.unstored: dict[str, int] = {}  # accepted requests workers died holding or did not drain in time
+        self.unstored: dict[str, int] = {}
+        """Accepted requests workers died holding or did not drain in time, and what their pipelines could not
+        hand on before they stopped (a processor's refused part), by kind."""
         self.hubs = hubs if hubs is not None else {}
         """The collector process's side of each processor that runs in the workers and meets here (`evaluate`):
         it takes the workers' evaluated scores, session traces and possible duplicate calls, by processor id."""
@@ -228,7 +230,9 @@ class WorkerPool:
         elif kind == "failed":
             if w.ready is not None and not w.ready.done():
                 w.ready.set_exception(RuntimeError(f"pipeline worker {w.index}: {msg[1]}"))
-        elif kind == "drained":
+        elif kind == "drained":  # with what its pipelines took and could not hand on (their `unstored`)
+            for lost_kind, n in msg[1].items():
+                self.unstored[lost_kind] = self.unstored.get(lost_kind, 0) + n
             w.drained.set()
         elif kind == "session_trace":
             hub = self.hubs.get(msg[1])

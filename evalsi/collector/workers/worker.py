@@ -46,6 +46,9 @@ class Pipelines(Protocol):
 
     def held_since(self) -> float | None: ...
 
+    @property
+    def unstored(self) -> dict[str, int]: ...
+
     async def reload(self, lists: dict[str, Any] | None = None) -> None: ...
 
 
@@ -186,7 +189,7 @@ class _WorkerRuntime:
         await service.shutdown()
         self.outbox.put(("metrics", list(service.metrics.registry.collect())))
         self.outbox.put(("held", service.held_since()))  # after its last rows: nothing, unless the store refused
-        self.outbox.put(("drained",))
+        self.outbox.put(("drained", dict(service.unstored)))  # what its processors took and dropped at the end
         self.outbox.put(None)
         await asyncio.to_thread(sender.join)  # every table sent before the process ends
 
