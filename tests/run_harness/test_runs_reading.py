@@ -122,8 +122,11 @@ def test_reading_commands_answer_while_a_run_holds_the_store(tmp_path: Path) -> 
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     try:
         assert wait_until(lambda: (tmp_path / "store" / "status").exists(), timeout=120)  # the run holds the store
+        # the store is open before the run's row is written in it: a busy machine can list nothing in between
+        seen: list[list[dict[str, Any]]] = []
+        assert wait_until(lambda: bool(seen.append(listed(tmp_path)) or seen[-1]), timeout=60)
 
-        runs = listed(tmp_path)
+        runs = seen[-1]
         show = evalsi("runs", "show", runs[0]["run_id"], cwd=tmp_path)
         traces = evalsi("traces", "list", cwd=tmp_path)
 
