@@ -532,6 +532,7 @@ class RunResult:
     server_cpu_pct: float = 0.0
     server_cpu_us_per_span: float = 0.0
     server_threads_cpu_s: dict[str, float] = field(default_factory=dict)
+    process_cpu_us_per_span: dict[str, float] = field(default_factory=dict)
     client_cpu_pct: float = 0.0
     other_cpu_pct: float = 0.0
     load_before: float = 0.0
@@ -612,9 +613,15 @@ def run_one(args: argparse.Namespace, transport: str, payloads: list[bytes], wor
             raw.parent.mkdir(parents=True, exist_ok=True)
             extra = [flag for on, flag in ((args.native, "--native"), (args.gil, "--gil"), (args.idle, "--idle")) if on]
             profiler = start_profiler(pid, raw, args.profile_rate, extra)
+            # each pipeline worker into its own raw file, for a look with any folded-stack tool
+            worker_profilers = [
+                start_profiler(w, raw.with_name(f"{transport}.worker{i}.raw.txt"), args.profile_rate, extra)
+                for i, w in enumerate(pids[1:])
+            ]
         poller = StorePoller(c.metrics, args.poll_interval, args.store_timeout)
         res.load_before = os.getloadavg()[0]
         cpu0, threads0, client0, sys0 = cpu_seconds(*pids), thread_cpu(pid), time.process_time(), system_busy_seconds()
+        each0 = [cpu_seconds(p) for p in pids]
         log(f"[{transport}] sending {len(payloads)} requests x {spans} spans, concurrency {args.concurrency}")
         t0 = time.perf_counter()
         poller.start()
@@ -627,8 +634,16 @@ def run_one(args: argparse.Namespace, transport: str, payloads: list[bytes], wor
         poller.join()
         t1 = poller.done_at or time.perf_counter()
         cpu1, threads1, client1, sys1 = cpu_seconds(*pids), thread_cpu(pid), time.process_time(), system_busy_seconds()
+        names = ["collector", *(f"worker {i}" for i in range(len(pids) - 1))]
+        res.process_cpu_us_per_span = {
+            name: round(1e6 * (cpu_seconds(p) - before) / max(1, sent.accepted_spans), 1)
+            for name, p, before in zip(names, pids, each0, strict=True)
+        }
         if profiler is not None:
             stop_profiler(profiler)
+            for wp in worker_profilers:
+                if wp is not None:
+                    stop_profiler(wp)
             if raw.exists():
                 res.profile = summarize_profile(raw, t1 - t0, args.profile_rate, args.profile_top)
         res.peak_queue = poller.peak_queue
@@ -809,6 +824,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"[{tr}] accepted {fmt_rate(r.accepted_per_s)} spans/s, stored {fmt_rate(r.stored_per_s)} spans/s, "
                 f"server CPU {r.server_cpu_pct:.0f}% (CPU s by thread: {r.server_threads_cpu_s}), "
                 f"peak queue {r.peak_queue:,.0f}")  # fmt: skip
+            log(f"[{tr}] CPU µs a span by process: {r.process_cpu_us_per_span}")
             if r.stored_s is not None:
                 log(f"[{tr}] after the last answer: {r.stored_s - r.accepted_s:.2f}s until stored, {r.retries} retries")
             if r.profile:
