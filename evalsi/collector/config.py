@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from evalsi.auth.config import AuthConfig, is_loopback
 from evalsi.collector.builtin import load_builtin_components
 from evalsi.component import REGISTRY, SIGNALS, ComponentConfig, Kind
+from evalsi.duration import Duration
 from evalsi.env_vars import unset_variable
 from evalsi.limits import MIB, at_least_one, not_bool
 from evalsi.runtime.ports import API_ENDPOINT, METRICS_ADDRESS
@@ -158,6 +159,9 @@ class ServiceConfig(_Strict):
         return value
 
     """Requests a worker may hold not yet taken by its pipelines before the receivers answer 429."""
+    worker_wait: Duration = 1.0
+    """How long a request waits for room in the workers owning its traces before the receivers answer 429 /
+    `RESOURCE_EXHAUSTED` (never past a gRPC sender's deadline); 0 answers at once."""
     api: ApiConfig = Field(default_factory=ApiConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     durability: DurabilityConfig = Field(default_factory=DurabilityConfig)

@@ -25,6 +25,8 @@ class EncodedBatch:
     receiver: str = ""
     arrived: float = 0.0  # when (monotonic) it reached the receiver, with a write-ahead log (else 0)
     project: str = ""  # the project its sender's credential writes to ("": the spans keep the one they name)
+    answer_by: float = 0.0
+    """When (monotonic) its sender stops waiting for the answer (a gRPC deadline); 0 when it did not say."""
 
     def __len__(self) -> int:
         return self.count

@@ -34,6 +34,8 @@ from evalsi.store import RowKind, StoreExporter
 log = logging.getLogger("evalsi.workers")
 
 START_TIMEOUT = 120.0
+ANSWER_MARGIN = 0.1
+"""Seconds before a sender's deadline that a request stops waiting for room: time to send the refusal."""
 
 
 def _evaluated(rows: list[tuple[Any, ...]], records: list[tuple[Any, ...]]) -> tuple[list[Score], list[WindowRecord]]:
@@ -75,6 +77,13 @@ class WorkerPool:
         self._pipeline = pipeline  # what each worker runs: a service of the traces and logs pipelines
         self._store = store  # the exporter owning the store, or None when no pipeline writes a store
         self._max_in_flight = config.service.worker_max_in_flight
+        self._wait = config.service.worker_wait
+        self._room = asyncio.Event()  # set when a worker took a request (or was replaced): waiting requests look again
+        self._waited = metrics.counter(
+            "evalsi_worker_wait_seconds",
+            "Time requests waited for room in their workers (service.worker_wait) before being taken or refused.",
+            [],
+        )
         self._workers = [_Worker(i) for i in range(self.shards)]
         self._seq = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -104,13 +113,17 @@ class WorkerPool:
         if self._stopping:
             raise Refused("the collector is shutting down", unavailable=True, retry_after=5)
         targets = [self._workers[i] for i in sorted(batch.shards)]
-        for w in targets:
-            if len(w.in_flight) >= self._max_in_flight:
-                why = self._store.not_ready() if self._store is not None else None
-                if why:  # the workers wait for the store: say so, as the store's own queue would
-                    raise Refused(f"{why}; retry later", unavailable=True, retry_after=5.0)
+        full = self._full(targets)
+        if full is not None:
+            why = self._store.not_ready() if self._store is not None else None
+            if why:  # the workers wait for the store: say so, as the store's own queue would
+                raise Refused(f"{why}; retry later", unavailable=True, retry_after=5.0)
+            full = await self._wait_for_room(targets, batch.answer_by)
+            if self._stopping:
+                raise Refused("the collector is shutting down", unavailable=True, retry_after=5)
+            if full is not None:
                 raise Refused(
-                    f"pipeline worker {w.index} has {len(w.in_flight)} requests not yet taken; retry later",
+                    f"pipeline worker {full.index} has {len(full.in_flight)} requests not yet taken; retry later",
                     retry_after=1.0,
                 )
         self._seq += 1
@@ -171,6 +184,31 @@ class WorkerPool:
             except (OSError, ValueError):
                 return  # the worker is gone; the receive loop reports it
 
+    def _full(self, targets: list[_Worker]) -> _Worker | None:
+        """A worker of `targets` holding `worker_max_in_flight` requests not yet taken, if any."""
+        return next((w for w in targets if len(w.in_flight) >= self._max_in_flight), None)
+
+    async def _wait_for_room(self, targets: list[_Worker], answer_by: float) -> _Worker | None:
+        """Wait up to `worker_wait` (and until `ANSWER_MARGIN` before the sender's deadline) for every worker of
+        `targets` to have room; the one still full, if any. The sender gets its answer as soon as there is room,
+        instead of a 429 and a retry a second later: the pipeline stays busy and the body is not sent again."""
+        now = time.monotonic()
+        deadline = now + self._wait
+        if answer_by:
+            deadline = min(deadline, answer_by - ANSWER_MARGIN)
+        start = now
+        try:
+            while (full := self._full(targets)) is not None and not self._stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return full
+                self._room.clear()  # no await between the look and here: an ack in between cannot be missed
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._room.wait(), left)
+            return full
+        finally:
+            self._waited.inc(time.monotonic() - start)
+
     def _receive_loop(self, w: _Worker, conn: Any) -> None:
         assert self._loop is not None
         loop = self._loop
@@ -218,6 +256,7 @@ class WorkerPool:
         kind = msg[0]
         if kind == "ack":  # with what the worker holds once it took the request
             w.in_flight.pop(msg[1], None)
+            self._room.set()
             w.held = msg[2]
         elif kind == "held":
             w.held = msg[1]
@@ -273,6 +312,7 @@ class WorkerPool:
             self.unstored["requests"] = self.unstored.get("requests", 0) + lost
         w.outbox.put(None)
         self._spawn(w)
+        self._room.set()  # the new worker holds nothing yet
 
     def arm_twins(self, processor: str, service: str) -> None:
         """`CollectorPeers`: every worker hands `service`'s root-level instrumentation calls to the collector."""
@@ -311,6 +351,7 @@ class WorkerPool:
     async def shutdown(self, timeout: float = 60.0) -> None:
         """Stop taking requests; each worker drains its processors into the store link, sends the rest, exits."""
         self._stopping = True
+        self._room.set()  # requests waiting for room are refused now
         for w in self._workers:
             w.stopping = True
             w.outbox.put(("drain",))

@@ -67,8 +67,16 @@ class OtlpReceiver:
         }
 
     async def _export(
-        self, codec: Codec, decoded: Decoded, transport: str, body: bytes, json: bool, principal: Principal | None
+        self,
+        codec: Codec,
+        decoded: Decoded,
+        transport: str,
+        body: bytes,
+        json: bool,
+        principal: Principal | None,
+        answer_by: float = 0.0,
     ) -> None:
+        """Hand the request on; `answer_by`: when (monotonic) the sender stops waiting for the answer, if it said."""
         refused = self._refused[codec.signal][transport]
         if decoded.rejected:
             refused.inc(decoded.rejected)
@@ -82,7 +90,7 @@ class OtlpReceiver:
         project = self._project(principal)
         try:
             if wal is None:
-                await self._hand_on(decoded, project=project)
+                await self._hand_on(decoded, project=project, answer_by=answer_by)
             else:
                 wal.check_room()  # before the pipeline takes it: a refusal after would mean a duplicate
                 if codec.signal == "traces" and wal.replayed_spans.active():
@@ -97,7 +105,7 @@ class OtlpReceiver:
                 fmt = "json" if json else "protobuf"
                 seq = await wal.append(codec.signal, fmt, self._settings.id, body, arrived, project or "")
                 try:
-                    await self._hand_on(decoded, arrived, project)
+                    await self._hand_on(decoded, arrived, project, answer_by)
                 except Refused:
                     await wal.void(seq)  # the sender sends it again: replay leaves this copy out
                     raise
@@ -139,11 +147,15 @@ class OtlpReceiver:
             return None
         return principal.project if principal is not None else DEFAULT_PROJECT
 
-    async def _hand_on(self, decoded: Decoded, arrived: float = 0.0, project: str | None = None) -> None:
+    async def _hand_on(
+        self, decoded: Decoded, arrived: float = 0.0, project: str | None = None, answer_by: float = 0.0
+    ) -> None:
         batch = decoded.batch
         if isinstance(batch, EncodedBatch):
             assert self._next.encoded is not None
-            batch = replace(batch, receiver=self._settings.id, arrived=arrived, project=project or "")
+            batch = replace(
+                batch, receiver=self._settings.id, arrived=arrived, project=project or "", answer_by=answer_by
+            )
             await self._next.encoded.consume_encoded(batch)
             return
         if arrived:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -104,7 +105,9 @@ class GrpcTransport:
         except Unauthenticated as e:
             await _abort(context, grpc.StatusCode.UNAUTHENTICATED, str(e))
         try:
-            await self._export(codec, decoded, "grpc", request, False, principal)
+            left = context.time_remaining()  # the sender's deadline: a wait for room ends before it
+            answer_by = time.monotonic() + left if left is not None else 0.0
+            await self._export(codec, decoded, "grpc", request, False, principal, answer_by)
         except Refused as r:
             code = grpc.StatusCode.UNAVAILABLE if r.unavailable else grpc.StatusCode.RESOURCE_EXHAUSTED
             # RetryInfo is what makes RESOURCE_EXHAUSTED retryable for OTLP clients
