@@ -5,7 +5,9 @@ watermark kept in the store only once what it covers is no longer held."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -213,6 +215,45 @@ def test_a_clean_stop_keeps_the_watermark_once_the_exporters_stored_what_it_cove
     run(rec2)
     asyncio.run(rec2.settle(0.3))
     assert stuck.store.watermarks == {}  # the next start reads trace 2 again; the store leaves out what it holds
+
+
+class SlowStore(FakeStore):
+    """Its first watermark write blocks until `release`; a write that ends after `closed` is lost, as with a store
+    that shut down under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started, self.release = threading.Event(), threading.Event()
+        self.closed = False
+
+    def write_watermark(self, source: str, watermark: dict[str, Any]) -> None:
+        if not self.started.is_set():
+            self.started.set()
+            self.release.wait(5)
+        if not self.closed:
+            super().write_watermark(source, watermark)
+
+
+def test_a_stop_in_the_middle_of_a_watermark_write_writes_it_again_before_the_store_closes() -> None:
+    """Shutdown cancels the persist loop; a write it had started runs on in its thread and may end after the
+    exporters closed the store. `settle` must write that watermark again, or a restart reads those traces again."""
+    store = SlowStore()
+    rec, _ = receiver(FakeSource([FakeTrace("1", NOW_MS - 1000)]), FakeHost(store=store))
+
+    async def go() -> None:
+        rec.watermark = await rec._load_watermark()
+        await rec.poll()
+        writing = asyncio.create_task(rec.persist())
+        assert await asyncio.to_thread(store.started.wait, 5)
+        writing.cancel()  # what `shutdown` does to the persist loop
+        with contextlib.suppress(asyncio.CancelledError):
+            await writing
+        await rec.settle(1.0)
+        store.closed = True  # the exporters shut down after `settle`
+        store.release.set()  # the first write's thread ends now, too late
+
+    asyncio.run(go())
+    assert store.watermarks["fake|fake"]["ids"] == ["1"]
 
 
 def test_a_source_that_is_down_is_retried_with_backoff_and_counted() -> None:

@@ -230,6 +230,11 @@ class PullReceiver:
         try:
             await asyncio.to_thread(store.write_watermark, self._key(), wm.to_json())
             self._persisted = wm
+        except asyncio.CancelledError:
+            # a stop in the middle of the write: its thread may finish only after the store closed, so `settle`
+            # writes it again (a later row, which the store keeps over this one)
+            self._pending.insert(0, ready[-1])
+            raise
         except Exception as e:  # the next poll's watermark is written instead; a restart reads a few traces again
             self._pending.insert(0, ready[-1])
             log.warning("cannot write the watermark of %s to the store: %s", self._settings.id, e)
