@@ -1,7 +1,10 @@
 """What one held span costs in memory: `pipeline.py`'s spans decoded and normalized as a worker holds them (in tail
 sampling's buffer, evaluate's queue), measured with tracemalloc, by the line that allocated what stays alive.
 
-    .venv/bin/python benchmarks/span_memory.py [--requests 20] [--top 15]
+    .venv/bin/python benchmarks/span_memory.py [--requests 20] [--top 15] [--parsed]
+
+The messages are held as tail sampling's buffer holds them, as their JSON (`compact_content`); `--parsed` keeps
+them parsed, as before it did.
 
 Prints bytes and blocks (Python objects and buffers) a span, in all and by line. Figures in benchmarks/README.md.
 """
@@ -18,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ingest
 
+from evalsi.model.span import compact_content
 from evalsi.processors.normalize import normalize_span
 from evalsi.receivers.otlp.decode_protobuf import decode_traces_protobuf
 
@@ -26,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=20, help="requests of 400 spans, as pipeline.py makes them")
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--parsed", action="store_true",
+                    help="keep the messages parsed (as before tail sampling's buffer held them as JSON)")  # fmt: skip
     args = ap.parse_args(argv)
     template = ingest.build_template(400, 1000, 1)
     payloads = ingest.build_payloads(template, args.requests, 4, 7, 1_700_000_000_000_000_000)
@@ -37,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         spans = decode_traces_protobuf(body).batch.spans
         for span in spans:
             normalize_span(span)
+            if not args.parsed:
+                compact_content(span)  # as tail sampling's buffer holds it
         held.extend(spans)
     gc.collect()
     after = tracemalloc.take_snapshot()

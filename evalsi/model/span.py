@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, NamedTuple, get_args
 
+import orjson
+
 # OTLP enum values, spelled as the canonical shape shows them (`span.kind == "CLIENT"`).
 SPAN_KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
 STATUS_CODES = ("UNSET", "OK", "ERROR")
@@ -231,6 +233,48 @@ def span_from_canonical(c: dict[str, Any]) -> Span:
         unparsed=list(c.get("unparsed") or []),
         details=dict(c.get("details") or {}),
     )
+
+
+def _messages(slot: Any) -> property:
+    """A span's `input` or `output`: its canonical messages, which a holder may keep as their JSON
+    (`compact_content`) while the span waits; the first read parses them back and keeps what it parsed. Setting it
+    is the slot's own (C) setter: spans are made and normalized by the thousands."""
+    get, put = slot.__get__, slot.__set__
+
+    def read(span: Any) -> Any:
+        value = get(span)
+        if value.__class__ is bytes:
+            value = orjson.loads(value)
+            put(span, value)
+        return value
+
+    return property(read, put)
+
+
+_INPUT_SLOT, _OUTPUT_SLOT = Span.__dict__["input"], Span.__dict__["output"]
+Span.input = _messages(_INPUT_SLOT)  # type: ignore[assignment]
+Span.output = _messages(_OUTPUT_SLOT)  # type: ignore[assignment]
+held_input = _INPUT_SLOT.__get__
+"""A span's `input` as it is held: the parsed messages, None, or their JSON (bytes) after `compact_content`."""
+held_output = _OUTPUT_SLOT.__get__
+"""A span's `output` as it is held (see `held_input`)."""
+
+
+def compact_content(span: Span) -> None:
+    """Keep the span's canonical messages as their JSON while it waits (tail sampling's buffer): a held span of
+    `benchmarks/span_memory.py` takes 5.4 KB in 45 blocks instead of 6.4 KB in 62. Reading `input` or `output`
+    parses them back; the store writes the JSON as it is. Messages JSON cannot hold as they are (bytes, a key that
+    is not text, an integer past 64 bits, a lone surrogate) stay parsed; a float NaN or infinity becomes null, as in
+    the stored column."""
+    for slot in (_INPUT_SLOT, _OUTPUT_SLOT):
+        value = slot.__get__(span)
+        if value.__class__ is list and value:
+            try:
+                text = orjson.dumps(value)
+            except TypeError:
+                continue
+            # a copy of the exact size: the bytes orjson returns keep the whole buffer it wrote them in (4-8 KB)
+            slot.__set__(span, bytes(memoryview(text)))
 
 
 class BatchKind(StrEnum):

@@ -27,7 +27,7 @@ from evalsi.exporters.clickhouse.rows import (
 )
 from evalsi.exporters.clickhouse.schema import SCORES_SCHEMA, TRACES_SCHEMA
 from evalsi.model.score import Score
-from evalsi.model.span import Span, SpanEvent, SpanLink
+from evalsi.model.span import Span, SpanEvent, SpanLink, compact_content, held_input, held_output
 from evalsi.processors.normalize import normalize_span
 from evalsi.receivers.otlp.decode import decode_logs_protobuf, decode_traces_protobuf
 
@@ -170,6 +170,36 @@ def test_hostile_values_store_the_rows_written_span_by_span(case: Case) -> None:
     if not case.pb_parses:
         return  # protobuf's parser refuses the request: no span of it reaches the store
     spans = _spans_of(case.request.SerializeToString())
+    assert_same_rows(spans)
+
+
+def test_spans_holding_their_messages_as_json_store_the_rows_written_span_by_span() -> None:
+    """Tail sampling keeps a waiting span's messages as their JSON (`compact_content`); the store writes that JSON
+    as it is, and it must be the very text of the parsed messages, every fixture's and the stdlib's fallback's."""
+    spans = [s for p in FIXTURE_FILES for s in _spans_of(p.read_bytes())]
+    for s in spans:
+        compact_content(s)
+    held = [v for s in spans for v in (held_input(s), held_output(s)) if v is not None]
+    assert held and all(type(v) is bytes for v in held)
+    assert_same_rows(spans)  # `to_arrow` reads the JSON held, the row-wise table the messages parsed back
+    # messages orjson refuses stay parsed, and a batch of them with held JSON falls back to the stdlib as a whole
+    odd = _spans_of(FIXTURE_FILES[0].read_bytes())[:2]
+    odd[0].input = [{"role": "user", "parts": [{"type": "text", "content": "big"}], "n": 2**70}]
+    odd[1].input = [{"role": "user", "parts": [{"type": "text", "content": "plain"}]}]
+    for s in odd:
+        compact_content(s)
+    assert type(held_input(odd[0])) is list and type(held_input(odd[1])) is bytes
+    assert_same_rows(odd)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=hostile_cases())
+def test_hostile_values_with_messages_held_as_json_store_the_rows_written_span_by_span(case: Case) -> None:
+    if not case.pb_parses:
+        return
+    spans = _spans_of(case.request.SerializeToString())
+    for s in spans:
+        compact_content(s)
     assert_same_rows(spans)
 
 

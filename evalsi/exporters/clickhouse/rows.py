@@ -17,7 +17,7 @@ from evalsi import json_codec
 from evalsi.exporters.clickhouse.schema import LOGS_SCHEMA, SCORES_SCHEMA, TRACES_SCHEMA
 from evalsi.model.log_record import LogRecord
 from evalsi.model.score import Score
-from evalsi.model.span import Span
+from evalsi.model.span import Span, held_input, held_output
 from evalsi.runtime.pandas_hidden import pandas_hidden
 from evalsi.store import RowKind, Rows
 
@@ -46,8 +46,11 @@ def string_map(attrs: dict[str, Any]) -> list[tuple[str, str]]:
 _json = json_codec.dumps
 
 
-def _content(messages: list[dict[str, Any]] | None) -> str:
-    return "" if messages is None else _json(messages)
+def _content(messages: list[dict[str, Any]] | bytes | None) -> str:
+    """The JSON text of canonical messages: "" for None, as it is for messages held as JSON (`compact_content`)."""
+    if messages is None:
+        return ""
+    return messages.decode() if messages.__class__ is bytes else _json(messages)  # type: ignore[union-attr]
 
 
 _STATUS = {"UNSET": "STATUS_CODE_UNSET", "OK": "STATUS_CODE_OK", "ERROR": "STATUS_CODE_ERROR"}
@@ -144,7 +147,7 @@ def _json_column(values: list[Any], *, empty_too: bool = False) -> pa.Array:
         else:
             for v in values:
                 if v is not None:
-                    data += dumps(v, default=str)
+                    data += v if v.__class__ is bytes else dumps(v, default=str)  # bytes: JSON (`compact_content`)
                 end(len(data))
         offsets = struct.pack(f"<{len(ends)}i", *ends)  # `pa.string()`'s 32-bit offsets: 2 GiB or more goes below
     except (TypeError, struct.error):
@@ -229,8 +232,8 @@ def to_arrow(spans: list[Span]) -> pa.Table:
         _texts([s.user_id or "" for s in spans]),
         [s.cost_usd for s in spans],
         _texts([s.error_type or "" for s in spans]),
-        _json_column([s.input for s in spans]),
-        _json_column([s.output for s in spans]),
+        _json_column([held_input(s) for s in spans]),  # compacted messages (bytes) are written as they are
+        _json_column([held_output(s) for s in spans]),
         [s.content_captured for s in spans],
         _texts([s.convention for s in spans]),
         [s.unparsed for s in spans],

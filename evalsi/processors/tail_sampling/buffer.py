@@ -7,7 +7,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evalsi.cel import trace_activation
-from evalsi.model.span import DEFAULT_PROJECT, SessionKey, Span, TraceKey, project_of, trace_key
+from evalsi.model.span import (
+    DEFAULT_PROJECT,
+    SessionKey,
+    Span,
+    TraceKey,
+    compact_content,
+    project_of,
+    trace_key,
+)
 
 # reasons a trace or session is complete: the label values of the completion metrics
 QUIET = "quiet"
@@ -85,6 +93,7 @@ class TraceBuffer:
         """Buffer a span; `trace` is its buffered trace when the caller already looked it up."""
         size = span_size(span)
         self.bytes += size
+        compact_content(span)  # its messages as JSON while it waits: ~1 KB less a span
         if trace is None:
             key = trace_key(span)
             trace = self.traces[key] = Trace(span.trace_id, [span], now, now, size=size, key=key)
@@ -107,6 +116,7 @@ class TraceBuffer:
                 size = span_size(span)
                 self.bytes += size - span_size(held)
                 trace.size += size - span_size(held)
+                compact_content(span)
                 trace.spans[i] = span
                 trace._activations = None
                 return
