@@ -22,8 +22,7 @@ from google.rpc import status_pb2
 from hypothesis import HealthCheck, given, settings, strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
-from opentelemetry.proto.common.v1.common_pb2 import KeyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from otlp_requests import chain_request
 from running_collector import Collector, serve_config, start_collector, wait_until
 
 from evalsi.collector.config import ConfigError, parse_config
@@ -45,28 +44,11 @@ from evalsi.wal import (
 )
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
-T0 = time.time_ns() - 60_000_000_000
 
 
 def _request(first: int, traces: int, per_trace: int = 3) -> bytes:
-    req = ExportTraceServiceRequest()
-    rs = req.resource_spans.add()
-    rs.resource.attributes.append(KeyValue(key="service.name", value={"string_value": "wal-test"}))
-    spans = rs.scope_spans.add().spans
-    for t in range(first, first + traces):
-        trace_id = (0xFEED).to_bytes(8, "big") + t.to_bytes(8, "big")
-        for n in range(per_trace):
-            spans.append(
-                Span(
-                    trace_id=trace_id,
-                    span_id=(n + 1).to_bytes(8, "big"),
-                    parent_span_id=b"" if n == 0 else (1).to_bytes(8, "big"),
-                    name=f"step {n}",
-                    start_time_unix_nano=T0 + n,
-                    end_time_unix_nano=T0 + n + 1_000,
-                )
-            )
-    return req.SerializeToString()
+    ids = [(0xFEED).to_bytes(8, "big") + t.to_bytes(8, "big") for t in range(first, first + traces)]
+    return chain_request(ids, per_trace, service="wal-test").SerializeToString()
 
 
 def _config(tmp: Path, *, workers: int = 1, decision_wait: str = "30s") -> dict[str, Any]:

@@ -14,35 +14,17 @@ import grpc
 import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import KeyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from otlp_requests import chain_request
 from running_collector import Collector, serve_config, start_collector
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
-T0 = time.time_ns() - 60_000_000_000
 
 
 def _body(first: int, traces: int = 3) -> bytes:
     """A request of `traces` traces of 2 spans, all owned by worker 0 of 2 (an even low half of the trace id)."""
-    req = ExportTraceServiceRequest()
-    rs = req.resource_spans.add()
-    rs.resource.attributes.append(KeyValue(key="service.name", value={"string_value": "wait-test"}))
-    spans = rs.scope_spans.add().spans
-    for t in range(first, first + traces):
-        trace_id = (0xBEEF).to_bytes(8, "big") + (2 * t).to_bytes(8, "big")
-        for n in range(2):
-            spans.append(
-                Span(
-                    trace_id=trace_id,
-                    span_id=(n + 1).to_bytes(8, "big"),
-                    parent_span_id=b"" if n == 0 else (1).to_bytes(8, "big"),
-                    name=f"step {n}",
-                    start_time_unix_nano=T0 + n,
-                    end_time_unix_nano=T0 + n + 1_000,
-                )
-            )
-    return req.SerializeToString()
+    ids = [(0xBEEF).to_bytes(8, "big") + (2 * t).to_bytes(8, "big") for t in range(first, first + traces)]
+    return chain_request(ids, service="wait-test").SerializeToString()
 
 
 def _collector(tmp_path: Path, wait: str) -> Collector:

@@ -21,34 +21,17 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from otlp_requests import chain_request
 from prometheus_client.parser import text_string_to_metric_families
 from running_collector import EVALSI, Collector, serve_config, start_collector
 
 from evalsi.collector.config import ConfigError, cores as config_cores, parse_config
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
-T0 = time.time_ns() - 60_000_000_000
 
 
 def _request(trace_ids: list[bytes], per_trace: int = 2) -> ExportTraceServiceRequest:
-    req = ExportTraceServiceRequest()
-    rs = req.resource_spans.add()
-    rs.resource.attributes.append(KeyValue(key="service.name", value={"string_value": "workers-test"}))
-    spans = rs.scope_spans.add().spans
-    for trace_id in trace_ids:
-        for n in range(per_trace):
-            spans.append(
-                Span(
-                    trace_id=trace_id,
-                    span_id=(n + 1).to_bytes(8, "big"),
-                    parent_span_id=b"" if n == 0 else (1).to_bytes(8, "big"),
-                    name=f"step {n}",
-                    start_time_unix_nano=T0 + n,
-                    end_time_unix_nano=T0 + n + 1_000,
-                )
-            )
-    return req
+    return chain_request(trace_ids, per_trace, service="workers-test")
 
 
 def _trace_id(n: int) -> bytes:
