@@ -111,6 +111,14 @@ def thread_cpu() -> dict[str, float]:
     return out
 
 
+def status_mb(key: str) -> int:
+    """A figure of this process's `/proc/self/status` in MB (`VmRSS`, `VmHWM`)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) >> 10
+    raise KeyError(key)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
@@ -158,6 +166,8 @@ def child(args: argparse.Namespace) -> int:
             return {r["event"]: int(r["value"]) for r in rows}
 
         before, threads_before = events(), thread_cpu()
+        idle_rss = status_mb("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM from here: the peak of the load, not of start-up
         # the scores the workers' evaluated traces bring, made before the clock starts (the collector gets them
         # from its workers' pipes; making them is not the store's work)
         pool = [Score(f"s{j % 3}", value=0.5, trace_id=f"{j // 3:032x}", policy="bench", evaluator="e")
@@ -188,6 +198,7 @@ def child(args: argparse.Namespace) -> int:
         stored_at = time.monotonic()
         await asyncio.sleep(args.settle)
         cpu = time.process_time() - cpu0
+        peak_rss = status_mb("VmHWM")
         after, threads_after = events(), thread_cpu()
         active = f"SELECT count() AS n FROM system.parts WHERE active AND table = '{store.table}'"
         parts = store.backend.query(active)[0]["n"]
@@ -220,6 +231,8 @@ def child(args: argparse.Namespace) -> int:
             "fresh_p50": percentile(latencies, 0.5),
             "fresh_p95": percentile(latencies, 0.95),
             "fresh_max": max(latencies, default=0.0),
+            "idle_rss": idle_rss,
+            "peak_rss": peak_rss,
             "threads": {
                 name: round(cpu_s - threads_before.get(name, 0.0), 2)
                 for name, cpu_s in sorted(threads_after.items(), key=lambda kv: -kv[1])
@@ -279,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{rows_per_table:,} rows every {LINK_FLUSH:g} s, {args.scores_per_span:g} scores a span"
             )
             print(f"  {'run':5s} {'CPU µs/span':>11s} (Python / chDB queries / merges) {'INSERT/s':>9s} "
-                  f"{'rows/INSERT':>11s} {'merges/s':>8s} {'parts':>5s}  freshness p50 / p95 / max (s)")  # fmt: skip
+                  f"{'rows/INSERT':>11s} {'merges/s':>8s} {'parts':>5s}  freshness p50 / p95 / max (s)"
+                  "  RSS MB idle / peak")  # fmt: skip
             best: dict[str, float] = {}
             for _ in range(args.rounds):
                 for name, checkout in checkouts:
@@ -295,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"  {name:5s} {r['cpu_us_span']:11.1f} ({split[0]:4.1f} / {split[1]:4.1f} / {split[2]:4.1f})"
                         f"{'':16s}{r['inserts_per_s']:9.1f} "
                         f"{r['rows_per_insert']:11,.0f} {r['merges_per_s']:8.2f} {r['parts']:5d}  "
-                        f"{r['fresh_p50']:.2f} / {r['fresh_p95']:.2f} / {r['fresh_max']:.2f}"
+                        f"{r['fresh_p50']:.2f} / {r['fresh_p95']:.2f} / {r['fresh_max']:.2f}  "
+                        f"{r['idle_rss']} / {r['peak_rss']}"
                     )
             summary = ", ".join(f"{name} {v:.1f}" for name, v in best.items())
             ratio = f"; new / base {best['new'] / best['base']:.2f}" if "base" in best else ""

@@ -23,6 +23,7 @@ def test_embedded_tables_write_compact_parts_and_merge_wider(tmp_path: Path) -> 
     for r in rows:
         assert "min_bytes_for_wide_part = 134217728" in r["engine_full"], r
         assert "merge_selector_base = 10" in r["engine_full"], r
+        assert "index_granularity_bytes = 2097152" in r["engine_full"], r
 
 
 def test_server_tables_keep_the_server_defaults() -> None:
@@ -30,3 +31,4 @@ def test_server_tables_keep_the_server_defaults() -> None:
     for statement in traces_ddl("otel_traces", ServerBackend.table_settings) + logs_ddl("otel_logs"):
         assert "min_bytes_for_wide_part" not in statement
         assert "merge_selector_base" not in statement
+        assert "index_granularity_bytes" not in statement

@@ -20,7 +20,12 @@ _MAP = "Map(LowCardinality(String), String)"
 #   and merges turn parts Wide once they pass that size. ClickHouse's default is 10 MiB.
 # - merges wait for 10 parts of a size instead of 5: spans arrive as an insert every second or two, and a wider
 #   merge rewrites each row fewer times (~40% less merge CPU during benchmarks/ingest.py) for a few more parts.
-EMBEDDED_TABLE_SETTINGS = f", min_bytes_for_wide_part = {128 << 20}, merge_selector_base = 10"
+# - a granule (the rows a merge reads of a part at a time) holds at most 2 MiB instead of 10: a span row with its
+#   messages is ~3 KB, so a merge of 10 parts read 10 granules of ~30 MB each at once. The collector's peak under
+#   load fell by ~250 MB (benchmarks/store_insert.py) for ~3 us more CPU a span.
+EMBEDDED_TABLE_SETTINGS = (
+    f", min_bytes_for_wide_part = {128 << 20}, merge_selector_base = 10, index_granularity_bytes = {2 << 20}"
+)
 
 
 def traces_ddl(table: str, extra_settings: str = "") -> list[str]:
