@@ -7,12 +7,17 @@ and a scores pipeline writing the store and a Prometheus exporter. Pre-encoded G
 waits until every span is stored and every trace evaluated, and prints:
 
 - stored spans/s (first send to the last span stored) and accepted spans/s;
-- CPU µs per span, every process of the collector summed (the steadiest figure on a shared machine);
+- CPU µs per span, every process of the collector summed (the steadiest figure on a shared machine), and by
+  process, with its minor page faults a span (memory mapped and touched afresh);
 - scores/s (scores handed on, first send to the last trace evaluated);
 - freshness p50/p95/p99: from a trace's completion (tail sampling's decision, `decision_wait` after its last span)
   to its scores handed to the scores pipeline (`evalsi_evaluate_freshness_seconds`), plus `decision_wait`: from
   the trace's last span;
 - the RSS of every process: idle after start, its peak, and after the load (everything stored and evaluated);
+  and, read every 0.25 s during the load, the peak of the processes' RSS summed at one instant and of their PSS
+  (proportional set size: a page of a library mapped by three processes counts a third in each), what the machine
+  actually gives them: the sum of each process's own peak counts the libraries the workers share once each and
+  adds peaks reached at different moments;
 - every loss: spans not stored, traces not evaluated (shed or dropped), sessions evicted, refused requests.
 
 `--workers 1 2` runs each setting against a fresh collector, one after the other; `--source DIR` runs the
@@ -36,6 +41,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -80,12 +86,14 @@ class Result:
     evaluated_s: float = 0.0
     cpu_us_per_span: float = 0.0
     cpu_us_by_process: dict[str, float] = field(default_factory=dict)
+    faults_by_process: dict[str, float] = field(default_factory=dict)  # minor page faults a span
     scores: float = 0.0
     scores_per_s: float = 0.0
     freshness_s: dict[str, float | None] = field(default_factory=dict)
     rss_mb: dict[str, float] = field(default_factory=dict)
     idle_rss_mb: dict[str, float] = field(default_factory=dict)
     after_rss_mb: dict[str, float] = field(default_factory=dict)
+    together_mb: dict[str, float] = field(default_factory=dict)  # peak of the summed RSS and PSS, read together
     losses: dict[str, float] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
 
@@ -205,6 +213,15 @@ def histogram(text: str, name: str) -> list[tuple[float, float]]:
     return sorted(sums.items())
 
 
+def minor_faults(pid: int) -> int:
+    """A process's minor page faults so far (`/proc/<pid>/stat`): memory it touched for the first time since it
+    was mapped, e.g. a block glibc mapped on its own and unmapped when freed; 0 once it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def peak_rss_mb(pid: int, line_name: str = "VmHWM:") -> float:
     """A process's peak RSS (or, with "VmRSS:", its RSS now) in MB; 0 once it is gone."""
     try:
@@ -214,6 +231,34 @@ def peak_rss_mb(pid: int, line_name: str = "VmHWM:") -> float:
     except OSError:
         pass
     return 0.0
+
+
+class TogetherPeak:
+    """The peak of the processes' RSS and PSS summed at one instant, read every `every` seconds in a thread."""
+
+    def __init__(self, pids: list[int], every: float = 0.25) -> None:
+        self.pids, self.every = pids, every
+        self.peak = {"rss": 0.0, "pss": 0.0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            total = {"rss": 0.0, "pss": 0.0}
+            for pid in self.pids:
+                with contextlib.suppress(OSError):
+                    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                        key, _, value = line.partition(":")
+                        if key in ("Rss", "Pss"):
+                            total[key.lower()] += int(value.split()[0]) / 1024
+            for key, mb in total.items():
+                self.peak[key] = max(self.peak[key], mb)
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        return {key: round(mb, 1) for key, mb in self.peak.items()}
 
 
 def config_for(store: Path, workers: int, policy_dir: Path) -> dict[str, Any]:
@@ -268,8 +313,10 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
                 profilers.append(proc)
     res.idle_rss_mb = {name: round(peak_rss_mb(pid, "VmRSS:"), 1) for name, pid in pids.items()}
     try:
+        together = TogetherPeak(list(pids.values()))
         cpu0 = cpu_seconds(*pids.values())
         cpu0_by = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        faults0_by = {name: minor_faults(pid) for name, pid in pids.items()}
         log(f"[workers={workers}] sending {len(payloads)} requests x {args.spans_per_request} spans")
         t0 = time.perf_counter()
         sent = paced(c, payloads, args) if args.rate else send_all("http", c, payloads, args.spans_per_request,
@@ -290,8 +337,10 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
                 time.sleep(0.1)
         cpu1 = cpu_seconds(*pids.values())
         cpu1_by = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        faults1_by = {name: minor_faults(pid) for name, pid in pids.items()}
         for proc in profilers:
             ingest.stop_profiler(proc)
+        res.together_mb = together.stop()
         res.rss_mb = {name: round(peak_rss_mb(pid), 1) for name, pid in pids.items()}
         res.after_rss_mb = {name: round(peak_rss_mb(pid, "VmRSS:"), 1) for name, pid in pids.items()}
         if stored_at is None or evaluated_at is None:
@@ -302,6 +351,8 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
         res.evaluated_s = end - t0
         res.cpu_us_per_span = 1e6 * (cpu1 - cpu0) / max(1, sent.accepted_spans)
         res.cpu_us_by_process = {name: round(1e6 * (cpu1_by[name] - cpu0_by[name]) / max(1, sent.accepted_spans), 1)
+                                 for name in pids}  # fmt: skip
+        res.faults_by_process = {name: round((faults1_by[name] - faults0_by[name]) / max(1, sent.accepted_spans), 2)
                                  for name in pids}  # fmt: skip
         res.scores = metric_sum(text, "evalsi_evaluate_scores_total")
         res.scores_per_s = res.scores / (end - t0)
@@ -391,8 +442,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r.cpu_us_per_span:.0f} µs CPU a span (every process)")  # fmt: skip
             print(f"  {r.scores:,.0f} scores, {r.scores_per_s:,.0f}/s; all evaluated after {r.evaluated_s:.1f}s")
             print(f"  freshness from a trace's last span: {r.freshness_s}")
-            print(f"  CPU µs a span by process: {r.cpu_us_by_process}")
-            print(f"  peak RSS MB: {r.rss_mb} (sum {sum(r.rss_mb.values()):,.0f})")
+            print(f"  CPU µs a span by process: {r.cpu_us_by_process}; minor page faults a span: "
+                  f"{r.faults_by_process}")  # fmt: skip
+            print(f"  peak RSS MB: {r.rss_mb} (sum {sum(r.rss_mb.values()):,.0f}); summed at one instant, peak "
+                  f"RSS {r.together_mb.get('rss', 0):,.0f}, PSS {r.together_mb.get('pss', 0):,.0f}")  # fmt: skip
             print(f"  RSS MB idle after start: {r.idle_rss_mb}; after the load: {r.after_rss_mb}")
             print(f"  losses: {r.losses}")
             for f in r.failures:
