@@ -331,16 +331,28 @@ def metric_sum(text: str, name: str) -> float:
     return total
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of `/proc/<pid>/stat` after the command name (the process state first); None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def cpu_seconds(*pids: int) -> float:
     """User+system CPU seconds of processes (all their threads), from /proc."""
     total = 0.0
     for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        if (fields := _stat(pid)) is not None:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
+
+
+def minor_faults(pid: int) -> int:
+    """A process's minor page faults so far: memory it touched for the first time since it was mapped, e.g. a
+    block glibc mapped on its own and unmapped when freed; 0 once it is gone."""
+    fields = _stat(pid)
+    return int(fields[7]) if fields is not None else 0
 
 
 def system_busy_seconds() -> float:

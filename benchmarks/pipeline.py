@@ -53,7 +53,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import ingest  # noqa: E402  (the payloads, the senders, the /proc readers)
-from ingest import cpu_seconds, log, metric_sum, send_all  # noqa: E402
+from ingest import cpu_seconds, log, metric_sum, minor_faults, send_all  # noqa: E402
 from local_server import free_port  # noqa: E402
 from running_collector import serve_config, start_collector  # noqa: E402
 
@@ -211,15 +211,6 @@ def histogram(text: str, name: str) -> list[tuple[float, float]]:
                 float("inf") if le == "+Inf" else float(le), 0.0
             ) + float(line.rsplit(" ", 1)[1])
     return sorted(sums.items())
-
-
-def minor_faults(pid: int) -> int:
-    """A process's minor page faults so far (`/proc/<pid>/stat`): memory it touched for the first time since it
-    was mapped, e.g. a block glibc mapped on its own and unmapped when freed; 0 once it is gone."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 def peak_rss_mb(pid: int, line_name: str = "VmHWM:") -> float:

@@ -192,11 +192,10 @@ class WorkerPool:
         """Wait up to `worker_wait` (and until `ANSWER_MARGIN` before the sender's deadline) for every worker of
         `targets` to have room; the one still full, if any. The sender gets its answer as soon as there is room,
         instead of a 429 and a retry a second later: the pipeline stays busy and the body is not sent again."""
-        now = time.monotonic()
-        deadline = now + self._wait
+        start = time.monotonic()
+        deadline = start + self._wait
         if answer_by:
             deadline = min(deadline, answer_by - ANSWER_MARGIN)
-        start = now
         try:
             while (full := self._full(targets)) is not None and not self._stopping:
                 left = deadline - time.monotonic()

@@ -22,7 +22,7 @@ _MAP = "Map(LowCardinality(String), String)"
 #   merge rewrites each row fewer times (~40% less merge CPU during benchmarks/ingest.py) for a few more parts.
 # - a granule (the rows a merge reads of a part at a time) holds at most 2 MiB instead of 10: a span row with its
 #   messages is ~3 KB, so a merge of 10 parts read 10 granules of ~30 MB each at once. The collector's peak under
-#   load fell by ~250 MB (benchmarks/store_insert.py) for ~3 us more CPU a span.
+#   benchmarks/pipeline.py fell by 100-220 MB, for 5-10% more CPU a span at 240,000 spans (finer merges).
 EMBEDDED_TABLE_SETTINGS = (
     f", min_bytes_for_wide_part = {128 << 20}, merge_selector_base = 10, index_granularity_bytes = {2 << 20}"
 )
