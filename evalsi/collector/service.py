@@ -8,7 +8,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import make_asgi_app
 
@@ -45,11 +45,13 @@ from evalsi.model.log_record import LogBatch
 from evalsi.model.span import SpanBatch
 from evalsi.runtime.held import InFlight, earliest
 from evalsi.runtime.ports import taken
-from evalsi.runtime.serving import AsgiServer
 from evalsi.runtime.supervise import supervise
 from evalsi.runtime.telemetry import SelfMetrics
 from evalsi.store import StoreExporter, TraceQueries
 from evalsi.wal import WriteAheadLog, without_stored_spans
+
+if TYPE_CHECKING:
+    from evalsi.runtime.serving import AsgiServer
 
 log = logging.getLogger("evalsi.service")
 
@@ -464,6 +466,9 @@ class Service:
             if self.wal is not None:
                 await self._replay()
                 self._retiring = supervise("write-ahead log retire", self._retire_loop, log=log, metrics=self.metrics)
+            # here: uvicorn is ~11 MB, and a pipeline worker serves nothing
+            from evalsi.runtime.serving import AsgiServer
+
             telemetry = self.config.service.telemetry.metrics
             if telemetry.level != "none":
                 registry = self.metrics.registry

@@ -18,9 +18,8 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from evalsi.duration import Duration
@@ -28,6 +27,9 @@ from evalsi.evaluators.params import Params
 from evalsi.model.score import Score
 from evalsi.runtime.backoff import Backoff, retry_after
 from evalsi.runtime.telemetry import SelfMetrics
+
+if TYPE_CHECKING:
+    import httpx
 
 # --- prompt templates ----------------------------------------------------------------------------------------
 
@@ -404,6 +406,8 @@ class Judges:
         with self._clients_lock:
             client = self._clients.get(timeout_s)
             if client is None:
+                import httpx  # here: a service without judges (every pipeline worker of most) never loads it
+
                 client = self._clients[timeout_s] = httpx.Client(timeout=timeout_s)
             return client
 
@@ -419,6 +423,8 @@ class Judges:
             headers["authorization"] = f"Bearer {key}"
         url = f"{endpoint}/chat/completions"
         client = self._client(params.timeout_s)
+        import httpx  # loaded by `_client`
+
         backoff = Backoff(initial=params.backoff_s, maximum=MAX_RETRY_WAIT_S, max_retry_after=MAX_RETRY_WAIT_S)
         last = "no attempt"
         for attempt in range(params.retries + 1):

@@ -6,12 +6,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError, ValidationError, best_match
-from referencing.exceptions import Unresolvable
+
+if TYPE_CHECKING:  # jsonschema loads with the first schema compiled: ~7 MB a process that checks none
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import ValidationError
 
 InstancePath = tuple[str | int, ...]
 
@@ -107,6 +108,9 @@ def _paths_kept(schema: Any) -> Any:
 
 def _compile(schema: Any) -> Draft202012Validator | str:
     """The validator, or what makes `schema` invalid."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as e:
@@ -138,6 +142,8 @@ def violations(validator: Draft202012Validator, instance: Any, show_values: bool
     """Every way `instance` breaks the schema, as (JSON path, what is wrong), ordered by path then message. Values
     from the instance are named only with `show_values` (the schema's own values always are). Raises ValueError
     when a `$ref` the instance reaches cannot be resolved (remote references are never fetched)."""
+    from referencing.exceptions import Unresolvable
+
     try:
         found = {
             (tuple((0, p) if isinstance(p, int) else (1, p) for p in path), path, what)
@@ -207,6 +213,8 @@ def _matching(error: ValidationError, validator: Draft202012Validator | None) ->
     """How many oneOf branches the instance matches ("more than 1" when that cannot be told)."""
     if validator is None:
         return "more than 1"
+    from referencing.exceptions import Unresolvable
+
     try:
         return str(sum(validator.evolve(schema=branch).is_valid(error.instance) for branch in error.validator_value))
     except Unresolvable:  # a $ref in a branch that only resolves from where the branch sits
@@ -216,6 +224,8 @@ def _matching(error: ValidationError, validator: Draft202012Validator | None) ->
 def _closest(error: ValidationError, show_values: bool, validator: Draft202012Validator | None) -> str:
     """` (closest: …)`: of the branch errors that reach deepest (a branch whose type matched), the one jsonschema's
     best_match finds most relevant."""
+    from jsonschema.exceptions import best_match
+
     deepest = max((len(e.relative_path) for e in error.context), default=0)
     best = best_match(e for e in error.context if len(e.relative_path) == deepest)
     if best is None:

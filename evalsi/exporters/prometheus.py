@@ -9,7 +9,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_asgi_app
 from prometheus_client.core import Exemplar, GaugeMetricFamily, Metric
@@ -23,7 +23,9 @@ from evalsi.duration import Duration
 from evalsi.model.score import Outcome, Score, ScoreBatch
 from evalsi.policies.intervals import mean_interval, wilson_interval
 from evalsi.runtime.ports import PROMETHEUS_ENDPOINT, parse_endpoint
-from evalsi.runtime.serving import AsgiServer
+
+if TYPE_CHECKING:
+    from evalsi.runtime.serving import AsgiServer
 
 CONFIDENCE = 0.95
 SERIES = ["policy", "evaluator", "name"]
@@ -223,6 +225,8 @@ class PrometheusExporter:
 
         auth = self._settings.auth
         needs_key = auth is not None and auth.needs_key("metrics", self._config.endpoint)
+        from evalsi.runtime.serving import AsgiServer  # here: uvicorn is ~11 MB, and a pipeline worker serves nothing
+
         self._server = AsgiServer(
             gate(metrics_only, auth, surface="prometheus") if needs_key else metrics_only, self._config.endpoint
         )

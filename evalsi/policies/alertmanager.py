@@ -14,11 +14,12 @@ import re
 import threading
 import time
 from datetime import UTC, datetime
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from evalsi.policies.notify import AlertEvent, post_json
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["AlertmanagerNotifier", "alert_labels"]
 
@@ -74,6 +75,8 @@ class AlertmanagerNotifier:
         self._cond = threading.Condition()
         self._due = False
         self._closing = False
+        import httpx  # here: only the process where alerts fire with an Alertmanager configured sends
+
         self._client = httpx.Client(timeout=timeout, transport=transport)
         self._thread = threading.Thread(target=self._loop, name="evalsi-alertmanager", daemon=True)
         self._thread.start()

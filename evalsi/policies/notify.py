@@ -10,11 +10,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from evalsi.runtime.backoff import Backoff, retry_after
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["AlertEvent", "AlertRecorder", "Notifier", "post_json"]
 
@@ -69,7 +70,8 @@ class Notifier:
     """Sends alert webhooks from one background thread, so the caller never waits: a JSON POST per alert, retried
     on connection errors, 429 and 5xx with the shared backoff policy (`evalsi.runtime.backoff`: exponential with
     jitter, a `Retry-After` in seconds or as an HTTP date honoured up to `max_retry_after`). Other 4xx answers are
-    not retried."""
+    not retried. Its thread and HTTP client start with the first webhook to send: a service whose policies notify
+    no one (every pipeline worker, most deployments) holds neither."""
 
     def __init__(
         self,
@@ -87,15 +89,27 @@ class Notifier:
         self.sent = self.failed = self.dropped = 0
         self.max_pending = max_pending
         self._queue: queue.Queue[AlertEvent | None] = queue.Queue(max_pending)
-        self._client = httpx.Client(timeout=timeout, transport=transport)
-        self._thread = threading.Thread(target=self._loop, name="evalsi-alert-notifier", daemon=True)
-        self._thread.start()
+        self._timeout, self._transport = timeout, transport
+        self._client: httpx.Client | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Lock()
+
+    def _start(self) -> None:
+        with self._started:
+            if self._thread is None:
+                import httpx  # here: most services never send a webhook, and httpx is ~13 MB of a process
+
+                self._client = httpx.Client(timeout=self._timeout, transport=self._transport)
+                self._thread = threading.Thread(target=self._loop, name="evalsi-alert-notifier", daemon=True)
+                self._thread.start()
 
     def send(self, event: AlertEvent) -> None:
         """Queue `event` for its webhook (nothing to send without `notify`, or once resolved); drops it when the
         queue is full."""
         if not event.notify or event.state != "firing":
             return
+        if self._thread is None:
+            self._start()
         try:
             self._queue.put_nowait(event)
         except queue.Full:
@@ -106,9 +120,14 @@ class Notifier:
 
     def close(self, timeout: float = 10.0) -> None:
         """Send what is queued (up to `timeout`), then stop."""
+        with self._started:
+            thread, client = self._thread, self._client
+            self._thread = threading.Thread()  # started or not, nothing starts after close
+        if thread is None or client is None:
+            return
         self._queue.put(None)
-        self._thread.join(timeout)
-        self._client.close()
+        thread.join(timeout)
+        client.close()
 
     def _loop(self) -> None:
         while True:
@@ -121,7 +140,7 @@ class Notifier:
                 self.failed += 1
 
     def _post(self, event: AlertEvent) -> bool:
-        assert event.notify is not None
+        assert event.notify is not None and self._client is not None
         problem = post_json(
             self._client, event.notify, event.body(), retries=self.retries, backoff=self.backoff,
             max_retry_after=self.max_retry_after,
@@ -137,6 +156,8 @@ def post_json(
 ) -> str | None:
     """POST `body` as JSON to `url`, retrying connection errors, 429 and 5xx with the shared backoff (a `Retry-After`
     honoured up to `max_retry_after`); other 4xx are not retried. None when delivered, else what went wrong last."""
+    import httpx  # loaded already: the caller holds a client
+
     problem = ""
     wait = Backoff(backoff, 8 * backoff, max_retry_after=max_retry_after)
     server_says: float | None = None

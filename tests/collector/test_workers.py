@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -127,6 +128,52 @@ print(sorted(m for m in ("chdb", "fastapi", "grpc", "pandas") if m in sys.module
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+WORKER_SIDE = """
+import asyncio, pickle, queue, sys, threading
+from evalsi.collector.service import Service
+from evalsi.collector.workers.link import StoreLink
+from evalsi.collector.workers.worker import _row_encoder
+
+config = pickle.loads(open(sys.argv[1], "rb").read())  # as the pool hands it to a worker it spawns
+link = StoreLink(_row_encoder(config), queue.SimpleQueue(), threading.Semaphore(4))
+
+async def main():
+    service = Service(config, worker_store=link)
+    await service.start()
+    await service.shutdown()
+
+asyncio.run(main())
+print(sorted(m for m in ("uvicorn", "httpx", "jsonschema", "fastapi", "chdb", "grpc") if m in sys.modules))
+"""
+
+
+def test_a_worker_running_the_full_pipeline_loads_no_server_http_client_or_schema_library(tmp_path: Path) -> None:
+    """What a worker runs of the README's full pipeline (normalize, redact, tail sampling, evaluate with a policy,
+    the store and a Prometheus scores exporter): started and stopped, it must not have loaded uvicorn (it serves
+    nothing), httpx (no judge or webhook runs there until one is configured and called) or jsonschema (until a
+    policy's evaluator compiles a schema): ~10 MB of each worker's memory."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(
+        "apiVersion: evals.si/v1alpha1\nkind: OnlineEvalPolicy\nmetadata: {name: p}\n"
+        "spec:\n  selector: \"true\"\n  cascade:\n    - ref: builtin/latency\n      params: {max_ms: 60000}\n"
+    )
+    cfg = serve_config(tmp_path / "store")
+    cfg["processors"] = {
+        "normalize": {}, "redact": {}, "tail_sampling": {"decision_wait": "1s"},
+        "evaluate": {"policies": [str(tmp_path / "policies" / "*.yaml")]},
+    }  # fmt: skip
+    cfg["exporters"]["prometheus"] = {"endpoint": "127.0.0.1:0"}
+    pipelines = cfg["service"]["pipelines"]
+    pipelines["traces"]["processors"] = ["normalize", "redact", "tail_sampling", "evaluate"]
+    pipelines["scores"] = {"exporters": ["clickhouse", "prometheus"]}
+    cfg["service"]["workers"] = 2
+    path = tmp_path / "config.pickle"
+    path.write_bytes(pickle.dumps(parse_config(cfg)))
+    run = subprocess.run([sys.executable, "-c", WORKER_SIDE, str(path)], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_invalid_spans_get_partial_success_and_the_rest_is_stored(two_workers: Collector) -> None:

@@ -9,10 +9,9 @@ import math
 import re
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
-from jsonschema import Draft202012Validator
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from evalsi.evaluators.base import Params, Target, evaluator
@@ -21,6 +20,9 @@ from evalsi.model.score import Score
 from evalsi.model.span import Span
 from evalsi.model.trajectory import call_usage
 from evalsi.pattern import Pattern, compile_pattern
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
 
 # --- text checks ---------------------------------------------------------------------------------------------
 

@@ -32,11 +32,11 @@ from evalsi.receivers.otlp.decode import (
 from evalsi.receivers.otlp.drain import Drain
 from evalsi.receivers.otlp.http_transport import build_app, otlp_refusal
 from evalsi.runtime.held import stamp, stamp_project
-from evalsi.runtime.serving import AsgiServer
 from evalsi.wal import drop_spans, span_key
 
 if TYPE_CHECKING:
     from evalsi.receivers.otlp.grpc_transport import GrpcTransport
+    from evalsi.runtime.serving import AsgiServer
 
 
 @receiver("otlp", config=OtlpReceiverConfig, signals=("traces", "logs"), decode=decode_encoded)
@@ -215,6 +215,9 @@ class OtlpReceiver:
             routes = {paths[c.signal]: c for c in self._codecs}
             max_body = protocols.http.max_request_body_size
             app = build_app(self._export, routes, max_body=max_body, drain=self._drain, limits=self._limits)
+            # here, as the gRPC transport: a pipeline worker imports this module to decode, and serves nothing
+            from evalsi.runtime.serving import AsgiServer
+
             self._http = AsgiServer(
                 gate(app, self._settings.auth, surface="otlp_http", refusal=otlp_refusal), protocols.http.endpoint
             )

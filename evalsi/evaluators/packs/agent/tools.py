@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
-from jsonschema import Draft202012Validator
 from pydantic import Field, field_validator
 
 from evalsi.evaluators.base import Params, Target, evaluator
@@ -15,6 +14,9 @@ from evalsi.evaluators.packs.agent.calls import SHOWN, counted, json_text, listi
 from evalsi.evaluators.schema import compiled, json_type, violations
 from evalsi.model.score import Score
 from evalsi.model.span import Span
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
 
 # --- builtin/tool-call-error-rate --------------------------------------------------------------------------------
 
