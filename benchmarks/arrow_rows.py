@@ -65,7 +65,7 @@ def spans_as_a_worker_holds_them(requests: int) -> list[Any]:
     codec = checking_codec(TRACES, 2)
     for body in payloads:
         for shard in (0, 1):
-            decoded = decode_encoded(codec.from_protobuf(body).batch, (shard, 2), metrics=metrics, log=log)  # type: ignore[arg-type]
+            decoded = decode_encoded(codec.from_protobuf(body).batch, (1 << shard, 2), metrics=metrics, log=log)  # type: ignore[arg-type]
             loop.run_until_complete(normalize.consume(decoded))  # type: ignore[arg-type]
     for batch in normalized.batches:
         loop.run_until_complete(redact.consume(batch))

@@ -44,12 +44,12 @@ def child(payloads: Path, decode: bool, rounds: int, gc_as_serve: bool) -> None:
     logging.disable()
     codec = checking_codec(TRACES, 2)
     checked = [codec.from_protobuf(body).batch for body in pickle.loads(payloads.read_bytes())]
-    spans = sum(len(decode_encoded(b, (s, 2), metrics=metrics, log=log)) for b in checked for s in (0, 1))  # type: ignore[arg-type]
+    spans = sum(len(decode_encoded(b, (1 << s, 2), metrics=metrics, log=log)) for b in checked for s in (0, 1))  # type: ignore[arg-type]
     if decode:
         for _ in range(rounds):
             for b in checked:
                 for s in (0, 1):
-                    decode_encoded(b, (s, 2), metrics=metrics, log=log)  # type: ignore[arg-type]
+                    decode_encoded(b, (1 << s, 2), metrics=metrics, log=log)  # type: ignore[arg-type]
     print(spans)
 
 

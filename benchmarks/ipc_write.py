@@ -65,8 +65,8 @@ def stored_spans(requests: int, per_request: int) -> list[Span]:
     codec = checking_codec(TRACES, 2)
     for body in ingest.build_payloads(template, requests, 5, 12345, time.time_ns()):
         checked = codec.from_protobuf(body).batch
-        for shard in (0, 1):
-            loop.run_until_complete(stages[-1].consume(decode_encoded(checked, (shard, 2), metrics=metrics, log=log)))
+        for owned in (0b01, 0b10):
+            loop.run_until_complete(stages[-1].consume(decode_encoded(checked, (owned, 2), metrics=metrics, log=log)))
     for b in sink.batches:
         spans += b.spans
     return spans

@@ -20,7 +20,8 @@ waits until every span is stored and every trace evaluated, and prints:
   adds peaks reached at different moments;
 - every loss: spans not stored, traces not evaluated (shed or dropped), sessions evicted, refused requests.
 
-`--workers 1 2` runs each setting against a fresh collector, one after the other; `--source DIR` runs the
+`--workers 1 2` runs each setting against a fresh collector, one after the other (`--collector-shard`: with
+`service.collector_shard`, the first shard in the collector process); `--source DIR` runs the
 collector from another checkout (`git worktree add /tmp/base <rev>`), for a baseline measured in the same session.
 `--against mlflow` then sends the first `--against-spans` spans of the same payloads, with the same client, to a
 real `mlflow server` (sqlite, `--against-workers` workers) on its OTLP endpoint (`/v1/traces`, which answers once
@@ -279,6 +280,8 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
     (tmp / "policies").mkdir(parents=True)
     (tmp / "policies" / "bench.yaml").write_text(POLICY)
     cfg = config_for(tmp / "store", workers, tmp / "policies")
+    if args.collector_shard:
+        cfg["service"]["collector_shard"] = True
     saved = os.environ.get("PYTHONPATH")
     if args.source:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (args.source, saved) if p)
@@ -399,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, help="send at this many spans/s (default: as fast as accepted)")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="settings to run, one after the other")
     p.add_argument("--source", help="run the collector from this checkout (a baseline)")
+    p.add_argument("--collector-shard", action="store_true",
+                   help="service.collector_shard: the collector process runs the first shard itself")  # fmt: skip
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true")

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     checked = [codec.from_protobuf(body).batch for body in payloads]
     assert all(isinstance(b, EncodedBatch) for b in checked)
     shards = [
-        decode_encoded(b, (shard, 2), metrics=metrics, log=log)
+        decode_encoded(b, (1 << shard, 2), metrics=metrics, log=log)
         for b in checked
         for shard in (0, 1)  # type: ignore[arg-type]
     ]
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     fresh: list[Any] = []
 
     def fresh_shards() -> None:  # normalize and redact change the spans: each round takes freshly decoded ones
-        fresh[:] = [decode_encoded(b, (s, 2), metrics=metrics, log=log) for b in checked for s in (0, 1)]  # type: ignore[arg-type]
+        fresh[:] = [decode_encoded(b, (1 << s, 2), metrics=metrics, log=log) for b in checked for s in (0, 1)]  # type: ignore[arg-type]
 
     def run_normalize() -> None:
         for b in fresh:
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     def decode() -> None:
         for b in checked:
             for s in (0, 1):
-                decode_encoded(b, (s, 2), metrics=metrics, log=log)  # type: ignore[arg-type]
+                decode_encoded(b, (1 << s, 2), metrics=metrics, log=log)  # type: ignore[arg-type]
 
     def parse_and_check() -> None:
         for body in payloads:

@@ -76,7 +76,7 @@ def build_tables(path: Path, rows_per_table: int) -> None:
     codec = checking_codec(TRACES, 1)
     loop = asyncio.new_event_loop()
     for body in payloads:
-        loop.run_until_complete(normalize.consume(decode_encoded(codec.from_protobuf(body).batch, (0, 1),
+        loop.run_until_complete(normalize.consume(decode_encoded(codec.from_protobuf(body).batch, (1, 1),
                                                                  metrics=metrics, log=log)))  # fmt: skip
     spans, rows = sink.spans, ArrowRows()
     with path.open("wb") as out:

@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from running_collector import Collector, serve_config, start_collector, wait_until
 
+from evalsi.collector.workers.pool import slot_owners
 from evalsi.model.span import trace_shard
 
 POLICIES = """
@@ -82,11 +83,15 @@ def _metric(c: Collector, name: str) -> float:
                if line.startswith(name))  # fmt: skip
 
 
-@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-workers"])
-def test_a_session_across_workers_is_evaluated_whole_and_an_alert_fires_once(tmp_path: Path, workers: int) -> None:
+@pytest.mark.parametrize(("workers", "collector_shard"), [(1, False), (2, False), (2, True)],
+                         ids=["one-process", "two-workers", "collector-shard"])  # fmt: skip
+def test_a_session_across_workers_is_evaluated_whole_and_an_alert_fires_once(
+    tmp_path: Path, workers: int, collector_shard: bool
+) -> None:
     (tmp_path / "policies.yaml").write_text(POLICIES)
     cfg = serve_config(tmp_path / "store")
     cfg["service"]["workers"] = workers
+    cfg["service"]["collector_shard"] = collector_shard
     cfg["processors"]["tail_sampling"] = {"decision_wait": "300ms", "session_timeout": "1s"}
     cfg["processors"]["evaluate"] = {"policies": ["policies.yaml"]}
     pipelines = cfg["service"]["pipelines"]
@@ -94,8 +99,10 @@ def test_a_session_across_workers_is_evaluated_whole_and_an_alert_fires_once(tmp
     pipelines["scores"] = {"exporters": ["clickhouse"]}
     c = start_collector(tmp_path, cfg)
     try:
-        ids = [0xA1B2 << 64 | n for n in range(1, 7)]
+        ids = [0xA1B2 << 64 | n for n in range(3, 9)]
         assert [trace_shard(format(t, "032x"), 2) for t in ids] == [1, 0, 1, 0, 1, 0]
+        # with the collector's own shard (worker 0), it owns one slot of four and worker 1 three
+        assert [slot_owners(2, True)[trace_shard(format(t, "032x"), 4)] for t in ids] == [1, 0, 1, 1, 1, 0]
         # the conversation's two turns are owned by different workers
         sent = _send(c, ids, {ids[0]: "conv-1", ids[1]: "conv-1"})
         assert wait_until(lambda: any(s["name"] == "session-turns" for s in _scores(c))), _scores(c)

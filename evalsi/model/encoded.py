@@ -16,7 +16,8 @@ if TYPE_CHECKING:  # the data model imports nothing above it at run time
 @dataclass(slots=True, frozen=True)
 class EncodedBatch:
     """A checked OTLP export request: `body` is its protobuf encoding (JSON requests are re-encoded), `count` the
-    valid items in it, and `shards` the workers owning at least one of their traces (see `shard_of`)."""
+    valid items in it, and `shards` the slots holding at least one of their traces (see `shard_of`; the pool knows
+    which worker owns each slot)."""
 
     signal: Literal["traces", "logs"]
     body: bytes | memoryview  # a protobuf body as HTTP read it is a view of Arrow-pool memory
@@ -35,7 +36,7 @@ class EncodedBatch:
 @runtime_checkable
 class EncodedConsumer(Protocol):
     shards: int
-    """How many workers the items are sharded over."""
+    """How many slots the items are sharded over (one a worker, unless the collector's own shard takes fewer)."""
 
     async def consume_encoded(self, batch: EncodedBatch) -> None:
         """Take the batch or raise `Refused`, as `Consumer.consume` does."""
@@ -44,7 +45,7 @@ class EncodedConsumer(Protocol):
 
 class Decoder(Protocol):
     """How a pipeline worker decodes a receiver's encoded request: the items of the traces of its shard
-    (`shard` is (this worker, how many)), their clamps counted in `metrics` and logged to `log`."""
+    (`shard` is (the slots it owns as bits, how many slots)), their clamps counted in `metrics` and logged to `log`."""
 
     def __call__(
         self, batch: EncodedBatch, shard: tuple[int, int], *, metrics: SelfMetrics, log: logging.Logger

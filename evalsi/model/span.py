@@ -290,8 +290,8 @@ class BatchKind(StrEnum):
 
 
 def trace_shard(trace_id: str, n: int) -> int:
-    """Which of `n` pipeline workers owns a trace (hex id): the low 64 bits (random in W3C ids) modulo `n`, as the
-    receivers shard encoded requests (`receivers/otlp/sharding.shard_of`)."""
+    """Which of `n` slots of the pipeline workers a trace (hex id) falls in: the low 64 bits (random in W3C ids)
+    modulo `n`, as the receivers shard encoded requests (`receivers/otlp/sharding.shard_of`)."""
     try:
         return int(trace_id[16:], 16) % n if n > 1 else 0
     except ValueError:

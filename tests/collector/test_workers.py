@@ -239,6 +239,53 @@ def test_metrics_sum_the_workers_into_one_exposition(tmp_path: Path) -> None:
         assert c.stop() == 0
 
 
+def test_the_collector_shard_takes_a_third_of_the_traces_in_the_collector_process(tmp_path: Path) -> None:
+    """`service.collector_shard`: with two workers, the collector process runs the first shard itself (one slot of
+    four: `low64(trace_id) % 4 == 0`) and one worker process the rest; everything is stored, the ready line names
+    the one worker process, and a stop drains both."""
+    cfg = serve_config(tmp_path / "store")
+    cfg["service"]["workers"] = 2
+    cfg["service"]["collector_shard"] = True
+    cfg["processors"]["tail_sampling"] = {"decision_wait": "300ms"}
+    cfg["service"]["pipelines"]["traces"]["processors"] = ["normalize", "tail_sampling"]
+    c = start_collector(tmp_path, cfg)
+    try:
+        [worker] = c.ready["workers"]
+        assert worker != c.proc.pid
+        body = _request([_trace_id(n) for n in range(32)]).SerializeToString()
+        assert httpx.post(c.http + "/v1/traces", content=body, headers=PROTOBUF).status_code == 200
+        assert c.wait_stored(64) == 64
+        deadline = time.monotonic() + 10
+        while True:  # each shard reports every second
+            m = _metrics(c)
+            by_worker = {labels: v for (name, labels), v in m.items() if name == "evalsi_worker_spans_total"}
+            if len(by_worker) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert by_worker == {(("worker", "0"),): 16.0, (("worker", "1"),): 48.0}  # traces 0, 4, ..., 28: 8 of 32
+        body = _request([_trace_id(n) for n in range(100, 128)]).SerializeToString()
+        assert httpx.post(c.http + "/v1/traces", content=body, headers=PROTOBUF).status_code == 200
+    finally:
+        assert c.stop() == 0  # both shards drain what tail sampling holds into the store, then the store drains
+    stopped = [e for e in c.logs() if "pipeline worker did not drain" in e.get("msg", "")]
+    assert not stopped
+    again = start_collector(tmp_path, cfg)
+    try:
+        assert again.wait_stored(120) == 120  # 64 + 56
+    finally:
+        again.stop()
+
+
+def test_collector_shard_with_one_process_is_refused_by_key_path() -> None:
+    base = serve_config(Path("/tmp/unused"))
+    base["service"]["collector_shard"] = True
+    with pytest.raises(ConfigError) as e:
+        parse_config(base)  # the tests' config asks for one process
+    assert any(err.startswith("service.collector_shard: ") and "workers is 1" in err for err in e.value.errors)
+    base["service"]["workers"] = 2
+    assert parse_config(base).service.collector_shard
+
+
 def test_a_worker_that_dies_is_restarted_and_the_collector_goes_on(two_workers: Collector) -> None:
     c = two_workers
     victim = c.ready["workers"][1]

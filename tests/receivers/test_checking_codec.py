@@ -49,12 +49,12 @@ def test_rejects_what_full_decoding_rejects_with_the_same_message(case: str, sha
     assert checked.batch.shards == {shard_of(t, shards) for t, _, _ in good}
     # each worker then decodes its own traces' valid spans: every valid span once, no rejected one
     req = ExportTraceServiceRequest.FromString(body)
-    decoded = [s.span_id for i in range(shards) for s in spans_from_request(req, (i, shards)).batch]
+    decoded = [s.span_id for i in range(shards) for s in spans_from_request(req, (1 << i, shards)).batch]
     assert sorted(decoded) == sorted(span_id.hex() for _, span_id, _ in good)
     # and each one in the worker `shard_of` names, the one the collector sends it to (decoding computes the shard
     # inline, by a mask for a power of two workers)
     for i in range(shards):
-        mine = {s.span_id for s in spans_from_request(req, (i, shards)).batch}
+        mine = {s.span_id for s in spans_from_request(req, (1 << i, shards)).batch}
         assert mine == {span_id.hex() for t, span_id, _ in good if shard_of(t, shards) == i}
 
 
@@ -66,3 +66,16 @@ def test_a_request_of_one_trace_goes_to_its_worker_only() -> None:
     assert checked.rejected == 0 and checked.message == ""
     assert isinstance(checked.batch, EncodedBatch)
     assert checked.batch.shards == {shard_of(GOOD_TRACE, 4)}
+
+
+@pytest.mark.parametrize("slots", [3, 4, 5])
+def test_a_worker_owning_several_slots_decodes_the_traces_of_each_and_no_other(slots: int) -> None:
+    """With the collector's own shard (`service.collector_shard`) a worker process owns two slots and the collector's
+    shard one: each decodes the spans of its slots' traces (with or without the power-of-two mask), none twice."""
+    good = [(os.urandom(16), os.urandom(8), os.urandom(8)) for _ in range(60)]
+    req = ExportTraceServiceRequest.FromString(request(*good))
+    owned = {"collector": 0b1, "worker": (1 << slots) - 2}  # slot 0, and every other slot
+    decoded = {who: {s.span_id for s in spans_from_request(req, (mask, slots)).batch} for who, mask in owned.items()}
+    assert decoded["collector"] == {span_id.hex() for t, span_id, _ in good if shard_of(t, slots) == 0}
+    assert decoded["worker"] == {span_id.hex() for t, span_id, _ in good if shard_of(t, slots) != 0}
+    assert decoded["collector"] and decoded["worker"]

@@ -18,8 +18,8 @@ from prometheus_client.metrics_core import Metric
 
 from evalsi.capabilities import EvaluationHub
 from evalsi.collector.config import Config
-from evalsi.collector.workers.pipe import receive_message, send_message, widen_pipe
-from evalsi.collector.workers.worker import PipelineFactory, worker_main
+from evalsi.collector.workers.pipe import local_pair, receive_message, send_message, widen_pipe
+from evalsi.collector.workers.worker import PipelineFactory, ShardThread, worker_main
 from evalsi.component import Refused
 from evalsi.evaluators.judge_client import JudgeLedger, LocalLedger
 from evalsi.model.encoded import EncodedBatch
@@ -46,9 +46,25 @@ def _evaluated(rows: list[tuple[Any, ...]], records: list[tuple[Any, ...]]) -> t
     return scores, windows
 
 
+LOCAL_SHARE, WORKER_SHARE = 1, 3
+"""With `service.collector_shard`, the collector's shard owns one slot for each three a worker process owns: the
+collector process also takes the intake and the store, so with two workers each process then takes about half the
+CPU (`pipeline.py`: 124-137 against 127-134 µs a span; at one slot for two, 140-142 against 115-116, with a higher
+collector peak; benchmarks/README.md)."""
+
+
+def slot_owners(workers: int, collector_shard: bool) -> tuple[int, ...]:
+    """Which worker owns each slot the receivers shard traces over: one slot a worker, or with the collector's own
+    shard (worker 0), its `LOCAL_SHARE` and each worker process's `WORKER_SHARE`."""
+    if not collector_shard:
+        return tuple(range(workers))
+    return (0,) * LOCAL_SHARE + tuple(i for i in range(1, workers) for _ in range(WORKER_SHARE))
+
+
 @dataclass
 class _Worker:
     index: int
+    local: bool = False  # the shard the collector process runs in a thread (`service.collector_shard`)
     process: Any = None
     conn: Any = None
     outbox: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
@@ -72,7 +88,10 @@ class WorkerPool:
         pipeline: PipelineFactory,
         hubs: dict[str, EvaluationHub] | None = None,
     ) -> None:
-        self.shards = config.service.workers
+        local = config.service.collector_shard
+        self._owner = slot_owners(config.service.workers, local)
+        self.shards = len(self._owner)
+        """How many slots the receivers shard traces over (`shard_of`); `_owner` says which worker owns each."""
         self._config = config
         self._pipeline = pipeline  # what each worker runs: a service of the traces and logs pipelines
         self._store = store  # the exporter owning the store, or None when no pipeline writes a store
@@ -84,7 +103,7 @@ class WorkerPool:
             "Time requests waited for room in their workers (service.worker_wait) before being taken or refused.",
             [],
         )
-        self._workers = [_Worker(i) for i in range(self.shards)]
+        self._workers = [_Worker(i, local=local and i == 0) for i in range(config.service.workers)]
         self._seq = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
@@ -112,7 +131,8 @@ class WorkerPool:
     async def consume_encoded(self, batch: EncodedBatch) -> None:
         if self._stopping:
             raise Refused("the collector is shutting down", unavailable=True, retry_after=5)
-        targets = [self._workers[i] for i in sorted(batch.shards)]
+        owner = self._owner
+        targets = [self._workers[i] for i in sorted({owner[s] for s in batch.shards})]
         full = self._full(targets)
         if full is not None:
             why = self._store.not_ready() if self._store is not None else None
@@ -154,6 +174,13 @@ class WorkerPool:
 
     def _spawn(self, w: _Worker) -> None:
         assert self._loop is not None
+        shard = (sum(1 << s for s, owner in enumerate(self._owner) if owner == w.index), self.shards)
+        if w.local:
+            parent, child = local_pair()
+            w.process = ShardThread(w.index, shard, self._config, self._pipeline, child)
+            w.process.start()
+            self._connect(w, parent)
+            return
         ctx = multiprocessing.get_context("spawn")  # never fork a process holding threads, gRPC and the store
         parent, child = ctx.Pipe(duplex=True)
         for end in (parent, child):
@@ -161,12 +188,16 @@ class WorkerPool:
         logs = self._config.service.telemetry.logs
         w.process = ctx.Process(
             target=worker_main,
-            args=(w.index, self.shards, self._config, self._pipeline, child, logs.level, logs.encoding),
+            args=(w.index, shard, self._config, self._pipeline, child, logs.level, logs.encoding),
             name=f"evalsi-worker-{w.index}",
             daemon=True,
         )
         w.process.start()
         child.close()
+        self._connect(w, parent)
+
+    def _connect(self, w: _Worker, parent: Any) -> None:
+        assert self._loop is not None
         w.conn, w.outbox, w.in_flight, w.held = parent, queue.SimpleQueue(), {}, None
         w.ready, w.stopping = self._loop.create_future(), False
         w.drained = asyncio.Event()
@@ -322,7 +353,7 @@ class WorkerPool:
         """Feedback scores to the workers holding their traces, for `processor`'s late path (`CollectorPeers`)."""
         by_worker: dict[int, list[Any]] = {}
         for s in scores:
-            by_worker.setdefault(trace_shard(s.trace_id, self.shards), []).append(s)
+            by_worker.setdefault(self._owner[trace_shard(s.trace_id, self.shards)], []).append(s)
         for index, group in by_worker.items():
             self._workers[index].outbox.put(("feedback", processor, group))
 
@@ -345,7 +376,8 @@ class WorkerPool:
 
     @property
     def pids(self) -> list[int]:
-        return [w.process.pid for w in self._workers if w.process is not None]
+        """The worker processes' (not the collector's own shard's)."""
+        return [w.process.pid for w in self._workers if w.process is not None and not w.local]
 
     async def shutdown(self, timeout: float = 60.0) -> None:
         """Stop taking requests; each worker drains its processors into the store link, sends the rest, exits."""

@@ -56,21 +56,74 @@ class PipelineFactory(Protocol):
     def __call__(self, config: Config, *, worker_store: StoreLink) -> Pipelines: ...
 
 
+class ShardThread:
+    """The pipeline shard the collector process runs itself (`service.collector_shard`), in a thread with its own
+    event loop, behind the handle the pool keeps of a worker process: one process fewer, and its requests and rows
+    pass to and from it without a pipe."""
+
+    def __init__(
+        self, index: int, shard: tuple[int, int], config: Config, pipeline: PipelineFactory, conn: Any
+    ) -> None:
+        self.pid = os.getpid()
+        self.exitcode: int | None = None
+        self._runtime = _WorkerRuntime(index, shard, config, pipeline, conn, in_collector=True)
+        self._conn = conn
+        self._thread = threading.Thread(target=self._run, name=f"evalsi-shard-{index}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._runtime.run())
+            self.exitcode = 0
+        except BaseException:
+            log.exception("the collector's pipeline shard failed")
+            self.exitcode = 1
+        finally:
+            self._conn.close()  # the pool reads the end of the channel, as it reads a worker process's exit
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def kill(self) -> None:
+        """A thread cannot be killed: the process ends with it."""
+
+
 def worker_main(
-    index: int, shards: int, config: Config, pipeline: PipelineFactory, conn: Any, log_level: str, log_encoding: str
+    index: int,
+    shard: tuple[int, int],
+    config: Config,
+    pipeline: PipelineFactory,
+    conn: Any,
+    log_level: str,
+    log_encoding: str,
 ) -> None:
     """A worker process: runs the traces and logs pipelines on the traces it owns until told to drain."""
     tune_malloc()
     configure(log_level, log_encoding)
     try:
-        asyncio.run(_WorkerRuntime(index, shards, config, pipeline, conn).run())
+        asyncio.run(_WorkerRuntime(index, shard, config, pipeline, conn).run())
     except KeyboardInterrupt:  # the collector handles SIGINT; the worker waits for its drain message
         pass
 
 
 class _WorkerRuntime:
-    def __init__(self, index: int, shards: int, config: Config, pipeline: PipelineFactory, conn: Any) -> None:
-        self.index, self.shards, self.config, self.conn = index, shards, config, conn
+    def __init__(
+        self,
+        index: int,
+        shard: tuple[int, int],
+        config: Config,
+        pipeline: PipelineFactory,
+        conn: Any,
+        in_collector: bool = False,
+    ) -> None:
+        self.index, self.config, self.conn = index, config, conn
+        self.shard = shard  # the slots it owns (bits) and how many there are: what it decodes of each request
+        self.in_collector = in_collector  # a thread of the collector process, which tunes its own heap
         self.pipeline = pipeline
         self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.room = threading.Semaphore(LINK_TABLES_IN_FLIGHT)
@@ -128,7 +181,8 @@ class _WorkerRuntime:
             self.outbox.put(None)
             await asyncio.to_thread(sender.join)
             return
-        tune_gc()
+        if not self.in_collector:
+            tune_gc()
         worker = str(self.index)
         decoded = {
             "traces": service.metrics.counter(
@@ -143,7 +197,6 @@ class _WorkerRuntime:
             "worker metrics", lambda: self._metrics_loop(service.metrics), log=log, metrics=service.metrics
         )
         held_task = supervise("worker held", lambda: self._held_loop(service), log=log, metrics=service.metrics)
-        shard = (self.index, self.shards)
         decoders = {rid: _decoder(rid) for rid in service.heads}
         while True:
             msg = await self.inbox.get()
@@ -174,7 +227,7 @@ class _WorkerRuntime:
             if head is not None:
                 encoded = EncodedBatch(signal_name, body, 0, frozenset(), receiver)
                 decode = decoders[receiver]
-                batch = decode(encoded, shard, metrics=service.metrics, log=log)
+                batch = decode(encoded, self.shard, metrics=service.metrics, log=log)
                 if arrived:
                     stamp(batch, arrived)
                     self.stamped = True

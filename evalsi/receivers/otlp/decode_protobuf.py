@@ -56,10 +56,11 @@ def spans_from_request(
     size: int | None = None,
     key: str = "limits",
 ) -> Decoded:
-    """The request's valid spans, cut to `limits`; with `shard=(i, n)` only those of traces worker i of n owns (the
-    others are decoded by their own worker; invalid spans were already counted, and the request's span count checked,
-    by the receiver). `size`: the request's encoded size, when known (no value in a smaller request can be over
-    the value length limit, so then none is looked at); `key`: where the limits are in the config, for messages."""
+    """The request's valid spans, cut to `limits`; with `shard=(owned, n)` only those of traces in the slots, of `n`,
+    that the bits of `owned` name (`shard_of`; the others are decoded by the worker owning them; invalid spans were
+    already counted, and the request's span count checked, by the receiver). `size`: the request's encoded size,
+    when known (no value in a smaller request can be over the value length limit, so then none is looked at);
+    `key`: where the limits are in the config, for messages."""
     if shard is None:
         check_span_count(req, limits, key)
     spans: list[Span] = []
@@ -70,7 +71,7 @@ def spans_from_request(
     max_events, max_links = limits.max_events_per_span, limits.max_links_per_span
     check_sizes = size is None or size > max_length
     cuts = Cuts()
-    # `shard_of` inline: a worker looks at every span of the request to find its own. With a power of two workers
+    # `shard_of` inline: a worker looks at every span of the request to find its own. With a power of two slots
     # (up to 256) the low 64 bits modulo their count are the last byte's low bits
     mine, shards = shard if shard is not None else (0, 0)
     mask = shards - 1 if 0 < shards <= 256 and not shards & (shards - 1) else -1
@@ -89,12 +90,13 @@ def spans_from_request(
                 trace_id = s.trace_id
                 if (
                     shards
-                    and (
+                    and not mine
+                    >> (
                         (trace_id[15] & mask if mask >= 0 else int.from_bytes(trace_id[8:], "big") % shards)
                         if len(trace_id) == 16
                         else 0
                     )
-                    != mine
+                    & 1
                 ):
                     continue
                 span_id = s.span_id
@@ -252,7 +254,7 @@ def logs_from_request(
             scope_version = sl.scope.version
             for r in sl.log_records:
                 trace_id, span_id = r.trace_id, r.span_id
-                if shard is not None and shard_of(trace_id, shard[1]) != shard[0]:
+                if shard is not None and not shard[0] >> shard_of(trace_id, shard[1]) & 1:
                     continue
                 problem = check_log_ids(trace_id, span_id)
                 if problem:

@@ -1,4 +1,4 @@
-"""Which pipeline worker owns a trace, and the limits a checked request carries to the workers."""
+"""Which slot of the pipeline workers a trace falls in, and the limits a checked request carries to the workers."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from evalsi.receivers.otlp.decoded import LIMITS
 
 
 def shard_of(trace_id: bytes, shards: int) -> int:
-    """The worker that owns a trace: its id's low 64 bits (random in W3C ids) modulo the worker count, as
-    `SpanBatch.shard` does with hex ids. Records without a trace id go to worker 0."""
+    """The slot a trace falls in, of the pool's `shards` (one a worker, or shares: `WorkerPool`): its id's low 64
+    bits (random in W3C ids) modulo the slot count, as `trace_shard` does with hex ids. Records without a trace id
+    go to slot 0."""
     return int.from_bytes(trace_id[8:], "big") % shards if len(trace_id) == 16 else 0
 
 
