@@ -200,7 +200,7 @@ def _digest(parts: Iterator[str]) -> str:
 
 def outcomes(codec: Codec, body: bytes, protobuf: bool) -> Iterator[str]:
     """Each way a request is decoded: whole (the default and small limits), and checked then decoded by each of 2
-    and 3 workers, as `decode_encoded` does."""
+    and 3 workers (worker i owning slot i: bit i), as `decode_encoded` does."""
     from_request: Callable[..., Decoded] = spans_from_request if codec.signal == "traces" else logs_from_request
     message = ExportTraceServiceRequest if codec.signal == "traces" else ExportLogsServiceRequest
     for limits in (None, SMALL):
@@ -221,7 +221,7 @@ def outcomes(codec: Codec, body: bytes, protobuf: bool) -> Iterator[str]:
             for i in range(n):
                 worker_limits, worker_body = split_limits(checked.batch.body)
                 req = message.FromString(worker_body)
-                yield _outcome(from_request(req, (i, n), worker_limits, len(worker_body)))
+                yield _outcome(from_request(req, (1 << i, n), worker_limits, len(worker_body)))
 
 
 def cases() -> dict[str, Callable[[], str]]:
