@@ -255,14 +255,15 @@ def test_the_collector_shard_takes_a_third_of_the_traces_in_the_collector_proces
         body = _request([_trace_id(n) for n in range(32)]).SerializeToString()
         assert httpx.post(c.http + "/v1/traces", content=body, headers=PROTOBUF).status_code == 200
         assert c.wait_stored(64) == 64
+        expected = {(("worker", "0"),): 16.0, (("worker", "1"),): 48.0}  # traces 0, 4, ..., 28: 8 of 32
         deadline = time.monotonic() + 10
-        while True:  # each shard reports every second
+        while True:  # each shard reports its counts every second (its series shows 0 from its start)
             m = _metrics(c)
             by_worker = {labels: v for (name, labels), v in m.items() if name == "evalsi_worker_spans_total"}
-            if len(by_worker) == 2 or time.monotonic() > deadline:
+            if by_worker == expected or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        assert by_worker == {(("worker", "0"),): 16.0, (("worker", "1"),): 48.0}  # traces 0, 4, ..., 28: 8 of 32
+        assert by_worker == expected
         body = _request([_trace_id(n) for n in range(100, 128)]).SerializeToString()
         assert httpx.post(c.http + "/v1/traces", content=body, headers=PROTOBUF).status_code == 200
     finally:
