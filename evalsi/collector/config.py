@@ -365,20 +365,22 @@ def _chosen_workers(service: ServiceConfig) -> tuple[ServiceConfig, str]:
     if isinstance(workers, int):
         return service.model_copy(update={"workers": max(1, workers)}), ""
     n = cores()
+    # with one process there is no shard to take: said, not refused, as the core count is not the config's
+    moot = "; collector_shard has nothing to take" if service.collector_shard else ""
     if n <= 1:
-        return service.model_copy(update={"workers": 1}), "workers: auto -> one process (one core)"
+        return service.model_copy(update={"workers": 1}), f"workers: auto -> one process (one core){moot}"
     trial = service.model_copy(update={"workers": n})
     why = _worker_errors(trial)
     if why:
         reason = why[0].split(": ", 1)[-1].split(";")[0]
-        return service.model_copy(update={"workers": 1}), f"workers: auto -> one process ({reason})"
+        return service.model_copy(update={"workers": 1}), f"workers: auto -> one process ({reason}){moot}"
     if service.collector_shard:
         return trial, f"workers: auto -> {n} pipeline shards ({n} cores), the first in the collector process"
     return trial, f"workers: auto -> {n} pipeline workers ({n} cores)"
 
 
 def _collector_shard_errors(service: ServiceConfig) -> list[str]:
-    """`collector_shard` with one process asked for would do nothing (with `auto` on one core it is moot, and said)."""
+    """`collector_shard` with one process asked for would do nothing (`auto` choosing one process says so instead)."""
     if service.collector_shard and isinstance(service.workers, int) and service.workers <= 1:
         return [
             f"service.collector_shard: runs the first of the pipeline shards in the collector process, but "

@@ -92,11 +92,12 @@ class Notifier:
         self._timeout, self._transport = timeout, transport
         self._client: httpx.Client | None = None
         self._thread: threading.Thread | None = None
+        self._closed = False
         self._started = threading.Lock()
 
     def _start(self) -> None:
         with self._started:
-            if self._thread is None:
+            if self._thread is None and not self._closed:
                 import httpx  # here: most services never send a webhook, and httpx is ~13 MB of a process
 
                 self._client = httpx.Client(timeout=self._timeout, transport=self._transport)
@@ -106,7 +107,7 @@ class Notifier:
     def send(self, event: AlertEvent) -> None:
         """Queue `event` for its webhook (nothing to send without `notify`, or once resolved); drops it when the
         queue is full."""
-        if not event.notify or event.state != "firing":
+        if not event.notify or event.state != "firing" or self._closed:
             return
         if self._thread is None:
             self._start()
@@ -121,8 +122,8 @@ class Notifier:
     def close(self, timeout: float = 10.0) -> None:
         """Send what is queued (up to `timeout`), then stop."""
         with self._started:
+            self._closed = True  # nothing starts or is queued after close
             thread, client = self._thread, self._client
-            self._thread = threading.Thread()  # started or not, nothing starts after close
         if thread is None or client is None:
             return
         self._queue.put(None)

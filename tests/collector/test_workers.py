@@ -277,7 +277,9 @@ def test_the_collector_shard_takes_a_third_of_the_traces_in_the_collector_proces
         again.stop()
 
 
-def test_collector_shard_with_one_process_is_refused_by_key_path() -> None:
+def test_collector_shard_with_one_process_is_refused_by_key_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from evalsi.collector import config as config_module
+
     base = serve_config(Path("/tmp/unused"))
     base["service"]["collector_shard"] = True
     with pytest.raises(ConfigError) as e:
@@ -285,6 +287,13 @@ def test_collector_shard_with_one_process_is_refused_by_key_path() -> None:
     assert any(err.startswith("service.collector_shard: ") and "workers is 1" in err for err in e.value.errors)
     base["service"]["workers"] = 2
     assert parse_config(base).service.collector_shard
+    del base["service"]["workers"]  # auto: on one core there is nothing to share, and the note says so
+    monkeypatch.setattr(config_module, "cores", lambda: 1)
+    chosen = parse_config(base)
+    assert chosen.service.workers == 1
+    assert chosen.workers_note == "workers: auto -> one process (one core); collector_shard has nothing to take"
+    monkeypatch.setattr(config_module, "cores", lambda: 2)
+    assert parse_config(base).workers_note.endswith("pipeline shards (2 cores), the first in the collector process")
 
 
 def test_a_worker_that_dies_is_restarted_and_the_collector_goes_on(two_workers: Collector) -> None:
