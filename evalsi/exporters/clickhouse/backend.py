@@ -7,8 +7,10 @@ import json
 import os
 import re
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
@@ -55,7 +57,7 @@ def is_data_error(error: BaseException) -> bool:
 
 class Backend(Protocol):
     description: str
-    table_settings: str  # MergeTree settings added to the traces and logs tables this backend creates
+    table_settings: Mapping[str, int]  # MergeTree settings of the traces and logs tables this backend creates
 
     def command(self, sql: str) -> None: ...
 
@@ -156,7 +158,7 @@ class ServerOptions:
 class ServerBackend:
     """A ClickHouse server over HTTP(S), through clickhouse-connect. `create`: make the database if it is missing."""
 
-    table_settings = ""
+    table_settings: Mapping[str, int] = MappingProxyType({})
 
     def __init__(
         self, url: str, *, database: str, username: str, password: str, timeout: float, create: bool = True,

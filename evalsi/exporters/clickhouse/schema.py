@@ -6,7 +6,8 @@ ClickHouse data source shows our traces as it shows theirs); the canonical GenAI
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import re
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -15,17 +16,42 @@ _MAP = "Map(LowCardinality(String), String)"
 
 # MergeTree settings of the traces and logs tables in the embedded store, tuned for its one writer (a server's
 # operator tunes theirs; older servers may not know these names):
-# - parts below 128 MiB are written Compact (one data file) rather than Wide (files per column and subcolumn).
-#   An insert of 10-20k spans is 30-60 MB: Compact halves its CPU (a 10k-span insert ~230 ms instead of ~400 ms),
-#   and merges turn parts Wide once they pass that size. ClickHouse's default is 10 MiB.
+# - parts below 64 MiB (uncompressed) are written Compact (one data file) rather than Wide (files per column and
+#   subcolumn). An insert of 10-20k spans is 30-60 MB: Compact halves its CPU (a 10k-span insert ~230 ms instead
+#   of ~400 ms). ClickHouse's default is 10 MiB.
+# - a merge whose part is Wide runs column by column (vertical) instead of all columns at once: ClickHouse's
+#   default waits for 131,072 rows. A horizontal merge of 10 parts of 6,000 spans (166 MB uncompressed) held
+#   260-300 MB while it ran, whatever the block size, granule size or codec; a vertical one 15-70 MB. Merges into
+#   a part under 64 MiB stay horizontal (~100 MB). With both, the collector's peak under benchmarks/pipeline.py fell
+#   by 50-80 MB, its CPU within the noise.
 # - merges wait for 10 parts of a size instead of 5: spans arrive as an insert every second or two, and a wider
 #   merge rewrites each row fewer times (~40% less merge CPU during benchmarks/ingest.py) for a few more parts.
 # - a granule (the rows a merge reads of a part at a time) holds at most 2 MiB instead of 10: a span row with its
 #   messages is ~3 KB, so a merge of 10 parts read 10 granules of ~30 MB each at once. The collector's peak under
 #   benchmarks/pipeline.py fell by 100-220 MB, for 5-10% more CPU a span at 240,000 spans (finer merges).
-EMBEDDED_TABLE_SETTINGS = (
-    f", min_bytes_for_wide_part = {128 << 20}, merge_selector_base = 10, index_granularity_bytes = {2 << 20}"
-)
+EMBEDDED_TABLE_SETTINGS: dict[str, int] = {
+    "min_bytes_for_wide_part": 64 << 20,
+    "vertical_merge_algorithm_min_rows_to_activate": 1,
+    "merge_selector_base": 10,
+    "index_granularity_bytes": 2 << 20,
+}
+CREATION_SETTINGS = frozenset({"index_granularity_bytes"})
+"""Table settings ClickHouse fixes when a table is created: a store made before they were set keeps its own."""
+
+
+def settings_clause(settings: Mapping[str, int]) -> str:
+    """MergeTree settings as they follow a table's own in its DDL (", name = value, ...")."""
+    return "".join(f", {name} = {value}" for name, value in settings.items())
+
+
+def settings_to_apply(ddl: str, settings: Mapping[str, int]) -> dict[str, int]:
+    """Of `settings`, those a table made by `ddl` (its `create_table_query`) lacks and can still take: what a
+    store made by an earlier evalsi gets at start."""
+    return {
+        name: value
+        for name, value in settings.items()
+        if name not in CREATION_SETTINGS and not re.search(rf"\b{name} = {value}\b", ddl)
+    }
 
 
 def traces_ddl(table: str, extra_settings: str = "") -> list[str]:

@@ -40,6 +40,8 @@ from evalsi.exporters.clickhouse.schema import (
     search_traces_sql,
     session_scores_sql,
     session_spans_sql,
+    settings_clause,
+    settings_to_apply,
     span_counts_sql,
     span_keys_sql,
     table_definitions_sql,
@@ -183,7 +185,7 @@ class TraceStore:
         self.scores_table = scores_table
         self.runs_table = runs_table
         self.ttl_s = int(ttl)
-        self.tables = Tables(table, logs_table, scores_table, runs_table, backend.table_settings)
+        self.tables = Tables(table, logs_table, scores_table, runs_table, settings_clause(backend.table_settings))
         self._ledger_ns = 0  # the version of the newest ledger row written here: each next one is newer
         self._ledger_lock = threading.Lock()
 
@@ -207,6 +209,7 @@ class TraceStore:
                 for statement in migration.statements(self.tables, keys):
                     self.backend.command(statement)
                 self.backend.command(record_migration_sql(self.table, migration))
+        self._apply_table_settings()
         self._apply_ttl()
 
     def check_schema(self) -> None:
@@ -227,6 +230,18 @@ class TraceStore:
                 f"({SCHEMA_VERSION}): upgrade evalsi, or point it at another database"
             )
         return version
+
+    def _apply_table_settings(self) -> None:
+        """Give the traces and logs tables the backend's MergeTree settings they lack (a store made by an earlier
+        evalsi): they apply to the parts written and merged from then on."""
+        settings = self.backend.table_settings
+        if not settings:
+            return
+        tables = [self.tables.traces, self.tables.logs]
+        for row in self.backend.query(table_definitions_sql(tables)):
+            missing = settings_to_apply(row["create_table_query"], settings)
+            if missing:
+                self.backend.command(f"ALTER TABLE {row['name']} MODIFY SETTING {settings_clause(missing)[2:]}")
 
     def _apply_ttl(self) -> None:
         targets = ttl_targets(self.tables)
