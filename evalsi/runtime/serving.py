@@ -53,6 +53,7 @@ class AsgiServer:
             access_log=False,
             lifespan="off",
             http="httptools",
+            ws="none",  # no endpoint speaks WebSocket: else uvicorn loads the `websockets` library (~3 MB)
             timeout_graceful_shutdown=int(graceful_timeout),
             timeout_keep_alive=30,
         )

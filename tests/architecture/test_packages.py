@@ -43,3 +43,29 @@ def test_the_ports_load_without_the_server_or_the_metrics_library() -> None:
     # the check can fail: the runtime's serving and telemetry do load them
     assert "uvicorn" in _loaded_after("from evalsi.runtime import AsgiServer")
     assert "prometheus_client" in _loaded_after("from evalsi.runtime import SelfMetrics")
+
+
+SERVE_ONCE = """
+import asyncio, sys, urllib.request
+from evalsi.runtime import AsgiServer
+
+async def app(scope, receive, send):
+    await send({"type": "http.response.start", "status": 204, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+async def main():
+    server = AsgiServer(app, "127.0.0.1:0")
+    await server.start()
+    answer = await asyncio.to_thread(urllib.request.urlopen, f"http://{server.endpoint}/")
+    await server.stop()
+    print(answer.status, sorted(m for m in ("websockets", "wsproto") if m in sys.modules))
+
+asyncio.run(main())
+"""
+
+
+def test_a_server_of_the_runtime_answers_without_loading_a_websocket_library() -> None:
+    """No listener speaks WebSocket: uvicorn, left to choose, loads the `websockets` library (~3 MB a process)."""
+    res = subprocess.run([sys.executable, "-c", SERVE_ONCE], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["204", "[]"]

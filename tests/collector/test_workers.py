@@ -145,14 +145,14 @@ async def main():
     await service.shutdown()
 
 asyncio.run(main())
-print(sorted(m for m in ("uvicorn", "httpx", "jsonschema", "fastapi", "chdb", "grpc") if m in sys.modules))
+print(sorted(m for m in ("uvicorn", "httpx", "jsonschema", "fastapi", "starlette", "chdb", "grpc") if m in sys.modules))
 """
 
 
 def test_a_worker_running_the_full_pipeline_loads_no_server_http_client_or_schema_library(tmp_path: Path) -> None:
     """What a worker runs of the README's full pipeline (normalize, redact, tail sampling, evaluate with a policy,
-    the store and a Prometheus scores exporter): started and stopped, it must not have loaded uvicorn (it serves
-    nothing), httpx (no judge or webhook runs there until one is configured and called) or jsonschema (until a
+    the store and a Prometheus scores exporter): started and stopped, it must not have loaded uvicorn or starlette (it
+    serves nothing), httpx (no judge or webhook runs there until one is configured and called) or jsonschema (until a
     policy's evaluator compiles a schema): ~10 MB of each worker's memory."""
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "p.yaml").write_text(

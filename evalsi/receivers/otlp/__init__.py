@@ -1,7 +1,7 @@
 """The `otlp` receiver: OTLP traces and logs over gRPC and HTTP, decoded into batches and handed to the pipelines.
 
-The gRPC transport is imported when a gRPC listener starts: pipeline workers load this module (for its decode) but
-never serve, and grpc costs a process ~8 MB."""
+The gRPC and HTTP transports are imported when their listener starts: pipeline workers load this module (for its
+decode) but never serve, and grpc costs a process ~8 MB, starlette ~3."""
 
 from __future__ import annotations
 
@@ -30,7 +30,6 @@ from evalsi.receivers.otlp.decode import (
     decode_encoded,
 )
 from evalsi.receivers.otlp.drain import Drain
-from evalsi.receivers.otlp.http_transport import build_app, otlp_refusal
 from evalsi.runtime.held import stamp, stamp_project
 from evalsi.wal import drop_spans, span_key
 
@@ -214,9 +213,11 @@ class OtlpReceiver:
             paths = {"traces": protocols.http.traces_url_path, "logs": protocols.http.logs_url_path}
             routes = {paths[c.signal]: c for c in self._codecs}
             max_body = protocols.http.max_request_body_size
-            app = build_app(self._export, routes, max_body=max_body, drain=self._drain, limits=self._limits)
             # here, as the gRPC transport: a pipeline worker imports this module to decode, and serves nothing
+            from evalsi.receivers.otlp.http_transport import build_app, otlp_refusal
             from evalsi.runtime.serving import AsgiServer
+
+            app = build_app(self._export, routes, max_body=max_body, drain=self._drain, limits=self._limits)
 
             self._http = AsgiServer(
                 gate(app, self._settings.auth, surface="otlp_http", refusal=otlp_refusal), protocols.http.endpoint
