@@ -21,9 +21,9 @@ _MAP = "Map(LowCardinality(String), String)"
 #   of ~400 ms). ClickHouse's default is 10 MiB.
 # - a merge whose part is Wide runs column by column (vertical) instead of all columns at once: ClickHouse's
 #   default waits for 131,072 rows. A horizontal merge of 10 parts of 6,000 spans (166 MB uncompressed) held
-#   260-300 MB while it ran, whatever the block size, granule size or codec; a vertical one 15-70 MB. Merges into
-#   a part under 64 MiB stay horizontal (~100 MB). With both, the collector's peak under benchmarks/pipeline.py fell
-#   by 50-80 MB, its CPU within the noise.
+#   260-300 MB while it ran, whatever the block size, granule size or codec; a vertical one 15-90 MB (benchmarks/
+#   merge_memory.py). Merges into a part under 64 MiB stay horizontal (~100 MB). With both, the collector's peak under
+#   benchmarks/pipeline.py fell by 30-80 MB, its CPU within the noise.
 # - merges wait for 10 parts of a size instead of 5: spans arrive as an insert every second or two, and a wider
 #   merge rewrites each row fewer times (~40% less merge CPU during benchmarks/ingest.py) for a few more parts.
 # - a granule (the rows a merge reads of a part at a time) holds at most 2 MiB instead of 10: a span row with its

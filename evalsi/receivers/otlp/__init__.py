@@ -1,7 +1,7 @@
 """The `otlp` receiver: OTLP traces and logs over gRPC and HTTP, decoded into batches and handed to the pipelines.
 
 The gRPC and HTTP transports are imported when their listener starts: pipeline workers load this module (for its
-decode) but never serve, and grpc costs a process ~8 MB, starlette ~3."""
+decode) but never serve (grpc costs a process ~8 MB)."""
 
 from __future__ import annotations
 
