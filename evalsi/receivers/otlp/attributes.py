@@ -7,6 +7,27 @@ from typing import Any
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+SHARED_MAX = 8_192
+"""Distinct strings `shared` keeps (then it starts again): attribute names, and values as short as `SHARED_LENGTH`."""
+SHARED_LENGTH = 64
+"""A string value at most this long is shared: a model, a provider, an operation, a tool name repeat span after span;
+content and most ids are longer, or seen once."""
+_shared: dict[str, str] = {}
+
+
+def share(text: str) -> str:
+    """`text`, or the equal string decoded before: every span of a request decodes its attribute names (and most of
+    its short values) as new strings, ~0.9 KB a span of `benchmarks/span_memory.py`'s spans for the names alone, kept
+    as long as the span is held (tail sampling's `decision_wait`, evaluate's queue). Not `sys.intern`: since Python
+    3.12 an interned string is never freed, and names and values come from senders. Bounded: past `SHARED_MAX` strings
+    it forgets them all and starts again (a new name or value costs one lookup more)."""
+    if len(text) > SHARED_LENGTH:
+        return text
+    if len(_shared) >= SHARED_MAX:
+        _shared.clear()
+    _shared[text] = text
+    return text
+
 
 def any_value(v: AnyValue) -> Any:
     """An OTLP AnyValue as a plain Python value (str, bool, int, float, bytes, list, dict or None)."""
@@ -30,6 +51,7 @@ def any_value(v: AnyValue) -> Any:
 
 def attributes(kvs: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    seen = _shared.get
     # a repeated field is walked as a slice (a list, made in C): iterating the field itself ends in an IndexError
     # raised and caught, ~15% of this loop for a span's attributes (and so for arrays and maps everywhere here)
     for kv in kvs[:]:
@@ -37,23 +59,25 @@ def attributes(kvs: Any) -> dict[str, Any]:
         # the common cases inline: this loop is the hottest code of ingest. A non-empty string value can only be
         # the oneof's string: most values are, and so skip the `WhichOneof` call (~10% of this loop); a non-zero int,
         # the next most common value, likewise
+        key = kv.key
+        key = seen(key) or share(key)
         text = v.string_value
         if text:
-            out[kv.key] = text
+            out[key] = text if len(text) > SHARED_LENGTH else seen(text) or share(text)
             continue
         number = v.int_value
         if number:
-            out[kv.key] = number
+            out[key] = number
             continue
         which = v.WhichOneof("value")
         if which == "double_value":
-            out[kv.key] = v.double_value
+            out[key] = v.double_value
         elif which == "bool_value":
-            out[kv.key] = v.bool_value
+            out[key] = v.bool_value
         elif which == "array_value":
-            out[kv.key] = [x.string_value or any_value(x) for x in v.array_value.values[:]]
+            out[key] = [x.string_value or any_value(x) for x in v.array_value.values[:]]
         else:  # a map, bytes, an empty string, a zero, no value
-            out[kv.key] = any_value(v)
+            out[key] = any_value(v)
     return out
 
 
@@ -63,26 +87,29 @@ def sized_attributes(kvs: Any, max_length: int) -> tuple[dict[str, Any], bool]:
     decoding: for a request larger than the limit, where every value is looked at (~30 ns a string)."""
     quarter = max_length >> 2
     out: dict[str, Any] = {}
+    seen = _shared.get
     long = False
     for kv in kvs[:]:
         v = kv.value
+        key = kv.key
+        key = seen(key) or share(key)
         text = v.string_value
         if text:  # as in `attributes`: a non-empty string is the oneof's string, a non-zero int its int
-            out[kv.key] = text
+            text = out[key] = text if len(text) > SHARED_LENGTH else seen(text) or share(text)
             if len(text) > quarter:
                 long = True
             continue
         number = v.int_value
         if number:
-            out[kv.key] = number
+            out[key] = number
             continue
         which = v.WhichOneof("value")
         if which == "double_value":
-            out[kv.key] = v.double_value
+            out[key] = v.double_value
         elif which == "bool_value":
-            out[kv.key] = v.bool_value
+            out[key] = v.bool_value
         elif which == "array_value":
-            items = out[kv.key] = [x.string_value or any_value(x) for x in v.array_value.values[:]]
+            items = out[key] = [x.string_value or any_value(x) for x in v.array_value.values[:]]
             for x in items:
                 if type(x) is str:
                     if len(x) > quarter:
@@ -90,7 +117,7 @@ def sized_attributes(kvs: Any, max_length: int) -> tuple[dict[str, Any], bool]:
                 elif not long and shortened(x, max_length) is not x:
                     long = True
         else:
-            value = out[kv.key] = any_value(v)
+            value = out[key] = any_value(v)
             if not long and shortened(value, max_length) is not value:
                 long = True
     return out, long
