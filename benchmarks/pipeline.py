@@ -253,7 +253,7 @@ class TogetherPeak:
         return {key: round(mb, 1) for key, mb in self.peak.items()}
 
 
-def config_for(store: Path, workers: int, policy_dir: Path) -> dict[str, Any]:
+def config_for(store: Path, workers: int, policy_dir: Path, decision_wait: float = DECISION_WAIT_S) -> dict[str, Any]:
     cfg = serve_config(store)
     cfg["exporters"]["clickhouse"].pop("flush_interval", None)  # the product default
     cfg["exporters"]["prometheus"] = {"endpoint": "127.0.0.1:0"}
@@ -261,7 +261,7 @@ def config_for(store: Path, workers: int, policy_dir: Path) -> dict[str, Any]:
         "normalize": {},
         "redact": {},
         "probabilistic_sampler": {"sampling_percentage": 100},
-        "tail_sampling": {"decision_wait": f"{DECISION_WAIT_S:g}s"},
+        "tail_sampling": {"decision_wait": f"{decision_wait:g}s"},
         "evaluate": {"policies": [str(policy_dir / "*.yaml")]},
     }
     pipelines = cfg["service"]["pipelines"]
@@ -279,7 +279,7 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
     tmp = workdir / f"workers-{workers}"
     (tmp / "policies").mkdir(parents=True)
     (tmp / "policies" / "bench.yaml").write_text(POLICY)
-    cfg = config_for(tmp / "store", workers, tmp / "policies")
+    cfg = config_for(tmp / "store", workers, tmp / "policies", args.decision_wait)
     if args.collector_shard:
         cfg["service"]["collector_shard"] = True
     saved = os.environ.get("PYTHONPATH")
@@ -352,7 +352,7 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
         res.scores_per_s = res.scores / (end - t0)
         buckets = histogram(text, "evalsi_evaluate_freshness_seconds")
         res.freshness_s = {
-            q: (None if (v := quantile(buckets, float(q[1:]) / 100)) is None else round(v + DECISION_WAIT_S, 3))
+            q: (None if (v := quantile(buckets, float(q[1:]) / 100)) is None else round(v + args.decision_wait, 3))
             for q in ("p50", "p95", "p99")
         }
         res.losses = {
@@ -399,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spans-per-trace", type=int, default=5)
     p.add_argument("--content-bytes", type=int, default=1024)
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--decision-wait", type=float, default=DECISION_WAIT_S,
+                   help="tail_sampling's decision_wait in seconds (the product's default is 5)")  # fmt: skip
     p.add_argument("--rate", type=float, help="send at this many spans/s (default: as fast as accepted)")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="settings to run, one after the other")
     p.add_argument("--source", help="run the collector from this checkout (a baseline)")
