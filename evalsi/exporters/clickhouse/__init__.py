@@ -99,9 +99,11 @@ class ClickHouseConfig(ComponentConfig):
     async_insert: bool = False
     create_schema: bool = True
     timeout: Duration = 10.0
-    # chDB pays ~60 ms per INSERT whatever its size: batch by size and by time
+    # chDB pays ~20-60 ms per INSERT whatever its size: batch by size and by time. What an INSERT holds in chDB grows
+    # with its rows: at 10,000 rather than 20,000 the collector peaked 150-200 MB lower under full load, for 2-4 us
+    # more CPU a span (benchmarks/README.md, ninth pass)
     flush_interval: Duration = 1.0
-    batch_size: int = Field(default=20_000, gt=0)
+    batch_size: int = Field(default=10_000, gt=0)
     queue_size: int = Field(default=500_000, gt=0)
     retry_on_failure: StoreRetryConfig = StoreRetryConfig()
     # at shutdown, how long writes the store refuses are still retried before what is queued is given up (counted,
