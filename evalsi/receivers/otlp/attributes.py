@@ -8,7 +8,7 @@ from typing import Any
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 SHARED_MAX = 8_192
-"""Distinct strings `shared` keeps (then it starts again): attribute names, and values as short as `SHARED_LENGTH`."""
+"""Distinct strings `share` keeps (then it starts again): attribute names, and values as short as `SHARED_LENGTH`."""
 SHARED_LENGTH = 64
 """A string value at most this long is shared: a model, a provider, an operation, a tool name repeat span after span;
 content and most ids are longer, or seen once."""
