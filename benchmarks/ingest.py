@@ -348,6 +348,12 @@ def cpu_seconds(*pids: int) -> float:
     return total
 
 
+def system_seconds(pid: int) -> float:
+    """A process's CPU seconds in the kernel (all its threads): page faults, pipe and socket copies, futex waits."""
+    fields = _stat(pid)
+    return int(fields[12]) / os.sysconf("SC_CLK_TCK") if fields is not None else 0.0
+
+
 def minor_faults(pid: int) -> int:
     """A process's minor page faults so far: memory it touched for the first time since it was mapped, e.g. a
     block glibc mapped on its own and unmapped when freed; 0 once it is gone."""

@@ -8,7 +8,8 @@ waits until every span is stored and every trace evaluated, and prints:
 
 - stored spans/s (first send to the last span stored) and accepted spans/s;
 - CPU µs per span, every process of the collector summed (the steadiest figure on a shared machine), and by
-  process, with its minor page faults a span (memory mapped and touched afresh);
+  process, with the part of it spent in the kernel and the minor page faults a span (memory mapped and touched
+  afresh);
 - scores/s (scores handed on, first send to the last trace evaluated);
 - freshness p50/p95/p99: from a trace's completion (tail sampling's decision, `decision_wait` after its last span)
   to its scores handed to the scores pipeline (`evalsi_evaluate_freshness_seconds`), plus `decision_wait`: from
@@ -54,7 +55,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import ingest  # noqa: E402  (the payloads, the senders, the /proc readers)
-from ingest import cpu_seconds, log, metric_sum, minor_faults, send_all  # noqa: E402
+from ingest import cpu_seconds, log, metric_sum, minor_faults, send_all, system_seconds  # noqa: E402
 from local_server import free_port  # noqa: E402
 from running_collector import serve_config, start_collector  # noqa: E402
 
@@ -88,6 +89,7 @@ class Result:
     cpu_us_per_span: float = 0.0
     cpu_us_by_process: dict[str, float] = field(default_factory=dict)
     faults_by_process: dict[str, float] = field(default_factory=dict)  # minor page faults a span
+    kernel_us_by_process: dict[str, float] = field(default_factory=dict)  # of the CPU, in the kernel
     scores: float = 0.0
     scores_per_s: float = 0.0
     freshness_s: dict[str, float | None] = field(default_factory=dict)
@@ -311,6 +313,7 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
         cpu0 = cpu_seconds(*pids.values())
         cpu0_by = {name: cpu_seconds(pid) for name, pid in pids.items()}
         faults0_by = {name: minor_faults(pid) for name, pid in pids.items()}
+        kernel0_by = {name: system_seconds(pid) for name, pid in pids.items()}
         log(f"[workers={workers}] sending {len(payloads)} requests x {args.spans_per_request} spans")
         t0 = time.perf_counter()
         sent = paced(c, payloads, args) if args.rate else send_all("http", c, payloads, args.spans_per_request,
@@ -332,6 +335,7 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
         cpu1 = cpu_seconds(*pids.values())
         cpu1_by = {name: cpu_seconds(pid) for name, pid in pids.items()}
         faults1_by = {name: minor_faults(pid) for name, pid in pids.items()}
+        kernel1_by = {name: system_seconds(pid) for name, pid in pids.items()}
         for proc in profilers:
             ingest.stop_profiler(proc)
         res.together_mb = together.stop()
@@ -346,6 +350,9 @@ def run(args: argparse.Namespace, workers: int, payloads: list[bytes], workdir: 
         res.cpu_us_per_span = 1e6 * (cpu1 - cpu0) / max(1, sent.accepted_spans)
         res.cpu_us_by_process = {name: round(1e6 * (cpu1_by[name] - cpu0_by[name]) / max(1, sent.accepted_spans), 1)
                                  for name in pids}  # fmt: skip
+        res.kernel_us_by_process = {
+            name: round(1e6 * (kernel1_by[name] - kernel0_by[name]) / max(1, sent.accepted_spans), 1) for name in pids
+        }
         res.faults_by_process = {name: round((faults1_by[name] - faults0_by[name]) / max(1, sent.accepted_spans), 2)
                                  for name in pids}  # fmt: skip
         res.scores = metric_sum(text, "evalsi_evaluate_scores_total")
@@ -440,8 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r.cpu_us_per_span:.0f} µs CPU a span (every process)")  # fmt: skip
             print(f"  {r.scores:,.0f} scores, {r.scores_per_s:,.0f}/s; all evaluated after {r.evaluated_s:.1f}s")
             print(f"  freshness from a trace's last span: {r.freshness_s}")
-            print(f"  CPU µs a span by process: {r.cpu_us_by_process}; minor page faults a span: "
-                  f"{r.faults_by_process}")  # fmt: skip
+            print(f"  CPU µs a span by process: {r.cpu_us_by_process}, of which in the kernel "
+                  f"{r.kernel_us_by_process}; minor page faults a span: {r.faults_by_process}")  # fmt: skip
             print(f"  peak RSS MB: {r.rss_mb} (sum {sum(r.rss_mb.values()):,.0f}); summed at one instant, peak "
                   f"RSS {r.together_mb.get('rss', 0):,.0f}, PSS {r.together_mb.get('pss', 0):,.0f}")  # fmt: skip
             print(f"  RSS MB idle after start: {r.idle_rss_mb}; after the load: {r.after_rss_mb}")
