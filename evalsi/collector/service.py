@@ -34,7 +34,7 @@ from evalsi.capabilities import (
 )
 from evalsi.collector.config import Config, ConfigError, is_store, listeners, load_config, type_of
 from evalsi.collector.fanout import FanOut, LogFanOut, ScoreFanOut, fan
-from evalsi.collector.heap import tune_gc, tune_malloc
+from evalsi.collector.heap import tune_arrow_pool, tune_gc, tune_malloc
 from evalsi.collector.workers.link import StoreLink
 from evalsi.collector.workers.metrics import merged_registry
 from evalsi.collector.workers.pool import WorkerPool
@@ -572,6 +572,7 @@ class Service:
     async def run(self) -> None:
         """Start, serve until SIGTERM/SIGINT (or `stop()`), then drain and stop."""
         tune_malloc()
+        tune_arrow_pool()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:

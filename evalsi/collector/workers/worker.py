@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from evalsi.capabilities import DuplicateCallJoiner, FeedbackTaker, GarbageCollector
 from evalsi.collector.config import Config, type_of
-from evalsi.collector.heap import tune_gc, tune_malloc
+from evalsi.collector.heap import tune_arrow_pool, tune_gc, tune_malloc
 from evalsi.collector.logs import configure
 from evalsi.collector.workers.link import LINK_TABLES_IN_FLIGHT, StoreLink, WorkerPeers
 from evalsi.collector.workers.pipe import receive_message, send_message
@@ -104,6 +104,7 @@ def worker_main(
 ) -> None:
     """A worker process: runs the traces and logs pipelines on the traces it owns until told to drain."""
     tune_malloc()
+    tune_arrow_pool()
     configure(log_level, log_encoding)
     try:
         asyncio.run(_WorkerRuntime(index, shard, config, pipeline, conn).run())
