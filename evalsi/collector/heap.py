@@ -52,9 +52,9 @@ ARROW_POOL = "jemalloc"
 
 def tune_arrow_pool() -> str:
     """Take Arrow's buffers (the tables a worker builds and sends, the bodies and tables the collector reads into)
-    from pyarrow's jemalloc pool instead of its default, mimalloc. Under `benchmarks/pipeline.py` each worker peaked
-    30-50 MB lower (268-287 against 302-336 MB) and the three processes 100-200 MB lower (1,040-1,070 against
-    1,160-1,270 MB PSS at 120,000-240,000 spans), for CPU within the noise (benchmarks/README.md, tenth pass).
+    from pyarrow's jemalloc pool instead of its default, mimalloc. Under `benchmarks/pipeline.py` (5 pairs) each
+    worker peaked ~30 MB lower (267-303 against 298-330 MB) and the three processes ~70 MB lower (1,013-1,120 against
+    1,107-1,210 MB PSS summed at one instant), for CPU within the noise (benchmarks/README.md, tenth pass).
     `ARROW_DEFAULT_MEMORY_POOL` in the environment chooses instead. The backend in use, returned."""
     import pyarrow as pa
 

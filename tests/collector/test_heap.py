@@ -50,7 +50,7 @@ def _has_jemalloc() -> bool:
 
 @pytest.mark.skipif(not _has_jemalloc(), reason="this pyarrow has no jemalloc pool")
 def test_arrow_buffers_come_from_jemalloc_unless_the_environment_chose_a_pool() -> None:
-    """Every process of `evalsi serve` takes Arrow's buffers from jemalloc's pool (its workers peaked 30-50 MB
+    """Every process of `evalsi serve` takes Arrow's buffers from jemalloc's pool (its workers peaked ~30 MB
     lower than with pyarrow's default mimalloc); a pool named in `ARROW_DEFAULT_MEMORY_POOL` is left as it is."""
     assert _pool({}) == ["jemalloc", "jemalloc", str(1 << 20)]
     assert _pool({"ARROW_DEFAULT_MEMORY_POOL": "system"}) == ["system", "system", str(1 << 20)]
