@@ -46,10 +46,6 @@ def tune_malloc() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
-ARROW_POOL = "jemalloc"
-"""The Arrow memory pool every process uses, where pyarrow has it (its Linux and macOS wheels do)."""
-
-
 def tune_arrow_pool() -> str:
     """Take Arrow's buffers (the tables a worker builds and sends, the bodies and tables the collector reads into)
     from pyarrow's jemalloc pool instead of its default, mimalloc. Under `benchmarks/pipeline.py` (5 pairs) each
